@@ -1,0 +1,167 @@
+"""The lazy checkpoint every format returns: an ordered, read-only map of name -> tensor.
+
+Format modules subclass :class:`LazyCheckpoint`, fill ``self._infos`` (ordered) while opening, and
+override ``_read_span`` when the bytes are not a plain positioned read of one file.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import dtypes
+from .errors import UnsupportedCheckpointError, ZipsliceError
+from .fileio import pread_exact
+from .info import TensorInfo, TensorSource
+
+
+def restride(span: "bytes | bytearray | memoryview", info: TensorInfo) -> np.ndarray:
+    """The values of a strided view over ``span`` as a contiguous array of the dtype's carrier type.
+
+    The carrier (u1/u2/u4/u8/V16) moves raw bits, so this works for every dtype, bfloat16 and float8 too.
+    A big-endian span is swapped to little-endian here.
+    """
+    dt = dtypes.get(info.dtype)
+    carrier = dt.carrier
+    if info.byteorder == "big" and dt.itemsize > 1:
+        if dt.kind == "complex":  # swap each half of a complex number separately
+            half = np.dtype(f">u{dt.itemsize // 2}")
+            flat = np.frombuffer(span, dtype=half).astype(half.newbyteorder("<"))
+            span = flat.tobytes()
+        else:
+            span = np.frombuffer(span, dtype=carrier.newbyteorder(">")).astype(carrier).tobytes()
+    if info.numel == 0:
+        return np.empty(info.shape, dtype=carrier)
+    flat = np.frombuffer(span, dtype=carrier)
+    if info.is_contiguous:
+        return flat[: info.numel].reshape(info.shape)
+    strides = tuple(s * dt.itemsize for s in info.stride)
+    view = np.lib.stride_tricks.as_strided(flat, shape=info.shape, strides=strides, writeable=False)
+    return np.ascontiguousarray(view)
+
+
+class LazyCheckpoint(Mapping):
+    """Read-only, ordered ``Mapping[str, torch.Tensor]`` over a checkpoint file; a context manager.
+
+    - ``info(key)``: :class:`TensorInfo` without reading data.
+    - ``lsd[key]``: a torch tensor equal bit for bit to what the format's own loader returns.
+    - ``numpy(key)``: a numpy array (``raw=True`` gives the bits in an unsigned carrier type, for dtypes
+      numpy lacks such as bfloat16 and float8).
+    - ``read_bytes(key)``: contiguous C-order little-endian bytes of the values.
+    - ``extras``: non-tensor leaves (ints, strings, ...) by flattened name.
+    - ``structure``: the nested container tree (see :mod:`zipslice.structure`), or None for flat formats.
+    - ``metadata``: free-form string metadata of the file (safetensors ``__metadata__``), if any.
+    """
+
+    format: str = "?"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        self._infos: dict[str, TensorInfo] = {}
+        self.extras: dict[str, Any] = {}
+        self.structure: Any = None
+        self.metadata: dict[str, str] = {}
+        self._fds: dict[str, int] = {}
+        self._closed = False
+
+    # -- Mapping -----------------------------------------------------------------------------------
+    def __getitem__(self, key: str):
+        return self.tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._infos
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path!r} format={self.format} tensors={len(self)}>"
+
+    # -- metadata ----------------------------------------------------------------------------------
+    def info(self, key: str) -> TensorInfo:
+        try:
+            return self._infos[key]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {key!r}") from None
+
+    def infos(self) -> list[TensorInfo]:
+        return list(self._infos.values())
+
+    # -- data --------------------------------------------------------------------------------------
+    def _fd(self, file: str) -> int:
+        if self._closed:
+            raise ZipsliceError(self.path, "checkpoint is closed")
+        fd = self._fds.get(file)
+        if fd is None:
+            fd = self._fds[file] = os.open(file, os.O_RDONLY)
+        return fd
+
+    def _read_span(self, info: TensorInfo) -> bytearray:
+        """Exactly the bytes of ``info``'s span. Formats whose data is not addressable override this."""
+        if info.offset is None:
+            raise NotImplementedError(f"{type(self).__name__} must override _read_span for {info.name}")
+        return pread_exact(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
+
+    def read_span(self, key: str) -> bytearray:
+        return self._read_span(self.info(key))
+
+    def numpy(self, key: str, raw: bool = False) -> np.ndarray:
+        info = self.info(key)
+        arr = restride(self._read_span(info), info)
+        if raw:
+            return arr
+        dt = dtypes.get(info.dtype)
+        if dt.numpy is None:
+            raise UnsupportedCheckpointError(
+                self.path, f"numpy has no dtype {info.dtype}; use numpy(key, raw=True) or lsd[key]", key)
+        return arr.view(dt.to_numpy())
+
+    def read_bytes(self, key: str) -> memoryview:
+        arr = self.numpy(key, raw=True)
+        return memoryview(arr.reshape(-1)).cast("B")
+
+    def tensor(self, key: str):
+        """A torch tensor with the stored dtype, shape and strides. Formats with tied storages override."""
+        import torch
+
+        info = self.info(key)
+        arr = restride(self._read_span(info), info)
+        t = torch.from_numpy(arr.reshape(-1).view(np.uint8).copy() if arr.dtype.kind == "V" else arr.reshape(-1))
+        t = t.view(torch.uint8).view(dtypes.to_torch(info.dtype)).reshape(info.shape)
+        return t
+
+    def source(self, key: str) -> TensorSource:
+        info = self.info(key)
+        return TensorSource(
+            name=key, dtype=info.dtype, shape=info.shape, read=lambda k=key: self.read_bytes(k),
+            tie=(self.path, info.storage, info.storage_offset, info.shape, info.stride),
+            is_parameter=info.is_parameter, requires_grad=info.requires_grad,
+        )
+
+    def sources(self) -> Iterator[TensorSource]:
+        for key in self._infos:
+            yield self.source(key)
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing useful to report
+            pass

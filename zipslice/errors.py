@@ -1,0 +1,33 @@
+"""Exceptions raised by zipslice. Every message names the file, the entry and the problem."""
+from __future__ import annotations
+
+import os
+
+
+class ZipsliceError(Exception):
+    """Base of every error zipslice raises on purpose."""
+
+    def __init__(self, path: str | os.PathLike | None, problem: str, entry: str | None = None):
+        self.path = os.fspath(path) if path is not None else None
+        self.entry = entry
+        self.problem = problem
+        where = self.path or "<stream>"
+        if entry is not None:
+            where += f" [{entry}]"
+        super().__init__(f"{where}: {problem}")
+
+
+class UnsafeCheckpointError(ZipsliceError):
+    """The pickle asks for a global outside the allowlist. Nothing from the file was imported or called."""
+
+
+class CorruptCheckpointError(ZipsliceError):
+    """The file is truncated, inconsistent, or not what it claims to be."""
+
+
+class NotACheckpointError(CorruptCheckpointError):
+    """The file is something else entirely: a Git LFS pointer, an HTML page, an empty file, ..."""
+
+
+class UnsupportedCheckpointError(ZipsliceError):
+    """A valid file of a kind zipslice does not read (e.g. a dtype with no mapping)."""

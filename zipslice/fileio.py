@@ -1,0 +1,55 @@
+"""Positioned reads that never over-read, and atomic publication of written files."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, BinaryIO
+
+from .errors import CorruptCheckpointError
+
+
+def pread_exact(fd: int, nbytes: int, offset: int, path: str, entry: str | None = None) -> bytearray:
+    """Read exactly ``nbytes`` at ``offset`` into a fresh buffer, or raise CorruptCheckpointError."""
+    if nbytes < 0 or offset < 0:
+        raise CorruptCheckpointError(path, f"negative span ({nbytes} bytes at {offset})", entry)
+    size = os.fstat(fd).st_size
+    if offset + nbytes > size:
+        raise CorruptCheckpointError(
+            path, f"needs bytes {offset}..{offset + nbytes} but the file has {size} (truncated?)", entry)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    got = 0
+    while got < nbytes:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise CorruptCheckpointError(path, f"unexpected end of file at byte {offset + got}", entry)
+        got += n
+    return buf
+
+
+@contextlib.contextmanager
+def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.
+
+    On any exception the temp file is removed and ``dest`` is untouched.
+    """
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+        with contextlib.suppress(OSError):
+            dfd = os.open(dest.parent or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,55 @@
+"""Tell a checkpoint's format from its first bytes, never from its name."""
+from __future__ import annotations
+
+import os
+import struct
+
+from .errors import NotACheckpointError, UnsupportedCheckpointError
+
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+# torch.save before 1.6 wrote a bare pickle stream starting with this magic number as a pickled long.
+LEGACY_TORCH_PREFIXES = (b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19",)
+
+
+def sniff(path: str | os.PathLike) -> str:
+    """Return "torch", "safetensors", "hdf5", "sharded" or "torch-legacy"; raise NotACheckpointError otherwise."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        raise NotACheckpointError(path, "the file is empty (0 bytes), not a checkpoint")
+    if head.startswith(ZIP_MAGICS):
+        return "torch"
+    # HDF5 may sit behind a user block of 512 * 2^n bytes.
+    if head.startswith(HDF5_MAGIC):
+        return "hdf5"
+    with open(path, "rb") as f:
+        for off in (512, 1024, 2048, 4096, 8192):
+            if off >= size:
+                break
+            f.seek(off)
+            if f.read(8) == HDF5_MAGIC:
+                return "hdf5"
+    if head.startswith(LFS_POINTER):
+        raise NotACheckpointError(
+            path, "this is a Git LFS pointer file, not the checkpoint; run `git lfs pull` (or `git lfs install`) "
+                  "to fetch its content")
+    if head.startswith(LEGACY_TORCH_PREFIXES):
+        return "torch-legacy"
+    if len(head) >= 9:
+        (n,) = struct.unpack("<Q", head[:8])
+        if head[8:9] == b"{" and 0 < n <= size - 8:
+            return "safetensors"
+    stripped = head.lstrip()
+    low = stripped[:200].lower()
+    if low.startswith((b"<!doctype html", b"<html", b"<head", b"<?xml")):
+        raise NotACheckpointError(path, "this is an HTML/XML page (a failed download?), not a checkpoint")
+    if stripped.startswith(b"{") and b"weight_map" in head:
+        return "sharded"
+    if head[:1] == b"\x80":
+        raise UnsupportedCheckpointError(
+            path, "this is a bare pickle, not a torch zip checkpoint; only the zip format (torch>=1.6) is read")
+    raise NotACheckpointError(path, f"unrecognised file: first bytes {head[:16]!r} match no checkpoint format")
