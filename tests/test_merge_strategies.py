@@ -1,0 +1,235 @@
+"""Each merge strategy against a plain numpy implementation of its definition (docs/theta-merge.md).
+
+The references below are written independently of theta.merges.strategies: whole-array numpy, no chunks,
+np.sort for the TIES threshold. Math precision is the documented one: float32 for float32/bf16 groups.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import theta.merges as merges
+from theta.merges import MergeError, strategies
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.float32
+
+
+# ---------- references -------------------------------------------------------------------------------------
+
+def ref_average(A, B, O, alpha=0.5):
+    a, b = A.astype(F32), B.astype(F32)
+    return (a * F32(alpha) + b * F32(1 - alpha)).astype(A.dtype)
+
+
+def ref_task_arithmetic(A, B, O, lambda_ours=1.0, lambda_theirs=1.0):
+    a, b, o = A.astype(F32), B.astype(F32), O.astype(F32)
+    return (o + F32(lambda_ours) * (a - o) + F32(lambda_theirs) * (b - o)).astype(A.dtype)
+
+
+def ref_ties(A, B, O, density=0.2, lam=1.0):
+    a, b, o = A.astype(F32).ravel(), B.astype(F32).ravel(), O.astype(F32).ravel()
+    trimmed = []
+    for tau in (a - o, b - o):
+        k = int(round(density * tau.size))
+        keep = np.ones(tau.size, bool) if k >= tau.size else np.abs(tau) >= np.sort(np.abs(tau))[-k]
+        trimmed.append(np.where(keep, tau, F32(0)))
+    stack = np.stack(trimmed)
+    elected = np.sign(stack.sum(axis=0))
+    agree = (stack != 0) & (np.sign(stack) == elected)
+    merged = (stack * agree).sum(axis=0) / np.maximum(agree.sum(axis=0), 1)
+    return (o + F32(lam) * merged.astype(F32)).astype(A.dtype).reshape(A.shape)
+
+
+def ref_dare(name, A, B, O, density=0.2, lambda_ours=1.0, lambda_theirs=1.0, seed=0):
+    a, b, o = A.astype(F32).ravel(), B.astype(F32).ravel(), O.astype(F32).ravel()
+    out = o.copy()
+    for side, x, lam in (("ours", a, lambda_ours), ("theirs", b, lambda_theirs)):
+        digest = hashlib.sha256(f"theta-dare\0{seed}\0{name}\0{side}".encode()).digest()
+        rng = np.random.default_rng(np.random.SeedSequence(int.from_bytes(digest[:16], "little")))
+        keep = rng.random(x.size) < density
+        out = out + np.where(keep, x - o, F32(0)) * F32(lam / density)
+    return out.astype(A.dtype).reshape(A.shape)
+
+
+def ref_slerp(A, B, O, t=0.5):
+    a64, b64 = A.astype(np.float64).ravel(), B.astype(np.float64).ravel()
+    cos = a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64))
+    if abs(cos) > 0.9995:
+        ca, cb = 1 - t, t
+    else:
+        theta = math.acos(cos)
+        ca, cb = math.sin((1 - t) * theta) / math.sin(theta), math.sin(t * theta) / math.sin(theta)
+    return (A.astype(F32) * F32(ca) + B.astype(F32) * F32(cb)).astype(A.dtype)
+
+
+# ---------- helpers -------------------------------------------------------------------------------------------
+
+def triple(dtype, shape=(64, 96), seed=0):
+    rng = np.random.default_rng(seed)
+    O = rng.normal(0, 0.02, shape).astype(F32)
+    A = O + rng.normal(0, 0.002, shape).astype(F32)
+    B = O + rng.normal(0, 0.002, shape).astype(F32)
+    return A.astype(dtype), B.astype(dtype), O.astype(dtype)
+
+
+def assert_close(got, want, A, B, O):
+    """1e-6 relative to the inputs' magnitude for float32; for bf16 equal except rare 1-ulp rounding flips."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    if got.dtype == BF16:
+        diff = g != w
+        assert diff.mean() < 1e-3, f"{diff.sum()} bf16 elements differ"
+        ulp = np.abs(w[diff]) * 2.0 ** -7
+        assert np.all(np.abs(g[diff] - w[diff]) <= ulp + 1e-30)
+    else:
+        scale = np.abs(A.astype(np.float64)) + np.abs(B.astype(np.float64)) + np.abs(O.astype(np.float64))
+        np.testing.assert_array_less(np.abs(g - w), 1e-6 * scale + 1e-30)
+
+
+DTYPES = [np.dtype(F32), BF16]
+
+
+@pytest.fixture(params=[None, 1000], ids=["one-chunk", "many-chunks"])
+def chunk(request, monkeypatch):
+    if request.param:
+        monkeypatch.setattr(strategies, "CHUNK", request.param)
+    return request.param
+
+
+# ---------- strategies vs references ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("alpha", [0.5, 0.3])
+def test_average(dtype, alpha, chunk):
+    A, B, O = triple(dtype)
+    got = merges.get("average").merge("w", A, B, O, alpha=alpha)
+    assert_close(got, ref_average(A, B, O, alpha), A, B, O)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lams", [(1.0, 1.0), (0.5, 0.8)])
+def test_task_arithmetic(dtype, lams, chunk):
+    A, B, O = triple(dtype, seed=1)
+    got = merges.get("task-arithmetic").merge("w", A, B, O, lambda_ours=lams[0], lambda_theirs=lams[1])
+    assert_close(got, ref_task_arithmetic(A, B, O, *lams), A, B, O)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("density,lam", [(0.2, 1.0), (0.5, 0.7), (1.0, 1.0), (0.01, 2.0)])
+def test_ties(dtype, density, lam, chunk):
+    A, B, O = triple(dtype, seed=2)
+    got = merges.get("ties").merge("w", A, B, O, density=density, **{"lambda": lam})
+    want = ref_ties(A, B, O, density, lam)
+    assert_close(got, want, A, B, O)
+    if density < 1:  # trimming really happened: elements trimmed on both sides stay at the ancestor
+        assert np.mean(got == O) > 0.9 * (1 - density) ** 2
+
+
+def test_ties_sign_election_by_hand():
+    O = np.zeros(4, F32)
+    A = np.array([1.0, -2.0, 3.0, 0.0], F32)
+    B = np.array([3.0, 1.0, -1.0, 5.0], F32)
+    got = merges.get("ties").merge("w", A, B, O, density=1.0)
+    # [1,3] agree: mean 2; [-2,1] sum<0: only -2; [3,-1] sum>0: only 3; [0,5]: only 5
+    np.testing.assert_array_equal(got, np.array([2.0, -2.0, 3.0, 5.0], F32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("density", [0.2, 0.9, 1.0])
+def test_dare(dtype, density, chunk):
+    A, B, O = triple(dtype, seed=3)
+    got = merges.get("dare").merge("enc.w", A, B, O, density=density)
+    assert_close(got, ref_dare("enc.w", A, B, O, density), A, B, O)
+
+
+def test_dare_is_reproducible_and_depends_on_name_and_seed():
+    A, B, O = triple(np.dtype(F32), seed=4)
+    dare = merges.get("dare")
+    first = dare.merge("a", A, B, O, density=0.3)
+    np.testing.assert_array_equal(first, dare.merge("a", A, B, O, density=0.3))
+    assert not np.array_equal(first, dare.merge("b", A, B, O, density=0.3))
+    assert not np.array_equal(first, dare.merge("a", A, B, O, density=0.3, seed=7))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t", [0.5, 0.25])
+def test_slerp(dtype, t, chunk):
+    rng = np.random.default_rng(5)
+    A = rng.normal(0, 1, (50, 70)).astype(dtype)
+    B = rng.normal(0, 1, (50, 70)).astype(dtype)
+    got = merges.get("slerp").merge("w", A, B, None, t=t)
+    want = ref_slerp(A, B, None, t)
+    assert_close(got, want, A, B, np.zeros_like(A))
+    # really spherical: for orthogonal-ish random vectors the midpoint's norm exceeds the linear one
+    lin = 0.5 * (A.astype(np.float64) + B.astype(np.float64))
+    if t == 0.5:
+        assert np.linalg.norm(got.astype(np.float64)) > 1.3 * np.linalg.norm(lin)
+
+
+def test_slerp_parallel_falls_back_to_linear():
+    A = np.linspace(1, 2, 100, dtype=F32)
+    B = A * F32(3)
+    got = merges.get("slerp").merge("w", A, B, None, t=0.25)
+    np.testing.assert_allclose(got, 0.75 * A + 0.25 * B, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,side", [("ours", 0), ("theirs", 1), ("ancestor", 2)])
+def test_pick_strategies_return_the_side_unchanged(name, side):
+    A, B, O = triple(BF16)
+    got = merges.get(name).merge("w", A, B, O)
+    assert got.tobytes() == (A, B, O)[side].tobytes()
+
+
+# ---------- radix selection -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wd", [np.float32, np.float64])
+def test_kth_largest_magnitude_matches_sort(wd):
+    rng = np.random.default_rng(6)
+    x = rng.normal(0, 1, 5000).astype(wd)
+    x[:1000] = 0.0          # many ties at zero
+    x[1000:1100] = -0.5     # ties at an exact value, negative
+    x[1100] = -0.0
+    srt = np.sort(np.abs(x))
+    for k in [1, 2, 50, 1100, 3999, 4000, 4001, 4900, 5000]:
+        got = strategies.kth_largest_magnitude(lambda: iter(np.array_split(x, 7)), k, np.dtype(wd))
+        assert got == srt[-k], k
+
+
+# ---------- registry, applicability, parameter errors -------------------------------------------------------------
+
+def test_registry_lists_builtins_in_order():
+    assert merges.names()[:8] == ["ours", "theirs", "ancestor", "average", "task-arithmetic", "ties", "dare", "slerp"]
+    with pytest.raises(MergeError, match="unknown merge strategy 'nope'; known: ours, theirs"):
+        merges.get("nope")
+
+
+def test_applicable():
+    assert merges.applicable("float32", True) == merges.names()
+    assert merges.applicable("bfloat16", False) == ["ours", "theirs", "average", "slerp"]
+    assert merges.applicable("int64", True) == ["ours", "theirs", "ancestor"]
+
+
+def test_parameter_errors():
+    A, B, O = triple(np.dtype(F32))
+    with pytest.raises(MergeError, match="'average' has no parameter density; its parameters: alpha"):
+        merges.get("average").merge("w", A, B, O, density=0.1)
+    with pytest.raises(MergeError, match="density must be in"):
+        merges.get("ties").merge("w", A, B, O, density=0)
+    with pytest.raises(MergeError, match="alpha='x' is not a number"):
+        merges.get("average").merge("w", A, B, O, alpha="x")
+
+
+def test_shape_dtype_and_kind_errors():
+    A, B, O = triple(np.dtype(F32))
+    with pytest.raises(MergeError, match="group 'w': theirs is float32\\[10\\] but ours is float32\\[64, 96\\]"):
+        merges.get("average").merge("w", A, B[0, :10], O)
+    with pytest.raises(MergeError, match="needs the common ancestor"):
+        merges.get("ties").merge("w", A, B, None)
+    ints = np.arange(6)
+    with pytest.raises(MergeError, match="only merges floating-point groups, not int64"):
+        merges.get("average").merge("w", ints, ints, ints)

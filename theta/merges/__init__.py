@@ -1,0 +1,84 @@
+"""Merge strategies for parameter groups changed on both sides of a `git merge`.
+
+Strategies are plugins registered under the entry-point group ``theta.merges`` (the built-ins in
+:mod:`theta.merges.strategies` use the same mechanism, see pyproject.toml). A strategy is a class with::
+
+    name: str                       # entry-point name, e.g. "ties"
+    summary: str                    # one line for menus and `git theta merge-strategies`
+    needs_ancestor: bool            # True when the math uses the common ancestor
+    picks: str | None               # "ours" / "theirs" / "ancestor" when it selects one side unchanged
+    defaults: dict[str, float]      # parameters and their default values
+    def applies(self, dtype: str, has_ancestor: bool) -> bool
+    def merge(self, name, ours, theirs, ancestor, **params) -> numpy.ndarray
+
+``merge`` gets whole groups as numpy arrays of the group's dtype (ml_dtypes for bfloat16/float8) and returns
+an array of the same dtype and shape.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from theta.errors import ThetaError
+
+ENTRY_POINT_GROUP = "theta.merges"
+
+
+class MergeError(ThetaError):
+    """A merge could not be computed (bad parameter, unknown strategy, incompatible groups)."""
+
+
+class MergeConflict(ThetaError):
+    """Groups that cannot be merged automatically (shape/dtype change, delete vs modify, no strategy)."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__(f"{path}: cannot merge {len(problems)} group(s): " + "; ".join(problems))
+
+
+@runtime_checkable
+class MergeStrategy(Protocol):
+    name: str
+    summary: str
+    needs_ancestor: bool
+    picks: str | None
+    defaults: dict[str, float]
+
+    def applies(self, dtype: str, has_ancestor: bool) -> bool: ...
+
+    def merge(self, name: str, ours: np.ndarray, theirs: np.ndarray, ancestor: np.ndarray | None,
+              **params: Any) -> np.ndarray: ...
+
+
+@lru_cache(maxsize=None)
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> list[str]:
+    """Names of every registered strategy, built-ins first in their documented order."""
+    builtin = ["ours", "theirs", "ancestor", "average", "task-arithmetic", "ties", "dare", "slerp"]
+    found = _entry_points()
+    return [n for n in builtin if n in found] + sorted(n for n in found if n not in builtin)
+
+
+@lru_cache(maxsize=None)
+def get(name: str) -> MergeStrategy:
+    """The strategy registered as ``name``; unknown names raise MergeError listing the known ones."""
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise MergeError(f"unknown merge strategy {name!r}; known: {', '.join(names())}")
+    obj = ep.load()
+    strategy = obj() if isinstance(obj, type) else obj
+    if not isinstance(strategy, MergeStrategy):
+        raise MergeError(f"merge strategy {name!r} ({ep.value}) does not implement the MergeStrategy protocol")
+    return strategy
+
+
+def applicable(dtype: str, has_ancestor: bool) -> list[str]:
+    """Names of the strategies that can merge a group of ``dtype`` (with or without an ancestor)."""
+    return [n for n in names() if get(n).applies(dtype, has_ancestor)]

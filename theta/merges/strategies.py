@@ -1,0 +1,263 @@
+"""The built-in merge strategies (registered as ``theta.merges`` entry points in pyproject.toml).
+
+Notation: A = ours, B = theirs, O = ancestor, τ_A = A − O and τ_B = B − O (task vectors).
+Arithmetic runs in float32 (float64 for float64 groups), chunk by chunk, so beyond the inputs and the
+result only a few MiB of temporaries are alive; the result is cast back to the group's dtype.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Callable, ClassVar, Iterator
+
+import numpy as np
+
+from zipslice import dtypes
+
+from . import MergeError
+
+# elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary
+CHUNK = 1 << 20
+# slerp falls back to linear interpolation when |cos θ| exceeds this (vectors nearly parallel)
+SLERP_PARALLEL = 0.9995
+
+
+def work_dtype(arr: np.ndarray) -> np.dtype:
+    """float64 for float64 groups, float32 for every narrower float (bf16, fp16, float8, fp32)."""
+    return np.dtype(np.float64) if arr.dtype == np.float64 else np.dtype(np.float32)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+
+
+def _slices(n: int) -> Iterator[slice]:
+    for start in range(0, n, CHUNK):
+        yield slice(start, min(n, start + CHUNK))
+
+
+class Strategy:
+    """Common checks and parameter handling; subclasses set the class attributes and ``compute``."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    needs_ancestor: ClassVar[bool] = False
+    picks: ClassVar[str | None] = None
+    defaults: ClassVar[dict[str, float]] = {}
+
+    def applies(self, dtype: str, has_ancestor: bool) -> bool:
+        if self.needs_ancestor and not has_ancestor:
+            return False
+        return self.picks is not None or dtypes.get(dtype).kind == "float"
+
+    def params(self, given: dict[str, Any]) -> dict[str, float]:
+        unknown = sorted(set(given) - set(self.defaults))
+        if unknown:
+            known = ", ".join(self.defaults) or "none"
+            raise MergeError(f"merge strategy {self.name!r} has no parameter {', '.join(unknown)}; "
+                             f"its parameters: {known}")
+        out = dict(self.defaults)
+        for key, value in given.items():
+            try:
+                out[key] = float(value)
+            except (TypeError, ValueError):
+                raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not a number") from None
+        return out
+
+    def merge(self, name: str, ours: np.ndarray, theirs: np.ndarray, ancestor: np.ndarray | None,
+              **params: Any) -> np.ndarray:
+        p = self.params(params)
+        arrays = [("ours", ours), ("theirs", theirs)] + ([("ancestor", ancestor)] if ancestor is not None else [])
+        for side, arr in arrays[1:]:
+            if arr.shape != ours.shape or arr.dtype != ours.dtype:
+                raise MergeError(f"group {name!r}: {side} is {arr.dtype}{list(arr.shape)} but ours is "
+                                 f"{ours.dtype}{list(ours.shape)}; strategy {self.name!r} needs equal shapes and dtypes")
+        if self.needs_ancestor and ancestor is None:
+            raise MergeError(f"group {name!r}: strategy {self.name!r} needs the common ancestor, which has no such group")
+        if self.picks is None and dtypes.from_numpy(ours.dtype).kind != "float":
+            raise MergeError(f"group {name!r}: strategy {self.name!r} only merges floating-point groups, "
+                             f"not {dtypes.from_numpy(ours.dtype).name}")
+        return self.compute(name, ours, theirs, ancestor, p)
+
+    def compute(self, name: str, A: np.ndarray, B: np.ndarray, O: np.ndarray | None,
+                p: dict[str, float]) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _elementwise(A: np.ndarray, B: np.ndarray, O: np.ndarray | None,
+                 fn: Callable[[slice, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]) -> np.ndarray:
+    """Apply ``fn(slice, a, b, o)`` on float chunks, writing into a result of A's dtype and shape."""
+    wd = work_dtype(A)
+    out = np.empty(A.shape, dtype=A.dtype)
+    fa, fb, fo, fout = _flat(A), _flat(B), _flat(O) if O is not None else None, out.reshape(-1)
+    for sl in _slices(fa.size):
+        o = fo[sl].astype(wd) if fo is not None else None
+        fout[sl] = fn(sl, fa[sl].astype(wd), fb[sl].astype(wd), o).astype(A.dtype)
+    return out
+
+
+class _Pick(Strategy):
+    def compute(self, name, A, B, O, p):
+        return {"ours": A, "theirs": B, "ancestor": O}[self.picks]
+
+
+class Ours(_Pick):
+    name, picks, summary = "ours", "ours", "keep our version of the group"
+
+
+class Theirs(_Pick):
+    name, picks, summary = "theirs", "theirs", "take their version of the group"
+
+
+class Ancestor(_Pick):
+    name, picks, needs_ancestor = "ancestor", "ancestor", True
+    summary = "go back to the common ancestor's version"
+
+
+class Average(Strategy):
+    name = "average"
+    summary = "alpha·ours + (1−alpha)·theirs"
+    defaults = {"alpha": 0.5}
+
+    def compute(self, name, A, B, O, p):
+        alpha = p["alpha"]
+        return _elementwise(A, B, None, lambda sl, a, b, o: a * alpha + b * (1.0 - alpha))
+
+
+class TaskArithmetic(Strategy):
+    name = "task-arithmetic"
+    summary = "ancestor + λ_ours·(ours−ancestor) + λ_theirs·(theirs−ancestor)"
+    needs_ancestor = True
+    defaults = {"lambda_ours": 1.0, "lambda_theirs": 1.0}
+
+    def compute(self, name, A, B, O, p):
+        lo, lt = p["lambda_ours"], p["lambda_theirs"]
+        return _elementwise(A, B, O, lambda sl, a, b, o: o + (a - o) * lo + (b - o) * lt)
+
+
+def _check_density(strategy: str, density: float) -> None:
+    if not 0.0 < density <= 1.0:
+        raise MergeError(f"merge strategy {strategy!r}: density must be in (0, 1], got {density}")
+
+
+def kth_largest_magnitude(chunks: Callable[[], Iterator[np.ndarray]], k: int, wd: np.dtype) -> float:
+    """The k-th largest |x| (1 ≤ k ≤ n) over the arrays ``chunks()`` yields, with O(chunk) memory.
+
+    Radix selection: non-negative IEEE floats order like their bit patterns read as unsigned integers, so
+    16 bits are resolved per pass over the data (2 passes for float32, 4 for float64), exactly.
+    """
+    bits = wd.itemsize * 8
+    key_type = np.dtype(f"u{wd.itemsize}")
+    prefix, resolved = 0, 0
+    for shift in range(bits - 16, -1, -16):
+        hist = np.zeros(1 << 16, dtype=np.int64)
+        for chunk in chunks():
+            keys = np.abs(chunk).view(key_type)
+            if resolved:
+                keys = keys[(keys >> (shift + 16)) == prefix]
+            hist += np.bincount(((keys >> shift) & 0xFFFF).astype(np.intp), minlength=1 << 16)
+        from_top = np.cumsum(hist[::-1])
+        idx = int(np.searchsorted(from_top, k))  # first bucket (from the top) reaching rank k
+        k -= int(from_top[idx - 1]) if idx else 0
+        prefix = (prefix << 16) | (0xFFFF - idx)
+        resolved += 16
+    return float(np.array([prefix], dtype=key_type).view(wd)[0])
+
+
+def _trim_threshold(delta: Callable[[slice], np.ndarray], n: int, density: float, wd: np.dtype) -> float:
+    """Magnitude threshold keeping the k = round(density·n) largest |τ| (ties at the threshold are kept)."""
+    k = int(round(density * n))
+    if k >= n:
+        return 0.0
+    if k <= 0:
+        return math.inf
+
+    def chunks():
+        for sl in _slices(n):
+            yield delta(sl)
+
+    return kth_largest_magnitude(chunks, k, wd)
+
+
+class Ties(Strategy):
+    name = "ties"
+    summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
+    needs_ancestor = True
+    defaults = {"density": 0.2, "lambda": 1.0}
+
+    def compute(self, name, A, B, O, p):
+        density, lam = p["density"], p["lambda"]
+        _check_density(self.name, density)
+        wd = work_dtype(A)
+        fa, fb, fo = _flat(A), _flat(B), _flat(O)
+        th_a = _trim_threshold(lambda sl: fa[sl].astype(wd) - fo[sl].astype(wd), fa.size, density, wd)
+        th_b = _trim_threshold(lambda sl: fb[sl].astype(wd) - fo[sl].astype(wd), fb.size, density, wd)
+
+        def chunk(sl, a, b, o):
+            ta, tb = a - o, b - o
+            ta[np.abs(ta) < th_a] = 0
+            tb[np.abs(tb) < th_b] = 0
+            elected = np.sign(ta + tb)
+            agree_a = (ta != 0) & (np.sign(ta) == elected)
+            agree_b = (tb != 0) & (np.sign(tb) == elected)
+            total = np.where(agree_a, ta, 0) + np.where(agree_b, tb, 0)
+            count = agree_a.astype(wd) + agree_b.astype(wd)
+            return o + lam * (total / np.maximum(count, 1))
+
+        return _elementwise(A, B, O, chunk)
+
+
+def dare_seed(name: str, side: str, seed: int) -> np.random.SeedSequence:
+    """The documented, reproducible random stream of DARE for one group and side."""
+    digest = hashlib.sha256(f"theta-dare\0{seed}\0{name}\0{side}".encode()).digest()
+    return np.random.SeedSequence(int.from_bytes(digest[:16], "little"))
+
+
+class Dare(Strategy):
+    name = "dare"
+    summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
+    needs_ancestor = True
+    defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
+
+    def compute(self, name, A, B, O, p):
+        density = p["density"]
+        _check_density(self.name, density)
+        seed = int(p["seed"])
+        # one stream per side, consumed chunk after chunk: the same values as one draw of n numbers
+        rng_a = np.random.default_rng(dare_seed(name, "ours", seed))
+        rng_b = np.random.default_rng(dare_seed(name, "theirs", seed))
+        lo, lt = p["lambda_ours"] / density, p["lambda_theirs"] / density
+
+        def chunk(sl, a, b, o):
+            n = sl.stop - sl.start
+            keep_a = rng_a.random(n) < density
+            keep_b = rng_b.random(n) < density
+            return o + np.where(keep_a, a - o, 0) * lo + np.where(keep_b, b - o, 0) * lt
+
+        return _elementwise(A, B, O, chunk)
+
+
+class Slerp(Strategy):
+    name = "slerp"
+    summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
+    defaults = {"t": 0.5}
+
+    def compute(self, name, A, B, O, p):
+        t = p["t"]
+        wd = work_dtype(A)
+        fa, fb = _flat(A), _flat(B)
+        dot = na = nb = 0.0
+        for sl in _slices(fa.size):
+            a, b = fa[sl].astype(np.float64), fb[sl].astype(np.float64)
+            dot += float(a @ b)
+            na += float(a @ a)
+            nb += float(b @ b)
+        ca, cb = 1.0 - t, t
+        if na > 0 and nb > 0:
+            cos = max(-1.0, min(1.0, dot / math.sqrt(na * nb)))
+            if abs(cos) <= SLERP_PARALLEL:
+                theta = math.acos(cos)
+                ca = math.sin((1.0 - t) * theta) / math.sin(theta)
+                cb = math.sin(t * theta) / math.sin(theta)
+        ca, cb = wd.type(ca), wd.type(cb)
+        return _elementwise(A, B, None, lambda sl, a, b, o: a * ca + b * cb)
