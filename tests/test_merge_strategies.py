@@ -233,3 +233,73 @@ def test_shape_dtype_and_kind_errors():
     ints = np.arange(6)
     with pytest.raises(MergeError, match="only merges floating-point groups, not int64"):
         merges.get("average").merge("w", ints, ints, ints)
+
+
+# ---------- configuration: env > .thetamerge rule > git config > .thetamerge default ------------------------------
+
+def _repo(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    subprocess.run(["git", "init", "-q", str(tmp_path / "r")], check=True)
+    return tmp_path / "r"
+
+
+def _git_config(repo, key, value):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+
+
+def test_config_layers(tmp_path, monkeypatch):
+    from theta.merges.config import MergeConfig
+
+    repo = _repo(tmp_path, monkeypatch)
+    assert not MergeConfig.load(repo, environ={}).configured
+    assert MergeConfig.load(repo, environ={}).choose("m.pt", "w").strategy is None
+
+    (repo / ".thetamerge").write_text(
+        '[default]\nstrategy = "average"\nalpha = 0.25\n\n'
+        '[[rule]]\ngroups = ["*embed*", "lm_head.*"]\nstrategy = "ours"\n\n'
+        '[[rule]]\npaths = "adapters/*"\ngroups = "*"\nstrategy = "ties"\ndensity = 0.4\n\n'
+        '[[rule]]\ngroups = "layer.1.*"\nlambda = 0.5\n')
+    cfg = MergeConfig.load(repo, environ={})
+    assert cfg.choose("m.pt", "layer.0.w") == cfg.choose("m.pt", "layer.0.w")
+    c = cfg.choose("m.pt", "layer.0.w")
+    assert (c.strategy, c.params["alpha"], c.source) == ("average", 0.25, ".thetamerge [default]")
+    c = cfg.choose("m.pt", "tok_embed.weight")
+    assert c.strategy == "ours" and c.source.startswith(".thetamerge rule 1")
+    c = cfg.choose("adapters/a.safetensors", "layer.1.w")
+    assert (c.strategy, c.params["density"], c.params["lambda"]) == ("ties", 0.4, 0.5)
+
+    _git_config(repo, "theta.merge.strategy", "task-arithmetic")
+    _git_config(repo, "theta.merge.lambda-ours", "0.75")
+    cfg = MergeConfig.load(repo, environ={})
+    c = cfg.choose("m.pt", "layer.0.w")
+    assert (c.strategy, c.params["lambda_ours"], c.source) == ("task-arithmetic", 0.75, "git config theta.merge.strategy")
+    assert cfg.choose("m.pt", "tok_embed.weight").strategy == "ours"  # a rule is more specific than git config
+
+    env = {"GIT_THETA_MERGE_STRATEGY": "dare", "GIT_THETA_MERGE_DENSITY": "0.9", "GIT_THETA_MERGE_LAMBDA_OURS": "2"}
+    cfg = MergeConfig.load(repo, environ=env)
+    for group in ("layer.0.w", "tok_embed.weight"):
+        c = cfg.choose("adapters/x", group)
+        assert (c.strategy, c.params["density"], c.params["lambda_ours"]) == ("dare", 0.9, 2.0)
+
+
+def test_config_errors(tmp_path, monkeypatch):
+    from theta.merges.config import MergeConfig
+
+    repo = _repo(tmp_path, monkeypatch)
+    (repo / ".thetamerge").write_text('[[rule]]\ngroups = 3\nstrategy = "ours"\n')
+    with pytest.raises(MergeError, match="rule 1 groups: expected a glob or a list of globs, got 3"):
+        MergeConfig.load(repo, environ={})
+    (repo / ".thetamerge").write_text('[defaults]\nstrategy = "ours"\n')
+    with pytest.raises(MergeError, match="unknown table\\(s\\) defaults"):
+        MergeConfig.load(repo, environ={})
+    (repo / ".thetamerge").write_text('[default\n')
+    with pytest.raises(MergeError, match="not valid TOML"):
+        MergeConfig.load(repo, environ={})
+    (repo / ".thetamerge").unlink()
+    with pytest.raises(MergeError, match="GIT_THETA_MERGE_DENSITY: expected a number, got 'lots'"):
+        MergeConfig.load(repo, environ={"GIT_THETA_MERGE_DENSITY": "lots"})
