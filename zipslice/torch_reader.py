@@ -1,0 +1,331 @@
+"""Lazy reader of torch zip checkpoints (``torch.save`` since torch 1.6).
+
+Opening reads the zip central directory, each record's local header and ``data.pkl``; the pickle is
+interpreted by :mod:`zipslice.unpickler` (allowlist only). Reading a tensor is one positioned read of
+exactly its byte span -- or, for tensors that share a storage (tied weights), one read of the union
+of their spans, shared by the views built on it as ``torch.load`` shares them.
+
+The returned tensor has the saved dtype, shape, strides, requires_grad and Parameter-ness. Its
+``storage_offset()`` counts from the start of the bytes read, not from the start of the saved storage
+(0 for an untied tensor; for tied tensors, relative to the union span rounded down to 16 bytes).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import dtypes, structure
+from .base import LazyCheckpoint
+from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from .info import TensorInfo, span_elements
+from .unpickler import (PickledOrderedDict, RestrictedUnpickler, StorageRef, StorageType, TensorRef, TorchDevice,
+                        TorchDType, TorchSize, PickleFault)
+from .zipfmt import STORED, ZipIndex, ZipMember
+
+# data.pkl holds only metadata (a few hundred bytes per tensor); anything past this is not a checkpoint.
+MAX_PICKLE_BYTES = 512 << 20
+MAX_DEPTH = 200
+_UNION_ALIGN = 16  # the widest element (complex128): keeps every tied view's offset a whole element
+
+
+@dataclass(frozen=True)
+class StorageRecord:
+    """Where a storage's bytes live: a zip member (stored or deflated) or a raw file range."""
+
+    name: str
+    nbytes: int
+    data_offset: int | None   # absolute file offset of byte 0, None when compressed
+    member: ZipMember | None = None
+
+
+class Flattener:
+    """Turns the unpickled tree into a structure node, tensor references and extras by flat name."""
+
+    def __init__(self, path: str, entry: str, budget: int):
+        self.path, self.entry = path, entry
+        self.budget = budget
+        self.tensors: dict[str, TensorRef] = {}
+        self.extras: dict[str, Any] = {}
+
+    def _unsupported(self, name: str, problem: str) -> UnsupportedCheckpointError:
+        return UnsupportedCheckpointError(self.path, problem, name or self.entry)
+
+    def _claim(self, name: str) -> None:
+        if name in self.tensors or name in self.extras:
+            raise self._unsupported(name, "two leaves flatten to the same name (a key contains '/'?)")
+
+    def node(self, obj: Any, name: str = "", depth: int = 0, leaves: bool = True) -> dict:
+        """``leaves=False`` builds nodes without registering tensors/extras (``_metadata`` subtrees)."""
+        self.budget -= 1
+        if self.budget < 0:
+            raise CorruptCheckpointError(
+                self.path, "the pickled tree expands far beyond the pickle's size (shared sub-containers "
+                           "repeated?); refusing to expand it", self.entry)
+        if depth > MAX_DEPTH:
+            raise self._unsupported(name, f"containers nested deeper than {MAX_DEPTH} levels (or a cycle)")
+        if isinstance(obj, TensorRef):
+            if not leaves:
+                raise self._unsupported(name, "a tensor inside an OrderedDict's _metadata")
+            self._claim(name)
+            self.tensors[name] = obj
+            return {"tensor": name}
+        if isinstance(obj, PickledOrderedDict):
+            node: dict = {"odict": self._items(obj, name, depth, leaves)}
+            other = set(obj.state) - {"_metadata"}
+            if other:
+                raise self._unsupported(name, f"OrderedDict with attributes {sorted(other)} besides _metadata")
+            if "_metadata" in obj.state:
+                node["metadata"] = self.node(obj.state["_metadata"], name, depth + 1, leaves=False)
+            return node
+        if isinstance(obj, dict):
+            return {"dict": self._items(obj, name, depth, leaves)}
+        if isinstance(obj, TorchSize):
+            return self._value({"torch": "size", "value": list(obj)}, name, leaves)
+        if isinstance(obj, (list, tuple)):
+            kind = "list" if isinstance(obj, list) else "tuple"
+            return {kind: [self.node(v, structure.join(name, i), depth + 1, leaves) for i, v in enumerate(obj)]}
+        if isinstance(obj, TorchDType):
+            return self._value({"torch": "dtype", "value": obj.name}, name, leaves)
+        if isinstance(obj, TorchDevice):
+            return self._value({"torch": "device", "value": obj.spec}, name, leaves)
+        if obj is None or isinstance(obj, (bool, int, str, float, bytes, bytearray)):
+            return self._value(structure.value_node(obj), name, leaves)
+        if isinstance(obj, StorageRef):
+            raise self._unsupported(name, "a bare storage (not a tensor) is not supported")
+        raise self._unsupported(name, f"a {type(obj).__name__} value cannot be represented")
+
+    def _items(self, d: dict, name: str, depth: int, leaves: bool) -> list:
+        out = []
+        for k, v in d.items():
+            if not (k is None or isinstance(k, (str, int, float, bool))):
+                raise self._unsupported(name, f"dict key of type {type(k).__name__}")
+            out.append([k, self.node(v, structure.join(name, k), depth + 1, leaves)])
+        return out
+
+    def _value(self, node: dict, name: str, leaves: bool) -> dict:
+        if leaves:
+            self._claim(name)
+            self.extras[name] = node if "torch" in node else structure.leaf_value(node)
+        return node
+
+
+def validate_tensor(path: str, name: str, ref: TensorRef, rec_nbytes: int) -> tuple[int, int]:
+    """Check a tensor against its storage; returns (byte offset in storage, span bytes)."""
+    if ref.dtype not in dtypes.BY_NAME:
+        raise UnsupportedCheckpointError(path, f"dtype {ref.dtype} is not supported", name)
+    itemsize = dtypes.get(ref.dtype).itemsize
+    if ref.storage_offset < 0 or any(s < 0 for s in ref.shape) or any(s < 0 for s in ref.stride):
+        raise CorruptCheckpointError(
+            path, f"negative storage offset/size/stride ({ref.storage_offset}, {ref.shape}, {ref.stride})", name)
+    n = span_elements(ref.shape, ref.stride)
+    start = ref.storage_offset * itemsize
+    span = n * itemsize
+    if n and start + span > rec_nbytes:
+        raise CorruptCheckpointError(
+            path, f"the view (offset {ref.storage_offset}, size {ref.shape}, stride {ref.stride}) reaches byte "
+                  f"{start + span} but its storage {ref.storage.key!r} has {rec_nbytes} bytes", name)
+    return start, span
+
+
+def swap_bytes(buf: np.ndarray, dtype: str) -> None:
+    """Big-endian to little-endian in place (complex: each half)."""
+    dt = dtypes.get(dtype)
+    unit = dt.itemsize // 2 if dt.kind == "complex" else dt.itemsize
+    if unit > 1:
+        usable = len(buf) - len(buf) % unit
+        v = buf[:usable].view(f"<u{unit}")
+        v.byteswap(inplace=True)
+
+
+class TorchCheckpoint(LazyCheckpoint):
+    """A torch zip checkpoint as a lazy, read-only ``Mapping[str, torch.Tensor]``."""
+
+    format = "torch"
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self._storages: dict[str, StorageRecord] = {}
+        self._ties: dict[str, list[str]] = {}
+        self._live: dict[str, list[weakref.ref]] = {}   # storage -> live tensors built on one read
+        self._live_lo: dict[str, int] = {}               # storage -> byte offset that read started at
+        self.prefix = ""
+        self.byteorder = "little"
+        self._open()
+
+    # -- opening -----------------------------------------------------------------------------------
+    def _open(self) -> None:
+        zi = self._zip = ZipIndex(self._fd(self.path), self.path)
+        self.prefix = prefix = self._find_prefix(zi)
+        if prefix + "byteorder" in zi.members:
+            order = zi.read_member(prefix + "byteorder", 16).decode("ascii", "replace").strip()
+            if order not in ("little", "big"):
+                raise CorruptCheckpointError(self.path, f"byteorder is {order!r}, not 'little' or 'big'",
+                                             prefix + "byteorder")
+            self.byteorder = order
+        entry = prefix + "data.pkl"
+        pickle = zi.read_member(entry, MAX_PICKLE_BYTES)
+        storages: dict[str, StorageRef] = {}
+
+        def persistent_load(pid: Any) -> StorageRef:
+            return _storage_from_pid(pid, storages, legacy=False)
+
+        obj = RestrictedUnpickler(pickle, self.path, entry, persistent_load).load()
+        self._index(obj, entry, len(pickle), self._zip_record)
+
+    def _find_prefix(self, zi: ZipIndex) -> str:
+        # torch names records "<archive>/..."; the archive name is whatever the file was saved as.
+        if zi.order:
+            first = zi.order[0]
+            head = first.split("/", 1)[0] + "/" if "/" in first else ""
+            if head + "data.pkl" in zi.members:
+                return head
+        found = [n[: -len("data.pkl")] for n in zi.order if n.endswith("data.pkl") and n.count("/") <= 1
+                 and (n == "data.pkl" or n.endswith("/data.pkl"))]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise CorruptCheckpointError(self.path, "the zip archive has no data.pkl record; not a torch checkpoint")
+        raise CorruptCheckpointError(self.path, f"the zip archive has several data.pkl records: {found}")
+
+    def _zip_record(self, ref: StorageRef, tensor_name: str) -> StorageRecord:
+        name = f"data/{ref.key}"
+        rec = self._storages.get(name)
+        if rec is not None:
+            return rec
+        member = self._zip.members.get(self.prefix + name)
+        if member is None:
+            raise CorruptCheckpointError(self.path, f"storage record {self.prefix + name} is missing", tensor_name)
+        self._zip.check_readable(member)
+        rec = StorageRecord(name, member.size, member.data_offset if member.method == STORED else None, member)
+        self._storages[name] = rec
+        return rec
+
+    def _index(self, obj: Any, entry: str, pickle_len: int,
+               record: Callable[[StorageRef, str], StorageRecord]) -> None:
+        flat = Flattener(self.path, entry, budget=2 * pickle_len + 1024)
+        self.structure = flat.node(obj)
+        self.extras = flat.extras
+        for name, ref in flat.tensors.items():
+            rec = record(ref.storage, name)
+            if rec.nbytes != ref.storage.nbytes:
+                raise CorruptCheckpointError(
+                    self.path, f"storage record {rec.name} has {rec.nbytes} bytes but the pickle declares "
+                               f"{ref.storage.numel} x {ref.storage.dtype} = {ref.storage.nbytes} bytes", name)
+            start, span = validate_tensor(self.path, name, ref, rec.nbytes)
+            self._infos[name] = TensorInfo(
+                name=name, dtype=ref.dtype, shape=ref.shape, stride=ref.stride, storage=rec.name,
+                storage_offset=ref.storage_offset,
+                offset=None if rec.data_offset is None else rec.data_offset + start,
+                span_nbytes=span, file=self.path, storage_nbytes=rec.nbytes, byteorder=self.byteorder,
+                is_parameter=ref.is_parameter, requires_grad=ref.requires_grad)
+            self._ties.setdefault(rec.name, []).append(name)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _read_into(self, rec: StorageRecord, start: int, out: memoryview, entry: str) -> None:
+        """Fill ``out`` with bytes ``start..start+len(out)`` of a storage."""
+        n = len(out)
+        if rec.data_offset is not None:
+            fd = self._fd(self.path)
+            if rec.data_offset + start + n > os.fstat(fd).st_size:
+                raise CorruptCheckpointError(self.path, "storage runs past the end of the file (truncated?)", entry)
+            got = 0
+            while got < n:
+                k = os.preadv(fd, [out[got:]], rec.data_offset + start + got)
+                if k == 0:
+                    raise CorruptCheckpointError(self.path, f"unexpected end of file at {rec.data_offset + start + got}",
+                                                 entry)
+                got += k
+        else:
+            self._fd(self.path)  # raises if closed
+            out[:] = self._compressed_range(rec, start, n)
+
+    def _compressed_range(self, rec: StorageRecord, start: int, n: int) -> bytearray:
+        assert rec.member is not None
+        return self._zip.read_range(rec.member, start, n)
+
+    def _read_span(self, info: TensorInfo) -> bytearray:
+        rec = self._storages[info.storage]
+        buf = bytearray(info.span_nbytes)
+        start = info.storage_offset * info.itemsize if info.span_nbytes else 0
+        self._read_into(rec, start, memoryview(buf), info.name)
+        return buf
+
+    def tensor(self, key: str):
+        """The tensor as ``torch.load(weights_only=True)`` gives it; tied keys share one storage."""
+        import torch
+
+        info = self.info(key)
+        group = self._ties.get(info.storage, [key])
+        shared = len(group) > 1 and info.span_nbytes > 0
+        if shared and info.byteorder == "big":
+            units = {dtypes.get(self._infos[k].dtype).itemsize for k in group}
+            shared = len(units) == 1
+        base_lo = 0
+        storage = None
+        if shared:
+            storage, base_lo = self._live_storage(info.storage)
+        if storage is None:
+            members = [self._infos[k] for k in group] if shared else [info]
+            spans = [(i.storage_offset * i.itemsize, i.storage_offset * i.itemsize + i.span_nbytes)
+                     for i in members if i.span_nbytes]
+            if spans:
+                lo = min(a for a, _ in spans)
+                lo -= lo % _UNION_ALIGN if shared else 0
+                hi = max(b for _, b in spans)
+            else:
+                lo = hi = 0
+            raw = torch.empty(hi - lo, dtype=torch.uint8)
+            if hi > lo:
+                arr = raw.numpy()
+                self._read_into(self._storages[info.storage], lo, memoryview(arr), key)
+                if info.byteorder == "big":
+                    swap_bytes(arr, info.dtype)
+            storage, base_lo = raw.untyped_storage(), lo
+        itemsize = info.itemsize
+        rel = (info.storage_offset * itemsize - base_lo) // itemsize if info.span_nbytes else 0
+        t = torch.empty(0, dtype=dtypes.to_torch(info.dtype)).set_(storage, rel, info.shape, info.stride)
+        if info.is_parameter:
+            t = torch.nn.Parameter(t, requires_grad=info.requires_grad)
+        elif info.requires_grad:
+            t.requires_grad_(True)
+        if shared:
+            refs = [r for r in self._live.get(info.storage, []) if r() is not None]
+            refs.append(weakref.ref(t))
+            self._live[info.storage] = refs
+            self._live_lo[info.storage] = base_lo
+        return t
+
+    def _live_storage(self, storage_name: str):
+        for r in self._live.get(storage_name, []):
+            t = r()
+            if t is not None:
+                return t.untyped_storage(), self._live_lo[storage_name]
+        return None, 0
+
+    def close(self) -> None:
+        self._live.clear()
+        super().close()
+
+
+def _storage_from_pid(pid: Any, storages: dict[str, StorageRef], legacy: bool) -> StorageRef:
+    """A persistent id ('storage', StorageType, key, location, numel[, view_metadata]) as a StorageRef."""
+    want = 6 if legacy else 5
+    if not isinstance(pid, tuple) or len(pid) != want or pid[0] != "storage":
+        raise PickleFault(f"persistent id must be a {want}-tuple starting with 'storage', got {pid!r:.120}")
+    _, stype, key, location, numel = pid[:5]
+    if not isinstance(stype, StorageType):
+        raise PickleFault(f"persistent id storage type is {stype!r:.80}, not a torch storage class")
+    if not isinstance(key, str) or not isinstance(location, str) or type(numel) is not int or numel < 0:
+        raise PickleFault(f"malformed persistent id {pid!r:.120}")
+    if legacy and pid[5] is not None:
+        raise PickleFault("storage views (legacy view_metadata) are not supported")
+    ref = storages.get(key)
+    if ref is None:
+        ref = storages[key] = StorageRef(key, stype.dtype, numel, location)
+    elif ref.nbytes != numel * dtypes.get(stype.dtype).itemsize:
+        raise PickleFault(f"storage {key!r} is declared twice with different sizes")
+    return ref
