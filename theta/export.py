@@ -1,0 +1,30 @@
+"""`git theta export REV:PATH OUT`: write any committed version of a checkpoint without touching the work tree."""
+from __future__ import annotations
+
+import os
+import sys
+
+from . import gitutil
+from .errors import ThetaError
+
+
+def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None) -> str:
+    """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written."""
+    from .lfs_transfer import fetch_missing
+    from .metadata import is_metadata, loads
+    from .smudge import smudge_checkpoint
+    from .store import LfsStore
+
+    if ":" not in spec:
+        raise ThetaError(f"{spec!r}: give REV:PATH (e.g. HEAD~1:model.pt)")
+    data = gitutil.read_blob(spec, cwd)
+    if data is None:
+        raise ThetaError(f"{spec}: no such file in git")
+    if not is_metadata(data):
+        raise ThetaError(f"{spec} is not a theta-tracked checkpoint (no theta metadata)")
+    meta = loads(data)
+    store = LfsStore.for_repo(cwd or ".")
+    fetch_missing(cwd or ".", meta.blob_refs(), store=store)
+    smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt,
+                      progress=sys.stderr.isatty() if progress is None else progress)
+    return fmt or meta.format

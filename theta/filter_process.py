@@ -1,0 +1,328 @@
+"""git's long-running filter process (gitattributes(5), "Long Running Filter Process"), protocol version 2.
+
+One `git-theta filter-process` serves a whole `git add` / `git checkout`. stdout carries protocol data only;
+messages go to stderr.
+
+Clean (checkpoint -> metadata text). git sends the file's bytes; zipslice needs random access, so they must
+end up in a file. Fast path: while receiving, the bytes are compared with the working-tree file at
+``pathname``; if every byte matches (the normal `git add` case) that file is cleaned in place and nothing is
+copied. At the first difference (or when there is no such file, e.g. `git hash-object --stdin`) the content
+is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
+Content that already is theta metadata passes through unchanged.
+
+Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, rebuild the
+checkpoint group by group into a temporary file, then stream it to git. The output format is the committed
+one unless the path has the attribute ``theta-format=<torch|safetensors|hdf5>`` or
+``git config theta.checkoutFormat`` is set.
+
+Any failure answers ``status=error`` before a single content byte is sent, so git leaves the index and the
+working tree untouched (``filter.theta.required=true`` makes git stop).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+from . import gitutil
+from .errors import ThetaError
+from .pktline import PktReader, PktWriter, ProtocolError
+
+FORMATS = ("torch", "safetensors", "hdf5")
+ENV_PREFIX = "GIT_THETA_"
+
+
+def log(msg: str) -> None:
+    print(f"git-theta: {msg}", file=sys.stderr, flush=True)
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+# -- settings ------------------------------------------------------------------------------------------
+def _convert(value: str, annotation: str, default):
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    if "bool" in kind or isinstance(default, bool):
+        low = value.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise ThetaError(f"expected a boolean, got {value!r}")
+    if "int" in kind or (isinstance(default, int) and not isinstance(default, bool)):
+        return int(value)
+    if "float" in kind or isinstance(default, float):
+        return float(value)
+    if "Path" in kind:
+        return Path(value)
+    return value
+
+
+def clean_options(cwd=None, progress: bool | None = None):
+    """CleanOptions from defaults, then git config ``theta.<camelCaseField>``, then env ``GIT_THETA_<FIELD>``.
+
+    Example: ``update_type`` is ``git config theta.updateType`` / ``GIT_THETA_UPDATE_TYPE``.
+    """
+    from .clean import CleanOptions
+
+    config = gitutil.config_get_regexp(r"^theta\.", cwd)
+    kwargs = {}
+    for f in dataclasses.fields(CleanOptions):
+        if f.name == "progress":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        key = "theta." + f.name.replace("_", "")
+        raw = os.environ.get(ENV_PREFIX + f.name.upper())
+        source = ENV_PREFIX + f.name.upper()
+        if raw is None:
+            raw, source = config.get(key), key
+        if raw is None:
+            continue
+        try:
+            kwargs[f.name] = _convert(raw, f.type, default)
+        except (ValueError, ThetaError) as e:
+            raise ThetaError(f"bad value {raw!r} for {source}: {e}") from None
+    opts = CleanOptions(**kwargs)
+    if hasattr(opts, "progress"):
+        opts.progress = stderr_is_terminal() if progress is None else progress
+    return opts
+
+
+def checkout_format(path: str, cwd=None) -> str | None:
+    """The format to write ``path`` in at checkout: attribute theta-format, else theta.checkoutFormat, else None."""
+    fmt = gitutil.check_attr("theta-format", [path], cwd).get(path)
+    source = f"attribute theta-format of {path}"
+    if fmt in (None, "set"):
+        fmt, source = gitutil.config_get("theta.checkoutFormat", cwd), "git config theta.checkoutFormat"
+    if fmt is None:
+        return None
+    if fmt not in FORMATS:
+        raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
+# -- receiving content ---------------------------------------------------------------------------------
+class Received:
+    """Where the content git sent us lives: the verified working-tree file or a spool file we own."""
+
+    def __init__(self, path: Path, owned: bool, head: bytes, size: int):
+        self.path, self.owned, self.head, self.size = path, owned, head, size
+
+    def cleanup(self) -> None:
+        if self.owned:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def receive(chunks: Iterable[bytes], spool_dir: Path, worktree_file: Path | None) -> Received:
+    """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes."""
+    f = None
+    if worktree_file is not None and os.environ.get(ENV_PREFIX + "SPOOL") != "always":
+        try:
+            if worktree_file.is_file():
+                f = open(worktree_file, "rb")
+        except OSError:
+            f = None
+    spool: BinaryIO | None = None
+    spool_name = None
+    head = b""
+    size = 0
+    try:
+        for chunk in chunks:
+            if len(head) < 4096:
+                head += chunk[: 4096 - len(head)]
+            if spool is None and f is not None:
+                if f.read(len(chunk)) == chunk:
+                    size += len(chunk)
+                    continue
+                spool, spool_name = _new_spool(spool_dir)
+                f.seek(0)
+                _copy(f, spool, size)  # the matching prefix
+                f.close()
+                f = None
+            elif spool is None:
+                spool, spool_name = _new_spool(spool_dir)
+            spool.write(chunk)
+            size += len(chunk)
+        if spool is None and f is not None:
+            if f.read(1) == b"":  # same length too: the working-tree file is the content
+                return Received(worktree_file, False, head, size)
+            spool, spool_name = _new_spool(spool_dir)
+            f.seek(0)
+            _copy(f, spool, size)
+        if spool is None:
+            spool, spool_name = _new_spool(spool_dir)
+        spool.close()
+        return Received(Path(spool_name), True, head, size)
+    except BaseException:
+        if spool is not None:
+            spool.close()
+            os.unlink(spool_name)
+        raise
+    finally:
+        if f is not None:
+            f.close()
+        if spool is not None and not spool.closed:
+            spool.close()
+
+
+def _new_spool(d: Path):
+    fd, name = tempfile.mkstemp(prefix="spool-", dir=d)
+    return os.fdopen(fd, "wb", buffering=1 << 20), name
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
+    while n > 0:
+        buf = src.read(min(n, 8 << 20))
+        if not buf:
+            raise OSError("working-tree file shrank while being read")
+        dst.write(buf)
+        n -= len(buf)
+
+
+# -- the two filters -------------------------------------------------------------------------------------
+class Filter:
+    """Clean and smudge for one repository (the process's working directory)."""
+
+    def __init__(self, cwd: str | os.PathLike = "."):
+        from .store import LfsStore
+
+        self.cwd = Path(cwd).resolve()
+        self.store = LfsStore.for_repo(self.cwd)
+        self.spool_dir = gitutil.theta_dir(self.cwd)
+
+    def previous(self, path: str):
+        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from .errors import MetadataError
+        from .metadata import is_metadata, loads
+
+        for spec in (f":{path}", f"HEAD:{path}"):
+            data = gitutil.read_blob(spec, self.cwd)
+            if data is not None and is_metadata(data):
+                try:
+                    return loads(data)
+                except MetadataError as e:
+                    log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
+                    return None
+        return None
+
+    def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
+        from .clean import clean_checkpoint
+        from .metadata import dumps, is_metadata
+
+        worktree = self.cwd / path if path else None
+        got = receive(chunks, self.spool_dir, worktree)
+        try:
+            if is_metadata(got.head):
+                return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
+            before = _stat_key(got.path) if not got.owned else None
+            t0 = time.perf_counter()
+            try:
+                meta = clean_checkpoint(got.path, self.store, self.previous(path), clean_options(self.cwd))
+            except ThetaError as e:
+                raise ThetaError(str(e).replace(str(got.path), path)) from None
+            if before is not None and _stat_key(got.path) != before:
+                raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
+            if os.environ.get(ENV_PREFIX + "TIMING"):
+                log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
+                    f"({'spooled' if got.owned else 'read in place'})")
+            return dumps(meta).encode("utf-8")
+        finally:
+            got.cleanup()
+
+    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable") -> None:
+        """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``."""
+        from .lfs_transfer import fetch_missing
+        from .metadata import is_metadata, loads
+        from .smudge import smudge_checkpoint
+
+        got = receive(chunks, self.spool_dir, None)
+        try:
+            if not is_metadata(got.head):  # committed before theta tracked it: pass through
+                with open(got.path, "rb") as f:
+                    out(f)
+                return
+            meta = loads(got.path.read_bytes())
+            fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
+            fmt = checkout_format(path, self.cwd)
+            fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
+            os.close(fd)
+            try:
+                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=stderr_is_terminal())
+                with open(tmp, "rb") as f:
+                    out(f)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        finally:
+            got.cleanup()
+
+
+def _stat_key(p: Path):
+    st = p.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+# -- the protocol ----------------------------------------------------------------------------------------
+def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:
+    r, w = PktReader(stdin), PktWriter(stdout)
+    hello = r.read_text_list()
+    if hello[:1] != ["git-filter-client"] or "version=2" not in hello[1:]:
+        raise ProtocolError(f"filter protocol: unexpected greeting {hello!r}")
+    w.text_list(["git-filter-server", "version=2"])
+    caps = r.read_text_list()
+    w.text_list([c for c in ("capability=clean", "capability=smudge") if c in caps])
+
+    from .hooks import ensure_installed_quietly
+
+    ensure_installed_quietly(cwd)
+    filt = Filter(cwd)
+    while True:
+        try:
+            header = r.read_pairs()
+        except EOFError:
+            return 0
+        command, path = header.get("command"), header.get("pathname", "")
+        chunks = r.iter_content()
+        try:
+            if command == "clean":
+                data = filt.clean(path, chunks)
+                w.text_list(["status=success"])
+                if data:
+                    w.packet(data)
+                w.flush()
+            elif command == "smudge":
+                # Everything is in the temp file before status=success goes out: no half answers.
+                def send(f):
+                    w.text_list(["status=success"])
+                    w.content_from(f)
+                filt.smudge(path, chunks, send)
+            else:
+                for _ in chunks:
+                    pass
+                raise ThetaError(f"unsupported filter command {command!r}")
+            w.flush()  # empty list: keep status=success
+        except ProtocolError:
+            raise
+        except Exception as e:  # report any failure to git as status=error for this file, keep serving
+            for _ in chunks:  # drain whatever git still sends for this file
+                pass
+            _report(path, command, e)
+            w.text_list(["status=error"])
+
+
+def _report(path: str, command: str | None, e: Exception) -> None:
+    if isinstance(e, ThetaError):
+        log(f"error: {command} {path}: {e}")
+    else:
+        log(f"error: {command} {path}: {type(e).__name__}: {e}")
+        if os.environ.get(ENV_PREFIX + "DEBUG"):
+            traceback.print_exc(file=sys.stderr)

@@ -1,0 +1,69 @@
+"""`git theta install`: the git configuration (filter, merge and diff drivers) and the per-repository hooks.
+
+Like `git lfs install`, the drivers go to the global config by default (``--local``: this repository only).
+Hooks are per repository: `install` run inside a repository installs them there, and the filter installs
+them by itself the first time it runs in a repository that lacks them (e.g. during `git clone`'s checkout).
+Running it twice changes nothing.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+
+from . import gitutil, hooks
+
+SETTINGS = {
+    "filter.theta.process": "git-theta filter-process",
+    "filter.theta.clean": "git-theta clean %f",
+    "filter.theta.smudge": "git-theta smudge %f",
+    "filter.theta.required": "true",
+    "merge.theta.name": "theta model merge",
+    "merge.theta.driver": "git-theta merge-driver %O %A %B %L %P",
+    "diff.theta.command": "git-theta diff-driver",
+}
+
+
+@dataclass
+class InstallReport:
+    changed: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def in_repository(cwd=None) -> bool:
+    return subprocess.run(["git", "rev-parse", "--git-dir"], cwd=cwd, capture_output=True).returncode == 0
+
+
+def install(local: bool = False, cwd=None) -> InstallReport:
+    report = InstallReport()
+    scope = "local" if local else "global"
+    if local and not in_repository(cwd):
+        raise gitutil.GitError("git theta install --local must run inside a git repository")
+    for key, value in SETTINGS.items():
+        if gitutil.config_get(key, cwd, scope=scope) != value:
+            gitutil.config_set(key, value, cwd, scope=scope)
+            report.changed.append(f"set {key} ({scope})")
+    if in_repository(cwd):
+        if not hooks.is_installed(cwd):
+            _install_git_lfs(cwd, local, report)
+        report.changed.extend(hooks.install_hooks(cwd))
+    elif not local:
+        _install_git_lfs(cwd, False, report)
+    return report
+
+
+def _install_git_lfs(cwd, local: bool, report: InstallReport) -> None:
+    """git-lfs's own filter and hooks (for plain LFS files); theta's blobs travel through the git-lfs client."""
+    args = ["git", "lfs", "install"] + (["--local"] if local else [])
+    if not local and not in_repository(cwd) and gitutil.config_get("filter.lfs.process", cwd, scope="global"):
+        return  # already installed globally
+    proc = subprocess.run(args, cwd=cwd, capture_output=True)
+    if proc.returncode != 0:
+        msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        report.warnings.append(f"`{' '.join(args)}` failed ({msg[0] if msg else proc.returncode}); "
+                               "theta works without git-lfs's hooks, plain LFS files may not push")
+    elif "lfs" not in " ".join(report.changed):
+        report.changed.append("ran " + " ".join(args))
+
+
+def is_configured(cwd=None) -> bool:
+    return all(gitutil.config_get(k, cwd) == v for k, v in SETTINGS.items())

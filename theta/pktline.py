@@ -1,0 +1,97 @@
+"""git's pkt-line framing (gitprotocol-common(5)), as used by the long-running filter protocol.
+
+A packet is a 4-hex-digit length (counting those 4 bytes) followed by the payload; "0000" is a flush.
+"""
+from __future__ import annotations
+
+from typing import BinaryIO, Iterator
+
+from .errors import ThetaError
+
+MAX_PAYLOAD = 65516  # 65520 bytes per packet minus the 4-byte header
+FLUSH = None
+
+
+class ProtocolError(ThetaError):
+    """git and the filter disagree about the protocol (truncated stream, bad length, unexpected line)."""
+
+
+class PktReader:
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+
+    def _exact(self, n: int) -> bytes:
+        buf = self.stream.read(n)
+        if buf is None or len(buf) != n:
+            raise ProtocolError(f"filter protocol: stream ended inside a packet (wanted {n} bytes)")
+        return buf
+
+    def read_packet(self) -> bytes | None:
+        """One payload, or None for a flush packet. EOF between packets raises EOFError."""
+        head = self.stream.read(4)
+        if not head:
+            raise EOFError
+        if len(head) != 4:
+            raise ProtocolError("filter protocol: truncated packet length")
+        try:
+            size = int(head, 16)
+        except ValueError:
+            raise ProtocolError(f"filter protocol: bad packet length {head!r}") from None
+        if size == 0:
+            return FLUSH
+        if size < 4 or size > MAX_PAYLOAD + 4:
+            raise ProtocolError(f"filter protocol: bad packet length {size}")
+        return self._exact(size - 4)
+
+    def read_text_list(self) -> list[str]:
+        """Text lines up to the next flush (trailing newlines removed)."""
+        lines = []
+        while (pkt := self.read_packet()) is not FLUSH:
+            lines.append(pkt.decode("utf-8").rstrip("\n"))
+        return lines
+
+    def read_pairs(self) -> dict[str, str]:
+        """key=value lines up to the next flush."""
+        out: dict[str, str] = {}
+        for line in self.read_text_list():
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ProtocolError(f"filter protocol: expected key=value, got {line!r}")
+            out[key] = value
+        return out
+
+    def iter_content(self) -> Iterator[bytes]:
+        """Binary packets up to the next flush."""
+        while (pkt := self.read_packet()) is not FLUSH:
+            yield pkt
+
+
+class PktWriter:
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+
+    def packet(self, payload: bytes) -> None:
+        if not payload:
+            raise ValueError("empty packets are not allowed; use flush()")
+        for i in range(0, len(payload), MAX_PAYLOAD):
+            chunk = payload[i:i + MAX_PAYLOAD]
+            self.stream.write(b"%04x" % (len(chunk) + 4))
+            self.stream.write(chunk)
+
+    def text(self, line: str) -> None:
+        self.packet(line.encode("utf-8") + b"\n")
+
+    def flush(self) -> None:
+        self.stream.write(b"0000")
+        self.stream.flush()
+
+    def text_list(self, lines: list[str]) -> None:
+        for line in lines:
+            self.text(line)
+        self.flush()
+
+    def content_from(self, f: BinaryIO, bufsize: int = MAX_PAYLOAD * 16) -> None:
+        """Send a file's bytes as content packets followed by a flush."""
+        while chunk := f.read(bufsize):
+            self.packet(chunk)
+        self.flush()
