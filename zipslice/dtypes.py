@@ -56,8 +56,8 @@ _TABLE = [
     DType("complex128", 16, "<c16", None, "ComplexDoubleStorage", "complex"),
     DType("float8_e4m3fn", 1, "ml:float8_e4m3fn", "F8_E4M3", None, "float"),
     DType("float8_e5m2", 1, "ml:float8_e5m2", "F8_E5M2", None, "float"),
-    DType("float8_e4m3fnuz", 1, "ml:float8_e4m3fnuz", None, None, "float"),
-    DType("float8_e5m2fnuz", 1, "ml:float8_e5m2fnuz", None, None, "float"),
+    DType("float8_e4m3fnuz", 1, "ml:float8_e4m3fnuz", "F8_E4M3FNUZ", None, "float"),
+    DType("float8_e5m2fnuz", 1, "ml:float8_e5m2fnuz", "F8_E5M2FNUZ", None, "float"),
     DType("float8_e8m0fnu", 1, "ml:float8_e8m0fnu", "F8_E8M0", None, "float"),
 ]
 

@@ -41,7 +41,8 @@ def sniff(path: str | os.PathLike) -> str:
         return "torch-legacy"
     if len(head) >= 9:
         (n,) = struct.unpack("<Q", head[:8])
-        if head[8:9] == b"{" and 0 < n <= size - 8:
+        # A header length past the end still means safetensors (truncated): the reader says so precisely.
+        if head[8:9] == b"{" and n > 0:
             return "safetensors"
     stripped = head.lstrip()
     low = stripped[:200].lower()
