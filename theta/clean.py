@@ -1,0 +1,221 @@
+"""Clean: turn a checkpoint file into metadata, storing each changed parameter group as an LFS blob.
+
+One group at a time (memory ~ 2 x the largest group, + its previous value when comparing):
+
+1. hash the group's bytes; same hash as the previous version -> reuse its steps (no blob, no LSH);
+2. float groups: E2LSH signature; if it says "maybe close" to the previous version, rebuild the previous
+   value and compare with allclose(rtol, atol) -> if close, the group is unchanged (reuses previous steps);
+   with ``exact=True`` only identical bytes count as unchanged;
+3. otherwise :func:`encode_changed_group` stores the change (the seam the update policies replace).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import zipslice
+from zipslice import dtypes
+from zipslice.errors import ZipsliceError
+
+from . import codec, lsh, numeric
+from .errors import BlobMissingError, CheckpointError
+from .metadata import Alias, CheckpointMeta, GroupMeta, Step
+from .store import BlobRef, LfsStore
+from .updates import get as get_update_type
+from .updates import reconstruct
+
+
+@dataclass
+class CleanOptions:
+    level: int = codec.DEFAULT_LEVEL        # zstd level of new blobs
+    rtol: float = 1e-5                      # a changed float group within allclose(rtol, atol) of its
+    atol: float = 1e-8                      # previous version counts as unchanged...
+    exact: bool = False                     # ...unless exact: only identical bytes are unchanged
+    update_type: str = "auto"               # how changed groups are stored (CORE: "auto" = dense)
+    update_data: Path | None = None         # side-loaded update file (UPDATES)
+    max_chain: int = 8                      # longest step chain before a self-contained step
+    progress: bool = False                  # progress bar on stderr (only when it is a terminal)
+
+
+@dataclass
+class CleanStats:
+    groups: int = 0
+    aliases: int = 0
+    unchanged: int = 0          # same bytes as the previous version
+    close: int = 0              # allclose to the previous version (kept the previous value)
+    written: int = 0            # groups stored as new steps
+    raw_bytes: int = 0          # bytes of all groups
+    new_blob_bytes: int = 0     # bytes of blobs this clean added to the store
+    by_type: dict = field(default_factory=dict)
+
+
+def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
+                         previous_value: Callable[[], np.ndarray | None], store: LfsStore,
+                         options: CleanOptions) -> list[Step]:
+    """THE SEAM: store a group whose value changed and return its new step chain.
+
+    ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
+    in the previous metadata (same dtype and shape) or None; ``previous_value()`` rebuilds it (None when
+    there is none or its blobs are not in the local store). Use :func:`store_step` to store parts and
+    :func:`chain` to append to the previous chain within ``options.max_chain``.
+    The core version stores every change densely (self-contained).
+    """
+    utype = "dense" if options.update_type in ("auto", "dense") else options.update_type
+    ut = get_update_type(utype)
+    prev_val = previous_value() if ut.incremental else None
+    enc = ut.encode(new, prev_val) if (prev_val is not None or not ut.incremental) else None
+    if enc is None:
+        ut, enc = get_update_type("dense"), get_update_type("dense").encode(new, None)
+    step = store_step(ut.name, enc.parts, enc.params, new_hash, store, options)
+    return chain(previous, step, ut.incremental, options)
+
+
+def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
+               options: CleanOptions) -> Step:
+    """Encode ``parts`` into one blob, put it in the store, return the Step."""
+    ref = store.put_chunks(codec.encode_parts_chunks(parts, options.level))
+    return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
+
+
+def chain(previous: GroupMeta | None, step: Step, incremental: bool, options: CleanOptions) -> list[Step]:
+    """The new chain: ``[step]`` when self-contained, else previous steps + step (bounded by max_chain)."""
+    if not incremental:
+        return [step]
+    if previous is None:
+        raise CheckpointError(f"an incremental {step.type} step needs a previous version")
+    return [*previous.steps, step]
+
+
+def chain_full(previous: GroupMeta | None, options: CleanOptions) -> bool:
+    """True when appending one more step would exceed ``max_chain`` (store self-contained instead)."""
+    return previous is not None and len(previous.steps) + 1 > options.max_chain
+
+
+def _progress(enabled: bool, total: int, label: str):
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    p = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                 console=Console(stderr=True), transient=True)
+    p.start()
+    p.add_task(label, total=total)
+    return p
+
+
+def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
+                     options: CleanOptions | None = None, *, stats: CleanStats | None = None) -> CheckpointMeta:
+    """The metadata of the checkpoint at ``path``; new/changed groups are put in ``store``.
+
+    ``previous`` is the metadata of the last committed version of the same path (for reuse), if any.
+    A corrupt, unsafe or unreadable checkpoint raises CheckpointError naming the file.
+    """
+    options = options or CleanOptions()
+    stats = stats if stats is not None else CleanStats()
+    path = os.fspath(path)
+    try:
+        lsd = zipslice.load(path)
+    except ZipsliceError as e:
+        raise CheckpointError(f"cannot clean {path}: {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        with lsd:
+            return _clean(lsd, path, store, previous, options, stats)
+    except ZipsliceError as e:
+        raise CheckpointError(f"cannot clean {path}: {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,
+           stats: CleanStats) -> CheckpointMeta:
+    order = list(lsd)
+    groups: dict[str, GroupMeta] = {}
+    aliases: dict[str, Alias] = {}
+    tie_owner: dict = {}
+    same_lsh = previous is not None and previous.lsh == lsh.PARAMS
+    bar = _progress(options.progress, sum(lsd.info(k).nbytes for k in order), f"theta clean {Path(path).name}")
+    try:
+        for key in order:
+            info = lsd.info(key)
+            tie = lsd.source(key).tie
+            if tie is not None and tie in tie_owner:
+                aliases[key] = Alias(key, tie_owner[tie], info.is_parameter, info.requires_grad)
+                stats.aliases += 1
+                continue
+            if tie is not None:
+                tie_owner[tie] = key
+            groups[key] = _clean_group(lsd, key, info, store, previous, same_lsh, options, stats, path)
+            if bar is not None:
+                bar.advance(bar.task_ids[0], info.nbytes)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
+                          aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
+
+
+def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape: tuple) -> GroupMeta | None:
+    if previous is None or (key not in previous.groups and key not in previous.aliases):
+        return None
+    g = previous.group_for(key)
+    return g if g.dtype == dtype and tuple(g.shape) == tuple(shape) else None
+
+
+def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta | None, same_lsh: bool,
+                 options: CleanOptions, stats: CleanStats, path: str) -> GroupMeta:
+    stats.groups += 1
+    stats.raw_bytes += info.nbytes
+    raw = lsd.numpy(key, raw=True)  # carrier dtype (unsigned ints of the same width): the exact bits
+    digest = hashlib.sha256(raw.reshape(-1).view(np.uint8).data if raw.size else b"").hexdigest()
+    prev = _previous_group(previous, key, info.dtype, info.shape)
+
+    def keep(p: GroupMeta) -> GroupMeta:
+        return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
+                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad)
+
+    if prev is not None and prev.hash == digest:
+        stats.unchanged += 1
+        return keep(prev)
+
+    dt = dtypes.get(info.dtype)
+    arr = raw.view(dt.to_numpy())
+    sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
+    cached: list = []
+
+    def previous_value() -> np.ndarray | None:
+        if prev is None:
+            return None
+        if not cached:
+            try:
+                cached.append(reconstruct(prev, store, file=path))
+            except BlobMissingError:
+                cached.append(None)  # not fetched locally: cannot compare or build on it
+        return cached[0]
+
+    if prev is not None and dt.is_float and not options.exact:
+        maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
+                                lsh.l2norm(arr) if sig is not None and prev.lsh is not None else 0.0,
+                                options.rtol, options.atol)
+        if maybe:
+            old = previous_value()
+            if old is not None and numeric.allclose(arr, old, options.rtol, options.atol):
+                stats.close += 1
+                return keep(prev)
+
+    before = store.written_bytes
+    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options)
+    stats.written += 1
+    stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
+    stats.new_blob_bytes += store.written_bytes - before
+    return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
+                     is_parameter=info.is_parameter, requires_grad=info.requires_grad)
+

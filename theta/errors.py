@@ -1,0 +1,48 @@
+"""Exceptions raised by theta. Each carries one clear line: what, where, and what to do.
+
+The CLI prints ``error: <message>`` and exits 1 for every :class:`ThetaError`.
+"""
+from __future__ import annotations
+
+
+class ThetaError(Exception):
+    """Base of every error theta raises on purpose."""
+
+
+class MetadataError(ThetaError):
+    """A metadata text is malformed, of an unknown version, or inconsistent."""
+
+
+class CodecError(ThetaError):
+    """A stored blob cannot be decoded (truncated, corrupt, or of an unknown encoding)."""
+
+
+class StoreError(ThetaError):
+    """The local LFS object store cannot be used (not a git repository, unwritable, ...)."""
+
+
+class BlobMissingError(StoreError):
+    """A blob needed to rebuild a parameter group is not in the local store."""
+
+    def __init__(self, oid: str, group: str | None = None, file: str | None = None, size: int | None = None):
+        self.oid, self.group, self.file, self.size = oid, group, file, size
+        where = []
+        if file:
+            where.append(f"file {file}")
+        if group:
+            where.append(f"group {group!r}")
+        ctx = (" (" + ", ".join(where) + ")") if where else ""
+        super().__init__(f"blob {oid} is missing from the local LFS store{ctx}; "
+                         f"fetch it with `git lfs fetch` or `git theta` checkout from a remote that has it")
+
+
+class BlobCorruptError(StoreError):
+    """A stored blob's size or sha256 does not match its reference."""
+
+
+class CheckpointError(ThetaError):
+    """A checkpoint cannot be read (corrupt, unsafe, unsupported); wraps the zipslice error."""
+
+
+class UpdateTypeError(ThetaError):
+    """An unknown update type, or one that cannot encode/apply the given group."""

@@ -1,0 +1,137 @@
+"""Blobs in Git LFS's own local object store, addressed by the sha256 of their bytes.
+
+Layout (the one git-lfs uses, so `git lfs push/fetch/fsck` see our objects):
+``<git-common-dir>/lfs/objects/<oid[0:2]>/<oid[2:4]>/<oid>``. ``lfs.storage`` in git config moves the
+``lfs`` directory, as it does for git-lfs. Objects are written to a temp file beside their final path and
+renamed, so a reader never sees half an object; writing an object that exists is a no-op (dedup).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from .errors import BlobCorruptError, BlobMissingError, StoreError
+
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """A stored blob: sha256 hex of its bytes and its size in bytes."""
+
+    oid: str
+    size: int
+
+
+def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def _git(cwd: str | os.PathLike, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise StoreError(f"cannot run git in {os.fspath(cwd)}: {e}") from e
+    if out.returncode != 0:
+        return ""
+    return out.stdout.strip()
+
+
+class LfsStore:
+    """Content-addressed blobs in a git-lfs objects directory."""
+
+    def __init__(self, objects_dir: str | os.PathLike, verify: bool = True):
+        self.objects_dir = Path(objects_dir)
+        self.verify = verify  # check sha256 on every get (git-lfs does the same on smudge)
+        self.written_objects = 0  # objects this instance actually wrote (not deduplicated)
+        self.written_bytes = 0
+
+    @classmethod
+    def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
+        common = _git(cwd, "rev-parse", "--path-format=absolute", "--git-common-dir")
+        if not common:
+            raise StoreError(f"{os.fspath(cwd)} is not inside a git repository; theta stores blobs in its LFS store")
+        storage = _git(cwd, "config", "--get", "lfs.storage")
+        if storage:
+            lfs_dir = Path(storage) if os.path.isabs(storage) else Path(common) / storage
+        else:
+            lfs_dir = Path(common) / "lfs"
+        return cls(lfs_dir / "objects")
+
+    def __repr__(self) -> str:
+        return f"LfsStore({str(self.objects_dir)!r})"
+
+    def path(self, ref: "BlobRef | str") -> Path:
+        oid = ref if isinstance(ref, str) else ref.oid
+        return self.objects_dir / oid[0:2] / oid[2:4] / oid
+
+    def has(self, ref: BlobRef) -> bool:
+        try:
+            return self.path(ref).stat().st_size == ref.size
+        except FileNotFoundError:
+            return False
+
+    def put(self, data: "bytes | bytearray | memoryview") -> BlobRef:
+        return self.put_chunks([data])
+
+    def put_chunks(self, chunks: "list[bytes | bytearray | memoryview]") -> BlobRef:
+        """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first)."""
+        oid = sha256_of(chunks)
+        ref = BlobRef(oid, sum(memoryview(c).nbytes for c in chunks))
+        if self.has(ref):
+            return ref
+        dest = self.path(ref)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{oid[:16]}.", suffix=".tmp", dir=dest.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    for c in chunks:
+                        f.write(c)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, dest)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        except OSError as e:
+            raise StoreError(f"cannot write blob {oid} to {dest}: {e}") from e
+        self.written_objects += 1
+        self.written_bytes += ref.size
+        return ref
+
+    def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
+        p = self.path(ref)
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
+        except OSError as e:
+            raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
+        if len(data) != ref.size:
+            raise BlobCorruptError(f"blob {ref.oid} at {p} has {len(data)} bytes, expected {ref.size}"
+                                   + (f" (group {group!r})" if group else ""))
+        if self.verify and hashlib.sha256(data).hexdigest() != ref.oid:
+            raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
+                                   + (f" (group {group!r})" if group else ""))
+        return data
+
+    def missing(self, refs: Iterable[BlobRef]) -> list[BlobRef]:
+        """The refs not present locally, each once, in first-seen order."""
+        seen: set[BlobRef] = set()
+        out = []
+        for r in refs:
+            if r not in seen:
+                seen.add(r)
+                if not self.has(r):
+                    out.append(r)
+        return out

@@ -1,0 +1,116 @@
+"""Update types: how a parameter group's new value is stored relative to earlier values.
+
+Update types are plugins found through the entry-point group ``theta.updates`` (the built-ins register the
+same way, see pyproject.toml). Each stores its data as named arrays (``Encoded.parts``, one blob via
+:func:`theta.codec.encode_parts`) plus small JSON-able ``params`` recorded in the metadata step.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from zipslice import dtypes
+
+from ..codec import decode_parts
+from ..errors import MetadataError, UpdateTypeError
+
+if TYPE_CHECKING:
+    from ..metadata import GroupMeta
+    from ..store import LfsStore
+
+GROUP = "theta.updates"
+
+
+@dataclass
+class Encoded:
+    parts: dict[str, np.ndarray]               # stored in one blob (dense: {"values": arr})
+    params: dict = field(default_factory=dict)  # small JSON-able values recorded in the Step
+
+
+@runtime_checkable
+class UpdateType(Protocol):
+    name: str
+    incremental: bool  # True when apply needs the previous value
+
+    def encode(self, new: np.ndarray, previous: np.ndarray | None, **options) -> Encoded | None: ...
+
+    def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray: ...
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def names() -> list[str]:
+    """Names of the installed update types."""
+    return sorted(_entry_points())
+
+
+@lru_cache(maxsize=None)
+def get(name: str) -> UpdateType:
+    """The update type registered as ``name``; UpdateTypeError listing the known ones otherwise."""
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise UpdateTypeError(f"unknown update type {name!r}; known: {', '.join(names()) or '(none installed)'}")
+    try:
+        obj = ep.load()
+    except (ImportError, AttributeError) as e:
+        raise UpdateTypeError(f"update type {name!r} cannot be loaded from {ep.value}: {e}") from e
+    return obj() if isinstance(obj, type) else obj
+
+
+def content_hash(arr: np.ndarray) -> str:
+    """sha256 of an array's contiguous little-endian bytes (what GroupMeta.hash and Step.hash hold)."""
+    a = np.ascontiguousarray(arr)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return hashlib.sha256(a.reshape(-1).view(np.uint8).data if a.size else b"").hexdigest()
+
+
+def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None,
+                file: str | None = None) -> np.ndarray:
+    """The value of ``group``: walk its steps from the last cached one, checking every step's hash.
+
+    ``cache`` maps content hash -> array for one checkout/merge (callers decide what to keep in it);
+    the result is added to it. Memory: the previous value, one step's parts, and the new value.
+    """
+    steps = group.steps
+    if not steps:
+        raise MetadataError(f"group {group.name!r} has no steps")
+    start, value = 0, None
+    if cache is not None:
+        for i in range(len(steps) - 1, -1, -1):
+            hit = cache.get(steps[i].hash)
+            if hit is not None:
+                start, value = i + 1, hit
+                break
+    want = dtypes.get(group.dtype).to_numpy()
+    for step in steps[start:]:
+        ut = get(step.type)
+        parts = decode_parts(store.get(step.blob, group=group.name, file=file))
+        if value is None and ut.incremental:
+            raise MetadataError(f"group {group.name!r}: step {step.type!r} needs a previous value but is first")
+        value = ut.apply(parts, step.params, value)
+        del parts
+        if value.dtype != want or tuple(value.shape) != tuple(group.shape):
+            value = _coerce(value, want, group)
+        if step.hash and content_hash(value) != step.hash:
+            raise UpdateTypeError(f"group {group.name!r}: step {step.type!r} (blob {step.blob.oid[:12]}) rebuilt "
+                                  f"a value whose hash differs from the recorded one")
+    if cache is not None and value is not None:
+        cache[group.hash] = value
+    return value
+
+
+def _coerce(value: np.ndarray, want: np.dtype, group: "GroupMeta") -> np.ndarray:
+    if value.size != group.numel:
+        raise UpdateTypeError(f"group {group.name!r}: rebuilt {value.size} values, expected shape {group.shape}")
+    if value.dtype != want:
+        value = value.astype(want)
+    return value.reshape(group.shape)
