@@ -1,0 +1,294 @@
+"""Update types (sparse, low-rank, ia3, delta, rows), the auto policy and side-loaded update files -- no git.
+
+Exact types are checked bit for bit (raw bytes, so NaN payloads and signed zeros count); low-rank and
+ia3 within their documented tolerance.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from theta import codec
+from theta.errors import ThetaError
+from theta.updates import Encoded, get
+from theta.updates.auto import choose
+from theta.updates.delta import DeltaUpdate, changed_mask
+from theta.updates.ia3 import IA3Update
+from theta.updates.low_rank import LowRankUpdate, add_low_rank
+from theta.updates.rows import RowsUpdate
+from theta.updates.sideload import UpdateData, UpdateDataError
+from theta.updates.sparse import SparseUpdate
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
+
+
+def raw(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+def roundtrip(update, new, previous, **options) -> np.ndarray:
+    """encode -> blob (the real codec) -> decode -> apply, as clean and smudge do."""
+    enc = update.encode(new, previous, **options)
+    assert isinstance(enc, Encoded)
+    parts = codec.decode_parts(codec.encode_parts(enc.parts))
+    out = update.apply(parts, enc.params, previous)
+    assert out.dtype == new.dtype and out.shape == new.shape
+    return out
+
+
+def weights(rng, shape, dtype) -> np.ndarray:
+    return (rng.standard_normal(shape) * 0.02).astype(np.float32).astype(dtype)
+
+
+def with_specials(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    flat = a.reshape(-1)
+    flat[:4] = np.array([0.0, -0.0, np.nan, np.inf], dtype=np.float32).astype(a.dtype)
+    return a
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sparse_roundtrip_bit_exact(dtype):
+    rng = np.random.default_rng(1)
+    prev = with_specials(weights(rng, (64, 48), dtype))
+    new = prev.copy()
+    idx = rng.choice(new.size, 100, replace=False)
+    new.reshape(-1)[idx] = weights(rng, 100, dtype)
+    new.reshape(-1)[1] = np.float32(0.0).astype(dtype)              # -0.0 -> +0.0 is a change
+    bits = new.reshape(-1)[2:3].view(np.uint16 if dtype.itemsize == 2 else np.uint32)
+    bits += 1                                                       # another NaN payload is a change
+    enc = SparseUpdate().encode(new, prev)
+    assert enc.params["count"] == np.count_nonzero(changed_mask(new, prev))
+    assert raw(roundtrip(SparseUpdate(), new, prev)) == raw(new)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_delta_roundtrip_bit_exact(dtype):
+    rng = np.random.default_rng(2)
+    prev = with_specials(weights(rng, (96, 80), dtype))
+    noise = 1 + 1e-3 * rng.standard_normal(prev.shape).astype(np.float32)
+    new = with_specials((prev.astype(np.float32) * noise).astype(dtype))
+    new.reshape(-1)[10] = -new.reshape(-1)[10]                     # a sign flip wraps the integer difference
+    for op in ("zigzag", "xor", "sub"):
+        assert raw(roundtrip(DeltaUpdate(), new, prev, op=op)) == raw(new)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.sampled_from(["<u1", "<u2", "<u4", "<u8"]), st.integers(0, 2**32 - 1))
+def test_delta_and_sparse_exact_on_arbitrary_bits(n, word, seed):
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(np.dtype(word))
+    prev = rng.integers(0, info.max, n, dtype=np.dtype(word), endpoint=True)
+    new = prev.copy()
+    mask = rng.random(n) < 0.3
+    new[mask] = rng.integers(0, info.max, int(mask.sum()), dtype=np.dtype(word), endpoint=True)
+    as_float = {"<u2": np.float16, "<u4": np.float32, "<u8": np.float64}.get(word)
+    if as_float:  # every bit pattern, NaNs included, must survive
+        prev, new = prev.view(as_float), new.view(as_float)
+    assert raw(roundtrip(DeltaUpdate(), new, prev)) == raw(new)
+    assert raw(roundtrip(SparseUpdate(), new, prev)) == raw(new)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_low_rank_roundtrip_within_tolerance(dtype):
+    rng = np.random.default_rng(3)
+    prev = weights(rng, (120, 90), dtype)
+    R = rng.standard_normal((120, 4)).astype(np.float32) * 0.01
+    C = rng.standard_normal((4, 90)).astype(np.float32) * 0.01
+    new = add_low_rank(prev, R, C)
+    tol = dict(rtol=1e-2, atol=1e-3) if dtype.itemsize == 2 else dict(rtol=1e-5, atol=1e-6)
+    out = roundtrip(LowRankUpdate(), new, prev, rank=4, **tol)
+    np.testing.assert_allclose(out.astype(np.float64), new.astype(np.float64), **tol)
+    if dtype == np.float32:   # rank too small for the change: refused, the caller stores something else
+        assert LowRankUpdate().encode(new, prev, rank=2, **tol) is None
+
+
+def test_low_rank_apply_is_deterministic_and_matches_matmul():
+    rng = np.random.default_rng(4)
+    prev = weights(rng, (300, 200), np.float32)
+    R = rng.standard_normal((300, 8)).astype(np.float32)
+    C = rng.standard_normal((8, 200)).astype(np.float32)
+    a, b = add_low_rank(prev, R, C), add_low_rank(prev.copy(), R.copy(), C.copy())
+    assert raw(a) == raw(b)
+    np.testing.assert_allclose(a, (prev.astype(np.float64) + R.astype(np.float64) @ C.astype(np.float64)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_low_rank_higher_dim_and_1d():
+    rng = np.random.default_rng(5)
+    prev = weights(rng, (16, 3, 3, 4), np.float32)
+    R = rng.standard_normal((16, 2)).astype(np.float32)
+    C = rng.standard_normal((2, 36)).astype(np.float32)
+    new = add_low_rank(prev, R, C)
+    out = roundtrip(LowRankUpdate(), new, prev, rank=2)
+    np.testing.assert_allclose(out, new, rtol=1e-5, atol=1e-6)
+    assert LowRankUpdate().encode(weights(rng, 50, np.float32), weights(rng, 50, np.float32)) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ia3_roundtrip_within_tolerance(dtype):
+    rng = np.random.default_rng(6)
+    prev = weights(rng, (40, 30), dtype)
+    vec = (1 + 0.1 * rng.standard_normal((1, 30))).astype(np.float32)
+    new = (prev.astype(np.float32) * vec).astype(dtype)
+    tol = dict(rtol=1e-2, atol=0) if dtype.itemsize == 2 else dict(rtol=1e-5, atol=1e-6)
+    out = roundtrip(IA3Update(), new, prev, **tol)     # the vector is inferred from the ratios
+    np.testing.assert_allclose(out.astype(np.float32), new.astype(np.float32), **tol)
+    rows_vec = (1 + 0.1 * rng.standard_normal((40, 1))).astype(np.float32)
+    new_rows = (prev.astype(np.float32) * rows_vec).astype(dtype)
+    enc = IA3Update().encode(new_rows, prev, **tol)
+    assert enc.params["axis"] == 0 and enc.parts["ia3"].shape == (40, 1)
+    # the given vector is applied with torch's arithmetic (float32, rounded): bit for bit
+    assert raw(IA3Update().apply({"ia3": rows_vec}, {}, prev)) == raw(new_rows)
+    assert IA3Update().encode(weights(rng, (40, 30), dtype), prev) is None  # not a rescaling
+
+
+def test_rows_trim_reorder_append_exact():
+    rng = np.random.default_rng(7)
+    prev = with_specials(weights(rng, (1000, 16), BF16))
+    trimmed = prev[:900]
+    enc = RowsUpdate().encode(trimmed, prev)
+    assert enc.parts["extra"].shape == (0, 16)
+    assert raw(roundtrip(RowsUpdate(), trimmed, prev)) == raw(trimmed)
+    keep = np.sort(rng.choice(1000, 700, replace=False))
+    subset = np.concatenate([prev[keep], weights(rng, (5, 16), BF16)])
+    enc = RowsUpdate().encode(subset, prev)
+    assert enc.parts["extra"].shape == (5, 16)
+    assert raw(roundtrip(RowsUpdate(), subset, prev)) == raw(subset)
+    assert len(codec.encode_parts(enc.parts)) < 0.1 * subset.nbytes
+    assert RowsUpdate().encode(weights(rng, (10, 8), BF16), prev) is None   # other row width
+
+
+def test_apply_rejects_parts_that_do_not_fit():
+    prev = np.zeros((4, 4), np.float32)
+    with pytest.raises(ThetaError, match="sparse"):
+        SparseUpdate().apply({"gaps": np.array([20], np.uint32), "values": np.ones(1, np.float32)}, {}, prev)
+    with pytest.raises(ThetaError, match="low-rank"):
+        LowRankUpdate().apply({"R": np.ones((3, 1), np.float32), "C": np.ones((1, 4), np.float32)}, {}, prev)
+    with pytest.raises(ThetaError, match="ia3"):
+        IA3Update().apply({"ia3": np.ones((5,), np.float32)}, {}, prev)
+    with pytest.raises(ThetaError, match="delta"):
+        DeltaUpdate().apply({"planes": np.zeros((4, 3), np.uint8)}, {"op": "zigzag"}, prev)
+    with pytest.raises(ThetaError, match="previous"):
+        DeltaUpdate().apply({"planes": np.zeros((4, 16), np.uint8)}, {"op": "zigzag"}, None)
+
+
+def test_registry_knows_every_type():
+    for name in ("dense", "sparse", "low-rank", "ia3", "delta", "rows"):
+        assert get(name).name == name
+
+
+# ---------------------------------------------------------------- auto
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_auto_picks_the_smallest_exact(dtype):
+    rng = np.random.default_rng(8)
+    prev = weights(rng, (256, 256), dtype)
+    few = prev.copy()
+    few.reshape(-1)[rng.choice(few.size, 50, replace=False)] = 1
+    noisy = (prev.astype(np.float32) * (1 + 1e-3 * rng.standard_normal(prev.shape))).astype(dtype)
+    unrelated = weights(rng, (256, 256), dtype)
+    for new, expected in ((few, "sparse"), (noisy, None), (unrelated, "dense"), (prev[:200], "rows")):
+        c = choose(new, prev)
+        assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.encoded.params, prev)) == raw(new)
+        assert len(c.blob) == min(c.tried.values())
+        if expected:
+            assert c.update_type == expected, c.tried
+    c = choose(noisy, prev)
+    assert c.update_type in ("delta", "sparse") and len(c.blob) < 0.7 * len(codec.encode_array(noisy))
+
+
+def test_auto_without_previous_is_dense():
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    c = choose(a, None)
+    assert c.update_type == "dense" and raw(codec.decode_parts(c.blob)["values"]) == raw(a)
+
+
+# ---------------------------------------------------------------- side-loaded update files
+
+
+def write(tmp_path, name, tensors) -> str:
+    path = tmp_path / name
+    safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    return str(path)
+
+
+@pytest.fixture
+def base():
+    rng = np.random.default_rng(9)
+    return {"layer.q.weight": weights(rng, (64, 32), np.float32), "layer.bias": weights(rng, 32, np.float32)}
+
+
+def test_sideload_low_rank(tmp_path, base):
+    rng = np.random.default_rng(10)
+    R = rng.standard_normal((64, 4)).astype(np.float32) * 0.1
+    C = rng.standard_normal((4, 32)).astype(np.float32) * 0.1
+    prev = base["layer.q.weight"]
+    new = (prev + R @ C).astype(np.float32)               # torch/BLAS order: may differ in the last bit
+    data = UpdateData.open(write(tmp_path, "lora.safetensors", {"layer.q.weight/R": R, "layer.q.weight/C": C}),
+                           "low-rank")
+    data.check_against({k: v.shape for k, v in base.items()})
+    assert "layer.q.weight" in data and "layer.bias" not in data
+    v = data.verify("layer.q.weight", new, prev, rtol=1e-5, atol=1e-6)
+    assert v.update_type == "low-rank" and raw(v.encoded.parts["R"]) == raw(R)
+    np.testing.assert_allclose(v.value, new, rtol=1e-5, atol=1e-6)
+    with pytest.raises(UpdateDataError, match="layer.q.weight.*differs"):
+        data.verify("layer.q.weight", new + 0.5, prev, rtol=1e-5, atol=1e-6)
+
+
+def test_sideload_sparse_git_theta_layout(tmp_path, base):
+    prev = base["layer.q.weight"]
+    flat_idx = np.array([3, 17, 400, 2047], np.int32)
+    vals = np.array([0.5, -0.25, 1.0, 2.0], np.float32)
+    new = prev.copy()
+    new.reshape(-1)[flat_idx] += vals
+    parts = {"layer.q.weight/data": vals, "layer.q.weight/indices": flat_idx,
+             "layer.q.weight/indptr": np.array([0, 4], np.int32), "layer.q.weight/shape": np.array([64, 32])}
+    data = UpdateData.open(write(tmp_path, "sparse.safetensors", parts), "sparse")
+    data.check_against({k: v.shape for k, v in base.items()})
+    v = data.verify("layer.q.weight", new, prev, rtol=0, atol=0)
+    assert raw(SparseUpdate().apply(v.encoded.parts, v.encoded.params, prev)) == raw(new)
+    wrong = new.copy()
+    wrong.reshape(-1)[5] += 1
+    with pytest.raises(UpdateDataError, match="exactly"):
+        data.verify("layer.q.weight", wrong, prev, rtol=0, atol=0)
+
+
+def test_sideload_ia3(tmp_path, base):
+    prev = base["layer.q.weight"]
+    vec = np.linspace(0.5, 1.5, 32, dtype=np.float32).reshape(1, 32)
+    data = UpdateData.open(write(tmp_path, "ia3.safetensors", {"layer.q.weight/ia3": vec}), "ia3")
+    v = data.verify("layer.q.weight", prev * vec, prev, rtol=1e-6, atol=0)
+    assert raw(v.value) == raw(prev * vec)
+
+
+@pytest.mark.parametrize("tensors,update_type,message", [
+    ({"layer.q.weight/R": np.ones((64, 2), np.float32)}, "low-rank", "lacks part.*C"),
+    ({"layer.q.weight/R": np.ones((64, 2), np.float32), "layer.q.weight/C": np.ones((2, 31), np.float32)},
+     "low-rank", "does not give"),
+    ({"nope.weight/R": np.ones((64, 2), np.float32), "nope.weight/C": np.ones((2, 32), np.float32)},
+     "low-rank", "'nope.weight' is not in the checkpoint"),
+    ({"layer.q.weight/A": np.ones((64, 2), np.float32)}, "low-rank", "has part 'A'"),
+    ({"weights": np.ones((64, 2), np.float32)}, "low-rank", "not <group name>/<part>"),
+    ({"layer.q.weight/ia3": np.ones((1, 31), np.float32)}, "ia3", "does not broadcast"),
+    ({"layer.bias/R": np.ones((32, 1), np.float32), "layer.bias/C": np.ones((1, 1), np.float32)},
+     "low-rank", "no low-rank form"),
+    ({"layer.q.weight/ia3": np.ones(32, np.float32)}, "dense", "takes no side-loaded data"),
+])
+def test_sideload_bad_files_fail_clearly(tmp_path, base, tensors, update_type, message):
+    path = write(tmp_path, "bad.safetensors", tensors)
+    with pytest.raises(UpdateDataError, match=message):
+        UpdateData.open(path, update_type).check_against({k: v.shape for k, v in base.items()})
+
+
+def test_sideload_not_a_checkpoint(tmp_path):
+    p = tmp_path / "junk.bin"
+    p.write_bytes(b"this is not a checkpoint at all")
+    with pytest.raises(UpdateDataError, match="junk.bin"):
+        UpdateData.open(p, "sparse")

@@ -1,0 +1,85 @@
+"""rows: a group whose rows (first dimension) were removed, reordered, duplicated or appended.
+
+Trimming an embedding vocabulary keeps most rows of the previous value unchanged: only which previous
+row each new row comes from needs storing, plus the rows that are genuinely new. Rows are matched by
+their raw bytes, so the result is exact bit for bit.
+
+Stored parts: ``source`` (int64 per new row: the index of the previous row it copies, or -1 for a new
+row), delta-coded as ``source_gaps`` so that runs of kept rows compress to almost nothing, and
+``extra`` (the genuinely new rows, in order, in the group's dtype). Params: ``rows`` (new row count).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from theta.errors import UpdateTypeError
+from theta.updates import Encoded
+
+
+def row_bytes(arr: np.ndarray) -> np.ndarray:
+    """(rows, bytes per row) uint8 view of a C-contiguous array."""
+    arr = np.ascontiguousarray(arr)
+    return arr.reshape(arr.shape[0], -1).view(np.uint8).reshape(arr.shape[0], -1) if arr.shape[0] else \
+        np.zeros((0, 0), np.uint8)
+
+
+def find_sources(new: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """For each row of ``new``, the index of a bit-identical row of ``previous`` (or -1)."""
+    new_rows, prev_rows = row_bytes(new), row_bytes(previous)
+    k = min(new.shape[0], previous.shape[0])
+    # fast path: a kept prefix (vocabulary trimmed at the end) needs no hashing
+    same = np.all(new_rows[:k] == prev_rows[:k], axis=1) if k else np.zeros(0, bool)
+    sources = np.full(new.shape[0], -1, dtype=np.int64)
+    sources[:k][same] = np.flatnonzero(same)
+    if same.all() and new.shape[0] <= previous.shape[0]:
+        return sources
+    index: dict[bytes, int] = {}
+    for i in range(prev_rows.shape[0] - 1, -1, -1):  # first occurrence wins
+        index[hashlib.blake2b(prev_rows[i].tobytes(), digest_size=16).digest()] = i
+    for i in np.flatnonzero(sources < 0):
+        j = index.get(hashlib.blake2b(new_rows[i].tobytes(), digest_size=16).digest())
+        if j is not None and np.array_equal(prev_rows[j], new_rows[i]):  # guard against a digest collision
+            sources[i] = j
+    return sources
+
+
+def encode_sources(sources: np.ndarray) -> np.ndarray:
+    gaps = np.empty_like(sources)
+    if sources.size:
+        gaps[0] = sources[0]
+        np.subtract(sources[1:], sources[:-1], out=gaps[1:])
+    return gaps
+
+
+class RowsUpdate:
+    name = "rows"
+    incremental = True
+
+    def encode(self, new: np.ndarray, previous: np.ndarray | None, **options) -> Encoded | None:
+        if (previous is None or previous.dtype != new.dtype or new.ndim == 0 or previous.ndim != new.ndim
+                or previous.shape[1:] != new.shape[1:]):
+            return None
+        sources = find_sources(new, previous)
+        if np.all(sources < 0):
+            return None  # nothing shared: a dense value is simpler
+        extra = np.ascontiguousarray(new)[sources < 0]
+        return Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra},
+                       params={"rows": int(new.shape[0])})
+
+    def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
+        if previous is None:
+            raise UpdateTypeError("rows update needs the previous value of its group")
+        if "source_gaps" not in parts or "extra" not in parts:
+            raise UpdateTypeError(f"rows update is missing parts (has {sorted(parts)}, needs source_gaps and extra)")
+        sources = np.cumsum(np.asarray(parts["source_gaps"], dtype=np.int64))
+        extra = parts["extra"]
+        new_mask = sources < 0
+        if (sources.size and sources.max() >= previous.shape[0]) or extra.shape[0] != int(new_mask.sum()) \
+                or extra.shape[1:] != previous.shape[1:]:
+            raise UpdateTypeError(f"rows update does not fit a previous value of shape {previous.shape}")
+        out = np.empty((sources.size,) + previous.shape[1:], dtype=previous.dtype)
+        out[~new_mask] = previous[sources[~new_mask]]
+        out[new_mask] = extra.astype(previous.dtype, copy=False)
+        return out

@@ -1,0 +1,208 @@
+"""Side-loaded update data (Git-Theta compatible): `git theta add PATH --update-type T --update-data FILE`.
+
+FILE is a checkpoint in any format zipslice reads. Its keys are ``<group name>/<part>`` (split at the
+last ``/``) with Git-Theta's part names:
+
+- ``low-rank``: ``R`` (rows x r) and ``C`` (r x cols); new = previous + R @ C (groups with more than two
+  dimensions as (shape[0], rest), see low_rank.py). Checked against the saved file within rtol/atol.
+- ``sparse``: ``data``, ``indices``, ``indptr``, ``shape`` -- a CSR matrix of the update, either of the
+  flattened group (1 x N, as Git-Theta writes it: ``indptr`` has two entries) or, for a 2-D group, of the
+  group itself; new = previous + update. Checked exactly (bit for bit) against the saved file.
+- ``ia3``: ``ia3``, broadcastable to the group; new = previous * ia3. Checked within rtol/atol.
+
+Everything that can be checked without tensor data (known group names, complete and known part names,
+shapes) is checked by :meth:`UpdateData.check_against` before any group is encoded, so a bad file fails
+the clean filter -- and with it ``git add`` -- before anything is staged. Groups absent from FILE are
+handled as plain changes by the caller.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from theta.errors import UpdateTypeError
+from theta.updates import Encoded
+from theta.updates.ia3 import check_vector, compute_dtype, scale
+from theta.updates.low_rank import add_low_rank, check_factors, close_enough
+from theta.updates.sparse import SparseUpdate
+
+PARTS: dict[str, tuple[str, ...]] = {
+    "low-rank": ("R", "C"),
+    "sparse": ("data", "indices", "indptr", "shape"),
+    "ia3": ("ia3",),
+}
+
+
+class UpdateDataError(UpdateTypeError):
+    """The side-loaded update file is malformed or does not match the checkpoint."""
+
+
+@dataclass
+class Verified:
+    encoded: Encoded
+    update_type: str            # the type stored in the step
+    value: np.ndarray           # what a checkout will rebuild (equals the file for exact types)
+
+
+@dataclass
+class UpdateData:
+    path: Path
+    update_type: str
+    keys: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> part -> key in the file
+    _ckpt: object = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, update_type: str) -> "UpdateData":
+        """Open FILE lazily and check its key names (no tensor data is read)."""
+        import zipslice
+
+        path = Path(path)
+        if update_type not in PARTS:
+            raise UpdateDataError(f"update data {path}: update type {update_type!r} takes no side-loaded data "
+                                  f"(use one of {', '.join(PARTS)})")
+        if not path.is_file():
+            raise UpdateDataError(f"update data {path}: no such file")
+        try:
+            ckpt = zipslice.load(path)
+        except zipslice.ZipsliceError as e:
+            raise UpdateDataError(f"update data {path}: cannot read it: {e}") from None
+        data = cls(path, update_type, {}, ckpt)
+        wanted = PARTS[update_type]
+        for key in ckpt.keys():
+            group, sep, part = key.rpartition("/")
+            if not sep or not group:
+                raise UpdateDataError(f"update data {path}: key {key!r} is not <group name>/<part>")
+            if part not in wanted:
+                raise UpdateDataError(f"update data {path}: key {key!r} has part {part!r}; a {update_type} "
+                                      f"update has parts {', '.join(wanted)}")
+            data.keys.setdefault(group, {})[part] = key
+        for group, parts in data.keys.items():
+            missing = [p for p in wanted if p not in parts]
+            if missing:
+                raise UpdateDataError(f"update data {path}: group {group!r} lacks part(s) {', '.join(missing)} "
+                                      f"of a {update_type} update")
+        if not data.keys:
+            raise UpdateDataError(f"update data {path}: holds no update (no <group>/<part> keys)")
+        return data
+
+    def close(self) -> None:
+        close = getattr(self._ckpt, "close", None)
+        if close:
+            close()
+
+    def __contains__(self, group: str) -> bool:
+        return group in self.keys
+
+    def _shape(self, group: str, part: str) -> tuple[int, ...]:
+        return tuple(self._ckpt.info(self.keys[group][part]).shape)
+
+    def check_against(self, shapes: Mapping[str, tuple[int, ...]], has_previous: Mapping[str, bool] | None = None
+                      ) -> None:
+        """Every group of FILE exists in the checkpoint (with a previous version) and its parts fit its shape."""
+        unknown = sorted(set(self.keys) - set(shapes))
+        if unknown:
+            raise UpdateDataError(f"update data {self.path}: group(s) {', '.join(map(repr, unknown[:5]))} "
+                                  f"{'are' if len(unknown) > 1 else 'is'} not in the checkpoint")
+        for group in self.keys:
+            if has_previous is not None and not has_previous.get(group, False):
+                raise UpdateDataError(f"update data {self.path}: group {group!r} has no previous version "
+                                      f"to apply a {self.update_type} update to (commit the base model first)")
+            problem = self._shape_problem(group, tuple(shapes[group]))
+            if problem:
+                raise UpdateDataError(f"update data {self.path}: group {group!r}: {problem}")
+
+    def _shape_problem(self, group: str, shape: tuple[int, ...]) -> str | None:
+        if self.update_type == "low-rank":
+            return check_factors(shape, np.empty(self._shape(group, "R"), np.float32),
+                                 np.empty(self._shape(group, "C"), np.float32))
+        if self.update_type == "ia3":
+            return check_vector(shape, np.empty(self._shape(group, "ia3"), np.float32))
+        for part in ("data", "indices", "indptr", "shape"):
+            if len(self._shape(group, part)) != 1:
+                return f"sparse part {part} must be one-dimensional, has shape {self._shape(group, part)}"
+        if self._shape(group, "shape")[0] != len(shape):
+            return f"sparse part shape has {self._shape(group, 'shape')[0]} entries, the group has {len(shape)} dims"
+        return None
+
+    def parts(self, group: str) -> dict[str, np.ndarray]:
+        """Read one group's parts."""
+        return {part: np.asarray(self._ckpt.numpy(key)) for part, key in self.keys[group].items()}
+
+    def verify(self, group: str, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> Verified:
+        """Apply the side-loaded update to ``previous``; it must give ``new`` (see module docstring)."""
+        where = f"update data {self.path}: group {group!r}"
+        if previous is None:
+            raise UpdateDataError(f"{where}: no previous version to apply the update to")
+        if previous.shape != new.shape or previous.dtype != new.dtype:
+            raise UpdateDataError(f"{where}: the group changed from {previous.dtype}{list(previous.shape)} to "
+                                  f"{new.dtype}{list(new.shape)}; a {self.update_type} update cannot do that")
+        parts = self.parts(group)
+        if self.update_type == "sparse":
+            return self._verify_sparse(where, parts, new, previous)
+        if self.update_type == "low-rank":
+            R, C = np.ascontiguousarray(parts["R"]), np.ascontiguousarray(parts["C"])
+            problem = check_factors(new.shape, R, C)
+            if problem:
+                raise UpdateDataError(f"{where}: {problem}")
+            value = add_low_rank(previous, R, C)
+            encoded = Encoded(parts={"R": R, "C": C}, params={"rank": int(R.shape[1])})
+        else:
+            vec = np.ascontiguousarray(parts["ia3"])
+            problem = check_vector(new.shape, vec)
+            if problem:
+                raise UpdateDataError(f"{where}: {problem}")
+            value = scale(previous, vec)
+            encoded = Encoded(parts={"ia3": vec}, params={})
+        if not close_enough(value, new, rtol, atol):
+            err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
+            raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
+                                  f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
+                                  f"was the update applied to this base?")
+        return Verified(encoded, self.update_type, value)
+
+    def _verify_sparse(self, where: str, parts: dict[str, np.ndarray], new: np.ndarray,
+                       previous: np.ndarray) -> Verified:
+        shape = tuple(int(s) for s in parts["shape"])
+        if shape != new.shape:
+            raise UpdateDataError(f"{where}: sparse part shape is {list(shape)}, the group is {list(new.shape)}")
+        data, indices, indptr = parts["data"], parts["indices"].astype(np.int64), parts["indptr"].astype(np.int64)
+        n = new.size
+        if indptr.size == 2:                       # CSR of the flattened group (1 x N), Git-Theta's layout
+            flat = indices
+            width = n
+        elif new.ndim == 2 and indptr.size == new.shape[0] + 1:   # CSR of the 2-D group itself
+            width = new.shape[1]
+            rows = np.repeat(np.arange(new.shape[0], dtype=np.int64), np.diff(indptr))
+            if rows.size != indices.size:
+                raise UpdateDataError(f"{where}: sparse indptr ends at {indptr[-1]}, there are {indices.size} indices")
+            flat = rows * width + indices
+        else:
+            raise UpdateDataError(f"{where}: sparse indptr has {indptr.size} entries; expected 2 (flattened CSR) "
+                                  f"or rows + 1 for a 2-D group")
+        if not (indptr[0] == 0 and indptr[-1] == data.size == indices.size and np.all(np.diff(indptr) >= 0)):
+            raise UpdateDataError(f"{where}: sparse data ({data.size}), indices ({indices.size}) and indptr "
+                                  f"(ends at {indptr[-1]}) disagree")
+        if indices.size and (indices.min() < 0 or indices.max() >= width):
+            raise UpdateDataError(f"{where}: sparse indices out of range 0..{width - 1}")
+        cdt = compute_dtype(new.dtype) if new.dtype.kind in "fV" else new.dtype
+        value = np.array(previous, copy=True, order="C")
+        flat_value = value.reshape(-1)
+        # duplicates add up, as scipy's CSR does
+        summed = np.zeros(n, dtype=cdt) if flat.size and np.unique(flat).size != flat.size else None
+        if summed is not None:
+            np.add.at(summed, flat, data.astype(cdt))
+            touched = np.unique(flat)
+            flat_value[touched] = (previous.reshape(-1)[touched].astype(cdt) + summed[touched]).astype(new.dtype)
+        else:
+            flat_value[flat] = (previous.reshape(-1)[flat].astype(cdt) + data.astype(cdt)).astype(new.dtype)
+        got, want = value.reshape(-1).view(np.uint8), np.ascontiguousarray(new).reshape(-1).view(np.uint8)
+        if not np.array_equal(got, want):
+            raise UpdateDataError(f"{where}: previous plus the sparse update differs from the saved model "
+                                  f"(in {int(np.count_nonzero(got != want))} bytes); a sparse update must "
+                                  f"reproduce it exactly")
+        encoded = SparseUpdate().encode(new, previous)  # stores the changed elements themselves: exact
+        return Verified(encoded, "sparse", new)

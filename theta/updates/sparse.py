@@ -1,0 +1,64 @@
+"""sparse: the positions and new values of the elements whose bits changed.
+
+Exact bit for bit: elements are compared by their raw bits (so -0.0 vs +0.0 and NaN payloads count
+as changes or non-changes exactly), and the stored values are the new elements themselves, not a
+difference, so applying is a plain scatter with no arithmetic.
+
+Stored parts: ``gaps`` (the flat indices of the changed elements, delta-coded: first index, then the
+distance to the previous one -- small numbers that zstd packs tightly) and ``values`` (the new
+elements, in the group's dtype). Params: ``count``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from theta.errors import UpdateTypeError
+from theta.updates import Encoded
+from theta.updates.delta import changed_mask, same_layout
+
+
+def index_dtype(size: int) -> np.dtype:
+    return np.dtype("<u4") if size < 2**32 else np.dtype("<u8")
+
+
+def encode_indices(indices: np.ndarray, size: int) -> np.ndarray:
+    """Sorted flat indices -> gaps (first index, then differences), in the narrowest sufficient type."""
+    idx = indices.astype(index_dtype(size), copy=False)
+    gaps = np.empty_like(idx)
+    if idx.size:
+        gaps[0] = idx[0]
+        np.subtract(idx[1:], idx[:-1], out=gaps[1:])
+    return gaps
+
+
+def decode_indices(gaps: np.ndarray) -> np.ndarray:
+    return np.cumsum(gaps, dtype=np.int64)
+
+
+class SparseUpdate:
+    """new = previous with the listed elements replaced."""
+
+    name = "sparse"
+    incremental = True
+
+    def encode(self, new: np.ndarray, previous: np.ndarray | None, **options) -> Encoded | None:
+        if not same_layout(new, previous):
+            return None
+        indices = np.flatnonzero(changed_mask(new, previous))
+        values = np.ascontiguousarray(new).reshape(-1)[indices]
+        return Encoded(parts={"gaps": encode_indices(indices, new.size), "values": values},
+                       params={"count": int(indices.size)})
+
+    def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
+        if previous is None:
+            raise UpdateTypeError("sparse update needs the previous value of its group")
+        if "gaps" not in parts or "values" not in parts:
+            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
+        indices = decode_indices(parts["gaps"])
+        values = parts["values"]
+        if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
+            raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
+                             f"({indices.size} indices, {values.size} values)")
+        out = np.array(previous, copy=True, order="C")
+        out.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
+        return out
