@@ -266,12 +266,17 @@ class RestrictedUnpickler:
     """Interpret one pickle from ``data[start:]``; ``end`` is the position after its STOP.
 
     ``persistent_load(pid)`` resolves BINPERSID/PERSID; ``allowlist`` maps (module, name) to handlers.
-    ``entry`` names the pickle in error messages (e.g. ``archive/data.pkl``).
+    ``entry`` names the pickle in error messages (e.g. ``archive/data.pkl``). ``data`` may be the first
+    part of a longer stream of ``source_size`` bytes: then a pickle running past ``data`` raises
+    :class:`NeedMoreData` so the caller can retry with more; otherwise it is a CorruptCheckpointError.
     """
 
     def __init__(self, data: bytes, path: str, entry: str, persistent_load: Callable[[Any], Any],
-                 allowlist: dict[tuple[str, str], Any] = TORCH_ALLOWLIST, start: int = 0):
+                 allowlist: dict[tuple[str, str], Any] = TORCH_ALLOWLIST, start: int = 0,
+                 source_size: int | None = None):
         self.data = bytes(data) if not isinstance(data, bytes) else data
+        # bytes the whole source holds; when larger than ``data``, running out raises NeedMoreData
+        self.source_size = len(self.data) if source_size is None else source_size
         self.path, self.entry = path, entry
         self.persistent_load = persistent_load
         self.allowlist = allowlist
@@ -302,8 +307,8 @@ class RestrictedUnpickler:
 
     def _length(self, fmt: str, size: int) -> int:
         (n,) = struct.unpack(fmt, self._take(size))
-        if n > len(self.data) - self.pos:
-            raise self._corrupt(f"an item claims {n} bytes but only {len(self.data) - self.pos} remain")
+        if n > self.source_size - self.pos:
+            raise self._corrupt(f"an item claims {n} bytes but only {self.source_size - self.pos} remain")
         return n
 
     def _find(self, module: str, name: str) -> Any:
@@ -339,6 +344,10 @@ class RestrictedUnpickler:
     def load(self) -> Any:
         try:
             return self._run()
+        except NeedMoreData as e:
+            if self.source_size > len(self.data):
+                raise
+            raise self._corrupt(f"the pickle is truncated ({e})") from None
         except (IndexError, KeyError) as e:
             raise self._corrupt(f"malformed pickle ({type(e).__name__}: {e})") from None
         except (struct.error, UnicodeDecodeError, ValueError, OverflowError) as e:
