@@ -65,7 +65,7 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
         cache = _local.cctx = {}
     c = cache.get(level)
     if c is None:
-        c = cache[level] = zstandard.ZstdCompressor(level=level)
+        c = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
     return c
 
 
@@ -81,7 +81,8 @@ def _uses_planes(dt: dtypes.DType) -> bool:
 
 
 def _little_contiguous(arr: np.ndarray) -> np.ndarray:
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return arr
