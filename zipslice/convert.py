@@ -1,0 +1,219 @@
+"""Convert a checkpoint between torch, safetensors and HDF5, one tensor at a time.
+
+Peak memory is about the largest tensor twice (its bytes as read, and the cast result when ``dtype`` is
+given) plus the interpreter: nothing else of the checkpoint is held.
+
+Flat formats (safetensors, HDF5) cannot hold what a torch file has beyond named tensors. ``convert``
+keeps it in the file's string metadata under one key, :data:`LAYOUT_KEY`, a JSON object::
+
+    {"version": 1,
+     "structure": <zipslice.structure tree>,   # containers, order, non-tensor leaves
+     "ties": [["embed.weight", "lm_head.weight"], ...],   # names that shared one storage
+     "parameters": [...], "requires_grad": [...]}          # nn.Parameter-ness and requires_grad
+
+Tied tensors are written once per name in flat formats (every name is a full tensor, which is what
+safetensors' own loaders expect). Converting back to torch restores the structure and re-ties a group
+only after checking that its members still hold identical bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from . import dtypes, structure as st
+from .errors import ZipsliceError
+from .info import TensorSource
+
+LAYOUT_KEY = "zipslice.layout"
+CAST_TARGETS = ("bfloat16", "float16", "float32")
+FORMATS = ("torch", "safetensors", "hdf5")
+_CAST_CHUNK = 1 << 22  # elements converted at a time: bounds the float32 intermediate to 16 MiB
+
+
+@dataclass
+class Layout:
+    """What a flat format cannot express natively (see the module docstring)."""
+
+    structure: dict | None = None
+    ties: list[list[str]] = field(default_factory=list)
+    parameters: list[str] = field(default_factory=list)
+    requires_grad: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, "structure": self.structure, "ties": self.ties,
+                           "parameters": self.parameters, "requires_grad": self.requires_grad},
+                          separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str, path: str) -> "Layout":
+        try:
+            raw = json.loads(text)
+            if raw.get("version") != 1:
+                raise ValueError(f"version {raw.get('version')!r}")
+            return cls(structure=raw.get("structure"), ties=[list(g) for g in raw.get("ties", [])],
+                       parameters=list(raw.get("parameters", [])), requires_grad=list(raw.get("requires_grad", [])))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ZipsliceError(path, f"metadata {LAYOUT_KEY!r} is not a layout zipslice can read ({e})") from None
+
+
+@dataclass
+class ConvertResult:
+    src: str
+    dst: str
+    format: str
+    tensors: int
+    cast: int
+    nbytes: int
+
+
+# -- casting ---------------------------------------------------------------------------------------
+
+def cast_bytes(data, src_dtype: str, dst_dtype: str) -> np.ndarray:
+    """Cast little-endian values of ``src_dtype`` to ``dst_dtype``; returns the result's bytes (uint8).
+
+    Rounding is round-to-nearest-even like torch's ``Tensor.to``; like torch, float64 goes through
+    float32 first, so results equal torch's bit for bit except for NaN payload/sign bits (NaN stays NaN).
+    """
+    src = np.frombuffer(data, dtype=dtypes.get(src_dtype).to_numpy())
+    out = np.empty(src.size, dtype=dtypes.get(dst_dtype).to_numpy())
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(0, src.size, _CAST_CHUNK):
+            part = src[i:i + _CAST_CHUNK]
+            out[i:i + _CAST_CHUNK] = part if part.dtype == out.dtype else part.astype(np.float32).astype(out.dtype)
+    return out.view(np.uint8)
+
+
+def cast_source(src: TensorSource, dtype: str) -> TensorSource:
+    """``src`` read as ``dtype`` if it is a real floating tensor of another dtype; otherwise ``src``."""
+    if dtypes.get(src.dtype).kind != "float" or src.dtype == dtype:
+        return src
+    return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype))
+
+
+# -- layout ----------------------------------------------------------------------------------------
+
+def tie_groups(sources: Sequence[TensorSource]) -> list[list[str]]:
+    groups: dict[Hashable, list[str]] = {}
+    for s in sources:
+        if s.tie is not None:
+            groups.setdefault(s.tie, []).append(s.name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def layout_of(sources: Sequence[TensorSource], structure: dict | None) -> Layout:
+    return Layout(structure=structure, ties=tie_groups(sources),
+                  parameters=[s.name for s in sources if s.is_parameter],
+                  requires_grad=[s.name for s in sources if s.requires_grad])
+
+
+def _digest(src: TensorSource) -> str:
+    from .torch_writer import source_bytes
+
+    return hashlib.blake2b(source_bytes(src), digest_size=20).hexdigest()
+
+
+def apply_layout(sources: list[TensorSource], layout: Layout, path: str) -> tuple[list[TensorSource], dict | None]:
+    """Sources with Parameter-ness and ties restored, and the structure to write (checked against them)."""
+    names = [s.name for s in sources]
+    if layout.structure is not None:
+        wanted = st.tensor_names(layout.structure)
+        if sorted(set(wanted)) != sorted(names):
+            missing = sorted(set(wanted) - set(names))[:3]
+            extra = sorted(set(names) - set(wanted))[:3]
+            raise ZipsliceError(path, f"the stored layout ({LAYOUT_KEY}) does not match the tensors "
+                                      f"(missing {missing}, not in layout {extra}); was the file edited? "
+                                      f"convert with keep_layout=False (--no-layout) to write a flat dict")
+    by_name = {s.name: s for s in sources}
+    params, grads = set(layout.parameters), set(layout.requires_grad)
+    tie: dict[str, Hashable] = {}
+    for group in layout.ties:
+        members = [by_name[n] for n in group if n in by_name]
+        if len(members) < 2 or len({(m.dtype, tuple(m.shape)) for m in members}) != 1:
+            continue
+        # re-tie only members whose bytes are still identical: one tensor's bytes in memory at a time
+        by_digest: dict[str, list[str]] = {}
+        for m in members:
+            by_digest.setdefault(_digest(m), []).append(m.name)
+        for digest, same in by_digest.items():
+            if len(same) > 1:
+                for n in same:
+                    tie[n] = ("layout", digest, same[0])
+    out = [dataclasses.replace(s, tie=tie.get(s.name), is_parameter=s.name in params,
+                               requires_grad=s.name in grads) for s in sources]
+    return out, layout.structure
+
+
+# -- convert ---------------------------------------------------------------------------------------
+
+def _reporting(src: TensorSource, progress: Callable[[int, int], None], total: int) -> TensorSource:
+    def read(s=src):
+        data = s.read()
+        progress(s.nbytes, total)
+        return data
+    return dataclasses.replace(src, read=read)
+
+
+def bytes_to_write(sources: Sequence[TensorSource], shares_storage: bool) -> int:
+    """Bytes of tensor data a writer reads: tied sources once when the format shares storage."""
+    seen: set[Hashable] = set()
+    total = 0
+    for s in sources:
+        if shares_storage and s.tie is not None:
+            if s.tie in seen:
+                continue
+            seen.add(s.tie)
+        total += s.nbytes
+    return total
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None, dtype: str | None = None,
+            progress: Callable[[int, int], None] | None = None, *, keep_layout: bool = True) -> ConvertResult:
+    """Convert ``src`` (any format zipslice reads) to ``dst`` in format ``to`` (default: from dst's name).
+
+    ``dtype`` (bfloat16, float16, float32) casts real floating tensors; others are copied bit for bit.
+    ``progress(nbytes, total)`` is called after each tensor is read. Returns what was written.
+    """
+    import zipslice
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    fmt = to or zipslice.format_for_path(dst)
+    if fmt not in FORMATS:
+        raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in CAST_TARGETS:
+        raise ValueError(f"cannot cast to {dtype!r}; choose one of {', '.join(CAST_TARGETS)}")
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        raise ZipsliceError(dst, "source and destination are the same file")
+    with zipslice.load(src) as lsd:
+        sources = list(lsd.sources())
+        metadata = dict(lsd.metadata or {})
+        stored = metadata.pop(LAYOUT_KEY, None)
+        structure = lsd.structure
+        if keep_layout and stored is not None and structure is None:
+            sources, structure = apply_layout(sources, Layout.from_json(stored, src), src)
+        if not keep_layout:
+            structure = None
+        n_cast = 0
+        if dtype is not None:
+            casted = [cast_source(s, dtype) for s in sources]
+            n_cast = sum(a is not b for a, b in zip(casted, sources))
+            sources = casted
+        if fmt != "torch" and keep_layout:
+            layout = layout_of(sources, structure)
+            if layout.structure is not None or layout.ties or layout.parameters or layout.requires_grad:
+                metadata[LAYOUT_KEY] = layout.to_json()
+        written = sources
+        if progress is not None:
+            total = bytes_to_write(sources, shares_storage=fmt == "torch")
+            written = [_reporting(s, progress, total) for s in sources]
+        options = {"structure": structure} if fmt == "torch" else {}
+        _, _, module, fn = zipslice._FORMATS[fmt]
+        getattr(importlib.import_module(module), fn)(dst, written, metadata=metadata or None, **options)
+    return ConvertResult(src=src, dst=dst, format=fmt, tensors=len(sources), cast=n_cast,
+                         nbytes=bytes_to_write(sources, shares_storage=fmt == "torch"))
