@@ -1,0 +1,229 @@
+"""clean_checkpoint -> metadata -> smudge_checkpoint, on files written by torch, safetensors and h5py.
+
+No git needed: the store is a plain directory in git-lfs's layout.
+"""
+import os
+from collections import OrderedDict
+
+import h5py
+import numpy as np
+import pytest
+import safetensors.numpy
+import safetensors.torch
+import torch
+
+from theta import metadata
+from theta.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.errors import BlobMissingError, CheckpointError
+from theta.smudge import smudge_checkpoint
+from theta.store import LfsStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LfsStore(tmp_path / "lfs" / "objects")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def raw(t):
+        t = t.detach().contiguous().reshape(-1)
+        return t if t.dtype == torch.bool else t.view(torch.uint8)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw(a), raw(b))
+
+
+def nested_checkpoint():
+    torch.manual_seed(0)
+    enc = torch.nn.Linear(8, 6)
+    emb = torch.nn.Parameter(torch.randn(10, 8))
+    sd = OrderedDict([("enc.weight", enc.weight), ("enc.bias", enc.bias), ("emb", emb),
+                      ("head", emb)])  # tied: same Parameter under two names
+    sd._metadata = {"": {"version": 1}}
+    return {
+        "model": sd,
+        "buffers": {"bf": torch.randn(3, 5).bfloat16(), "h": torch.randn(4).half(), "mask": torch.tensor([True, False]),
+                    "count": torch.tensor(7, dtype=torch.int64), "empty": torch.empty(0, 3),
+                    "f8": torch.randn(6).to(torch.float8_e4m3fn), "c": torch.randn(2, dtype=torch.complex64)},
+        "step": 1234, "lr": 3e-4, "name": "run-1", "betas": (0.9, 0.999), "flags": [True, None, "x"],
+    }
+
+
+def assert_same_nested(a, b):
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same_nested(a[k], b[k])
+        if hasattr(a, "_metadata"):
+            assert a._metadata == b._metadata
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_nested(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert same_bits(a, b)
+        assert a.requires_grad == b.requires_grad
+    else:
+        assert a == b
+
+
+def test_torch_nested_tied_params_and_leaves_bit_for_bit(tmp_path, store):
+    obj = nested_checkpoint()
+    src = tmp_path / "m.pt"
+    torch.save(obj, src)
+    stats = CleanStats()
+    meta = clean_checkpoint(src, store, None, CleanOptions(), stats=stats)
+    assert stats.aliases == 1 and meta.aliases["model/head"].of == "model/emb"
+    assert stats.groups == len(meta.groups) == 10
+    text = metadata.dumps(meta)
+    out = tmp_path / "out.pt"
+    smudge_checkpoint(metadata.loads(text), store, out)
+    back = torch.load(out, weights_only=True)
+    assert_same_nested(obj, back)
+    m = back["model"]
+    assert isinstance(m["emb"], torch.nn.Parameter) and isinstance(m["enc.bias"], torch.nn.Parameter)
+    assert m["emb"].untyped_storage().data_ptr() == m["head"].untyped_storage().data_ptr()  # rebuilt tied
+    # cleaning the rebuilt file gives the same metadata text (git status stays clean after checkout)
+    assert metadata.dumps(clean_checkpoint(out, store, metadata.loads(text))) == text
+
+
+def test_views_with_gaps_come_back_as_separate_tensors(tmp_path, store):
+    base = torch.arange(20, dtype=torch.float32)
+    obj = {"full": base, "every_other": base[::2], "slice": base[5:9]}
+    torch.save(obj, tmp_path / "v.pt")
+    meta = clean_checkpoint(tmp_path / "v.pt", store, None)
+    assert not meta.aliases and len(meta.groups) == 3
+    smudge_checkpoint(meta, store, tmp_path / "o.pt")
+    back = torch.load(tmp_path / "o.pt", weights_only=True)
+    for k in obj:
+        assert torch.equal(back[k], obj[k])
+    assert back["slice"].untyped_storage().data_ptr() != back["full"].untyped_storage().data_ptr()
+
+
+def test_safetensors_round_trip_with_metadata(tmp_path, store):
+    tensors = {"w": torch.randn(64, 32), "b": torch.randn(32).bfloat16(), "i": torch.arange(9, dtype=torch.int32),
+               "u": torch.tensor([1, 2], dtype=torch.uint8)}
+    src = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(tensors, src, metadata={"format": "pt", "note": "x"})
+    meta = clean_checkpoint(src, store, None)
+    assert meta.format == "safetensors" and meta.metadata == {"format": "pt", "note": "x"}
+    out = tmp_path / "o.safetensors"
+    smudge_checkpoint(metadata.loads(metadata.dumps(meta)), store, out)
+    back = safetensors.torch.load_file(out)
+    for k, v in tensors.items():
+        assert same_bits(v, back[k])
+    from safetensors import safe_open
+    with safe_open(out, "pt") as f:
+        assert f.metadata() == {"format": "pt", "note": "x"}
+
+
+def test_hdf5_round_trip(tmp_path, store):
+    src = tmp_path / "m.h5"
+    rng = np.random.default_rng(0)
+    arrays = {"dense/kernel": rng.standard_normal((16, 4)).astype(np.float32),
+              "dense/bias": np.arange(4, dtype=np.float64), "ids": np.arange(5, dtype=np.int16)}
+    with h5py.File(src, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(k, data=v)
+    meta = clean_checkpoint(src, store, None)
+    assert meta.format == "hdf5" and set(meta.groups) == set(arrays)
+    out = tmp_path / "o.h5"
+    smudge_checkpoint(meta, store, out)
+    with h5py.File(out, "r") as f:
+        for k, v in arrays.items():
+            got = f[k][()]
+            assert got.dtype == v.dtype and got.tobytes() == v.tobytes()
+
+
+@pytest.mark.parametrize("fmt,ext", [("safetensors", ".safetensors"), ("hdf5", ".h5"), ("torch", ".pt")])
+def test_cross_format_smudge(tmp_path, store, fmt, ext):
+    tensors = {"a/w": torch.randn(5, 3), "a/b": torch.randn(3).bfloat16(), "n": torch.arange(4)}
+    src = tmp_path / "src.pt"
+    torch.save(tensors, src)
+    meta = clean_checkpoint(src, store, None)
+    out = tmp_path / f"out{ext}"
+    smudge_checkpoint(meta, store, out, fmt=fmt)
+    if fmt == "safetensors":
+        back = safetensors.torch.load_file(out)
+    elif fmt == "torch":
+        back = torch.load(out, weights_only=True)
+    else:
+        import zipslice
+        with zipslice.load(out) as lsd:
+            back = {k: lsd[k] for k in lsd}
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert same_bits(v, back[k])
+
+
+def test_unchanged_groups_write_no_blob_and_reuse_steps(tmp_path, store):
+    torch.manual_seed(1)
+    sd = {f"l{i}": torch.randn(128, 64) for i in range(6)}
+    p = tmp_path / "m.safetensors"
+    safetensors.torch.save_file(sd, p)
+    first = clean_checkpoint(p, store, None)
+    n_objects = store.written_objects
+    assert n_objects == 6
+    # same content again: nothing written
+    again = clean_checkpoint(p, store, first)
+    assert metadata.dumps(again) == metadata.dumps(first) and store.written_objects == n_objects
+    # change one group: exactly one new blob, the other lines identical
+    sd["l3"] = sd["l3"] + 1.0
+    safetensors.torch.save_file(sd, p)
+    stats = CleanStats()
+    second = clean_checkpoint(p, store, first, stats=stats)
+    assert store.written_objects == n_objects + 1 and stats.unchanged == 5 and stats.written == 1
+    for k in sd:
+        assert (second.groups[k].steps == first.groups[k].steps) == (k != "l3")
+    diff = set(metadata.dumps(second).splitlines()) ^ set(metadata.dumps(first).splitlines())
+    assert len(diff) == 2 and all('"group":"l3"' in l for l in diff)
+
+
+def test_identical_group_in_another_file_is_stored_once(tmp_path, store):
+    w = torch.randn(100, 100)
+    safetensors.torch.save_file({"w": w, "x": torch.ones(3)}, tmp_path / "a.safetensors")
+    torch.save({"enc": {"w": w.clone()}}, tmp_path / "b.pt")
+    a = clean_checkpoint(tmp_path / "a.safetensors", store, None)
+    before = store.written_objects
+    b = clean_checkpoint(tmp_path / "b.pt", store, None)
+    assert store.written_objects == before  # w's blob already there
+    assert b.groups["enc/w"].steps[0].blob == a.groups["w"].steps[0].blob
+
+
+def test_clean_twice_is_deterministic(tmp_path, store):
+    torch.save(nested_checkpoint(), tmp_path / "m.pt")
+    t1 = metadata.dumps(clean_checkpoint(tmp_path / "m.pt", store, None))
+    t2 = metadata.dumps(clean_checkpoint(tmp_path / "m.pt", LfsStore(tmp_path / "other"), None))
+    assert t1 == t2
+
+
+def test_corrupt_and_unsafe_checkpoints_raise_checkpoint_error(tmp_path, store):
+    torch.save({"w": torch.randn(1000)}, tmp_path / "ok.pt")
+    data = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="trunc.pt"):
+        clean_checkpoint(tmp_path / "trunc.pt", store, None)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    torch.save({"w": torch.ones(2), "evil": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="evil.pt"):
+        clean_checkpoint(tmp_path / "evil.pt", store, None)
+    (tmp_path / "ptr.pt").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 1\n")
+    with pytest.raises(CheckpointError, match="LFS pointer"):
+        clean_checkpoint(tmp_path / "ptr.pt", store, None)
+    with pytest.raises(CheckpointError, match="missing.pt"):
+        clean_checkpoint(tmp_path / "missing.pt", store, None)
+    assert store.written_objects == 0
+
+
+def test_smudge_with_missing_blob_names_group_file_oid(tmp_path, store):
+    safetensors.torch.save_file({"a": torch.randn(10), "b": torch.randn(20)}, tmp_path / "m.safetensors")
+    meta = clean_checkpoint(tmp_path / "m.safetensors", store, None)
+    ref = meta.groups["b"].steps[0].blob
+    store.path(ref).unlink()
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(BlobMissingError, match=rf"{ref.oid}.*") as e:
+        smudge_checkpoint(meta, store, out)
+    assert e.value.group == "b" and e.value.file == "out.safetensors" and e.value.oid == ref.oid
+    assert not out.exists()  # nothing half-written
