@@ -50,7 +50,7 @@ def tensor_names(node: Node) -> list[str]:
 
 def leaf_value(node: Node) -> Any:
     """The Python value of a non-tensor leaf."""
-    if "value" in node:
+    if "value" in node and "torch" not in node:
         return node["value"]
     if "float" in node:
         return float.fromhex(node["float"])
