@@ -57,23 +57,18 @@ class CleanStats:
 
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
                          previous_value: Callable[[], np.ndarray | None], store: LfsStore,
-                         options: CleanOptions) -> list[Step]:
+                         options: CleanOptions, update_data=None) -> list[Step]:
     """THE SEAM: store a group whose value changed and return its new step chain.
 
     ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
     in the previous metadata (same dtype and shape) or None; ``previous_value()`` rebuilds it (None when
     there is none or its blobs are not in the local store). Use :func:`store_step` to store parts and
     :func:`chain` to append to the previous chain within ``options.max_chain``.
-    The core version stores every change densely (self-contained).
+    The policy (auto/sparse/low-rank/ia3/delta, side-loaded ``update_data``) is theta.updates.auto's.
     """
-    utype = "dense" if options.update_type in ("auto", "dense") else options.update_type
-    ut = get_update_type(utype)
-    prev_val = previous_value() if ut.incremental else None
-    enc = ut.encode(new, prev_val) if (prev_val is not None or not ut.incremental) else None
-    if enc is None:
-        ut, enc = get_update_type("dense"), get_update_type("dense").encode(new, None)
-    step = store_step(ut.name, enc.parts, enc.params, new_hash, store, options)
-    return chain(previous, step, ut.incremental, options)
+    from .updates.auto import encode_change
+
+    return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data)
 
 
 def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
@@ -142,6 +137,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     aliases: dict[str, Alias] = {}
     tie_owner: dict = {}
     same_lsh = previous is not None and previous.lsh == lsh.PARAMS
+    from .updates.sideload import open_for_clean
+
+    update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
     bar = _progress(options.progress, sum(lsd.info(k).nbytes for k in order), f"theta clean {Path(path).name}")
     try:
         for key in order:
@@ -153,12 +151,14 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 continue
             if tie is not None:
                 tie_owner[tie] = key
-            groups[key] = _clean_group(lsd, key, info, store, previous, same_lsh, options, stats, path)
+            groups[key] = _clean_group(lsd, key, info, store, previous, same_lsh, options, stats, path, update_data)
             if bar is not None:
                 bar.advance(bar.task_ids[0], info.nbytes)
     finally:
         if bar is not None:
             bar.stop()
+        if update_data is not None:
+            update_data.close()
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
 
@@ -171,7 +171,7 @@ def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape
 
 
 def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta | None, same_lsh: bool,
-                 options: CleanOptions, stats: CleanStats, path: str) -> GroupMeta:
+                 options: CleanOptions, stats: CleanStats, path: str, update_data=None) -> GroupMeta:
     stats.groups += 1
     stats.raw_bytes += info.nbytes
     raw = lsd.numpy(key, raw=True)  # carrier dtype (unsigned ints of the same width): the exact bits
@@ -182,7 +182,8 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
                          lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad)
 
-    if prev is not None and prev.hash == digest:
+    sideloaded = update_data is not None and key in update_data  # must be checked against the update
+    if prev is not None and prev.hash == digest and not sideloaded:
         stats.unchanged += 1
         return keep(prev)
 
@@ -201,7 +202,7 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
                 cached.append(None)  # not fetched locally: cannot compare or build on it
         return cached[0]
 
-    if prev is not None and dt.is_float and not options.exact:
+    if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
                                 lsh.l2norm(arr) if sig is not None and prev.lsh is not None else 0.0,
                                 options.rtol, options.atol)
@@ -212,7 +213,7 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
                 return keep(prev)
 
     before = store.written_bytes
-    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options)
+    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
