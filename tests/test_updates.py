@@ -196,8 +196,8 @@ def test_auto_picks_the_smallest_exact(dtype):
     unrelated = weights(rng, (256, 256), dtype)
     for new, expected in ((few, "sparse"), (noisy, None), (unrelated, "dense"), (prev[:200], "rows")):
         c = choose(new, prev)
-        assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.encoded.params, prev)) == raw(new)
-        assert len(c.blob) == min(c.tried.values())
+        assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.params, prev)) == raw(new)
+        assert c.size == min(c.tried.values())
         if expected:
             assert c.update_type == expected, c.tried
     c = choose(noisy, prev)

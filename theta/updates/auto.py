@@ -36,9 +36,17 @@ DENSE_MARGIN = 1.10
 @dataclass
 class Choice:
     update_type: str            # name of the chosen update type (recorded in the Step)
-    encoded: Encoded
-    blob: bytes                 # codec.encode_parts(encoded.parts, level): what the store keeps
+    params: dict                # the Encoded params of the chosen type
+    chunks: list[bytes]         # codec.encode_parts_chunks(parts, level): the blob the store keeps
     tried: dict[str, int] = field(default_factory=dict)  # candidate -> blob size, for diagnostics
+
+    @property
+    def size(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    @property
+    def blob(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def _sample(arr: np.ndarray) -> np.ndarray:
@@ -71,10 +79,11 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
         nonlocal best
         if encoded is None:
             return
-        blob = codec.encode_parts(encoded.parts, level)
-        tried[name] = len(blob)
-        if best is None or len(blob) < len(best.blob):
-            best = Choice(name, encoded, blob, tried)
+        chunks = codec.encode_parts_chunks(encoded.parts, level)
+        size = sum(len(c) for c in chunks)
+        tried[name] = size
+        if best is None or size < best.size:
+            best = Choice(name, dict(encoded.params), chunks, tried)  # parts dropped: memory
 
     if same_layout(new, previous):
         k = changed_count(new, previous)
@@ -90,3 +99,80 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
         consider("dense", get("dense").encode(new, None))
     assert best is not None  # dense, or sparse/delta on a same-layout group, always encodes
     return best
+
+
+# ---------------------------------------------------------------- the clean filter's policy
+
+LOSSY = ("low-rank", "ia3")  # rebuilt values may differ from the saved file within rtol/atol
+
+
+def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
+                  reshaped_previous=None, update_data=None) -> list:
+    """The step chain of a changed group (what ``theta.clean.encode_changed_group`` returns).
+
+    ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
+    value; "sparse"/"delta"/"rows" are exact; "low-rank"/"ia3" are inferred and kept only within
+    ``options.rtol``/``options.atol`` (else dense). A group present in the side-loaded ``update_data``
+    is stored as that update after checking it reproduces ``new``. A chain that reached
+    ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
+    previous version of a group whose shape changed (for ``rows``).
+    """
+    from theta.clean import chain, chain_full, store_step
+    from theta.updates import content_hash
+
+    dense = get("dense")
+
+    def store_dense() -> list:
+        enc = dense.encode(new, None)
+        return chain(None, store_step("dense", enc.parts, enc.params, new_hash, store, options), False, options)
+
+    if update_data is not None and name in update_data:
+        prev_val = previous_value() if previous is not None else None
+        if prev_val is None:
+            from theta.updates.sideload import UpdateDataError
+
+            why = "its previous version's blobs are not in the local store (git lfs fetch)" if previous is not None \
+                else "it has no previous version of the same dtype and shape"
+            raise UpdateDataError(f"update data {update_data.path}: group {name!r}: cannot apply the update, {why}")
+        verified = update_data.verify(name, new, prev_val, options.rtol, options.atol)
+        if chain_full(previous, options):
+            return store_dense()  # checked, but the chain is long enough: store the value itself
+        enc = verified.encoded
+        value_hash = new_hash if verified.update_type not in LOSSY else content_hash(verified.value)
+        step = store_step(verified.update_type, enc.parts, enc.params, value_hash, store, options)
+        return chain(previous, step, True, options)
+
+    wanted = options.update_type or "auto"
+    base, base_meta = None, None
+    if previous is not None and not chain_full(previous, options):
+        base, base_meta = previous_value(), previous
+    elif reshaped_previous is not None and not chain_full(reshaped_previous, options) and wanted in ("auto", "rows"):
+        from theta.errors import BlobMissingError
+        from theta.updates import reconstruct
+
+        try:
+            base, base_meta = reconstruct(reshaped_previous, store), reshaped_previous
+        except BlobMissingError:
+            base = None
+    if base is None:
+        if wanted not in ("auto", "dense"):
+            get(wanted)  # an unknown name still fails clearly
+        return store_dense()
+
+    if wanted == "auto":
+        choice = choose(new, base, options.level)
+        ref = store.put_chunks(choice.chunks)
+        from theta.metadata import Step
+
+        step = Step(type=choice.update_type, blob=ref, params=choice.params, hash=new_hash)
+        return chain(base_meta, step, get(choice.update_type).incremental, options)
+
+    ut = get(wanted)
+    enc = ut.encode(new, base if ut.incremental else None, rtol=options.rtol, atol=options.atol)
+    if enc is None:
+        return store_dense()
+    value_hash = new_hash
+    if ut.name in LOSSY:
+        value_hash = content_hash(ut.apply(enc.parts, enc.params, base))
+    step = store_step(ut.name, enc.parts, enc.params, value_hash, store, options)
+    return chain(base_meta, step, ut.incremental, options)

@@ -206,3 +206,26 @@ class UpdateData:
                                   f"reproduce it exactly")
         encoded = SparseUpdate().encode(new, previous)  # stores the changed elements themselves: exact
         return Verified(encoded, "sparse", new)
+
+
+def open_for_clean(options, lsd, previous) -> UpdateData | None:
+    """The side-loaded update of one clean (``options.update_data``), checked against the checkpoint ``lsd``
+    and its previous metadata before any group is stored; None without update data."""
+    if options.update_data is None:
+        return None
+    if options.update_type not in PARTS:
+        raise UpdateDataError(f"update data {options.update_data}: give its type with --update-type "
+                              f"{'|'.join(PARTS)} (got {options.update_type!r})")
+    data = UpdateData.open(options.update_data, options.update_type)
+    shapes, has_previous = {}, {}
+    for key in lsd:
+        info = lsd.info(key)
+        shapes[key] = tuple(info.shape)
+        old = previous.groups.get(key) if previous is not None else None
+        has_previous[key] = old is not None and old.dtype == info.dtype and tuple(old.shape) == tuple(info.shape)
+    try:
+        data.check_against(shapes, has_previous)
+    except UpdateDataError:
+        data.close()
+        raise
+    return data
