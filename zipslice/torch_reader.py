@@ -27,7 +27,7 @@ from .unpickler import (PickledOrderedDict, RestrictedUnpickler, StorageRef, Sto
 from .zipfmt import STORED, ZipIndex, ZipMember
 
 # data.pkl holds only metadata (a few hundred bytes per tensor); anything past this is not a checkpoint.
-MAX_PICKLE_BYTES = 512 << 20
+MAX_PICKLE_BYTES = 256 << 20
 MAX_DEPTH = 200
 _UNION_ALIGN = 16  # the widest element (complex128): keeps every tied view's offset a whole element
 
@@ -52,6 +52,8 @@ class Flattener:
         self.extras: dict[str, Any] = {}
 
     def _unsupported(self, name: str, problem: str) -> UnsupportedCheckpointError:
+        if len(name) > 120:
+            name = name[:117] + "..."
         return UnsupportedCheckpointError(self.path, problem, name or self.entry)
 
     def _claim(self, name: str) -> None:
