@@ -30,7 +30,8 @@ def _numpy_source(name: str, a: np.ndarray) -> TensorSource:
 
     def read(a=a):
         c = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)
-        return memoryview(c.reshape(-1)).cast("B") if c.size else b""
+        # via uint8: buffers of ml_dtypes arrays (bfloat16, float8) cannot be exported directly
+        return memoryview(c.reshape(-1).view(np.uint8)) if c.size else b""
 
     return TensorSource(name=name, dtype=dt.name, shape=tuple(a.shape), read=read)
 
