@@ -138,3 +138,215 @@ def test_strategy_that_does_not_apply_is_a_conflict(repo):
     ints = {"n": np.arange(5)}
     with pytest.raises(MergeConflict, match="'average'.*the group is int64"):
         run_driver(repo, store, ints, {"n": np.arange(5) + 1}, {"n": np.arange(5) + 2}, MergeConfig(git_strategy="average"))
+
+
+# ---------- through real `git merge` / rebase / cherry-pick with git-lfs ---------------------------------------
+
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gitrepo import GitEnv  # noqa: E402
+
+
+def state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sd = OrderedDict()
+    sd["embed.weight"] = torch.randn(40, 16, generator=g) * 0.02
+    for i in range(3):
+        sd[f"layers.{i}.weight"] = torch.randn(24, 16, generator=g) * 0.02
+        sd[f"layers.{i}.bias"] = torch.zeros(24)
+    sd["head.weight"] = (torch.randn(16, 40, generator=g) * 0.02).to(torch.bfloat16)
+    sd["step"] = torch.tensor(3)
+    return sd
+
+
+def changed(sd, seed, *names, shape=None):
+    g = torch.Generator().manual_seed(seed)
+    out = OrderedDict(sd)
+    for n in names:
+        t = sd[n]
+        out[n] = (t.float() + torch.randn(shape or t.shape, generator=g) * 0.01).to(t.dtype)
+    return out
+
+
+def np_of(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def load_sd(path) -> OrderedDict:
+    return torch.load(path, weights_only=True)
+
+
+def assert_sd_equal(got, want):
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert np_of(got[k]).tobytes() == np_of(want[k]).tobytes(), k
+
+
+@pytest.fixture
+def grepo(tmp_path):
+    env = GitEnv.create(tmp_path)
+    r = env.init("work")
+    torch.save(state(0), r / "model.pt")
+    r.commit("base", ".gitattributes", "model.pt")
+    return r
+
+
+def branches(r, ours_sd, theirs_sd):
+    """Branch 'other' gets theirs_sd, main gets ours_sd; both committed; main checked out."""
+    r.git("checkout", "-q", "-b", "other")
+    torch.save(theirs_sd, r / "model.pt")
+    r.commit("theirs", "model.pt")
+    r.git("checkout", "-q", "main")
+    torch.save(ours_sd, r / "model.pt")
+    r.commit("ours", "model.pt")
+
+
+def merge(r, *args, env=None):
+    return r.git("merge", "--no-edit", *args, "other", check=False, extra_env=env)
+
+
+def test_git_merge_of_different_groups_is_automatic(grepo):
+    base = state(0)
+    ours = changed(base, 1, "layers.0.weight", "head.weight")
+    theirs = changed(base, 2, "layers.2.weight", "embed.weight")
+    branches(grepo, ours, theirs)
+    proc = merge(grepo)
+    assert proc.returncode == 0, proc.stderr.decode()
+    want = OrderedDict(ours)
+    want["layers.2.weight"], want["embed.weight"] = theirs["layers.2.weight"], theirs["embed.weight"]
+    assert_sd_equal(load_sd(grepo / "model.pt"), want)
+    assert grepo.status() == ""
+    assert grepo.out("log", "-1", "--format=%P").count(" ") == 1  # a merge commit
+
+
+@pytest.mark.parametrize("how", ["config", "env"])
+@pytest.mark.parametrize("strategy,params", [("average", {"alpha": 0.25}), ("ties", {"density": 0.5}),
+                                             ("task-arithmetic", {}), ("dare", {"density": 0.5}),
+                                             ("slerp", {"t": 0.3}), ("theirs", {})])
+def test_git_merge_same_groups_with_strategy(grepo, how, strategy, params):
+    base = state(0)
+    ours = changed(base, 1, "layers.1.weight", "head.weight", "layers.0.bias")
+    theirs = changed(base, 2, "layers.1.weight", "head.weight", "embed.weight")
+    branches(grepo, ours, theirs)
+    env = None
+    if how == "config":
+        grepo.git("config", "theta.merge.strategy", strategy)
+        for k, v in params.items():
+            grepo.git("config", f"theta.merge.{k.replace('_', '-')}", str(v))
+    else:
+        env = {"GIT_THETA_MERGE_STRATEGY": strategy, **{f"GIT_THETA_MERGE_{k.upper()}": str(v) for k, v in params.items()}}
+    proc = merge(grepo, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = load_sd(grepo / "model.pt")
+    s = get_strategy(strategy)
+    for name in ("layers.1.weight", "head.weight"):
+        full = f"{name}"
+        want = s.merge(f"{name}", np_of(ours[name]), np_of(theirs[name]), np_of(base[name]), **params) \
+            if False else None
+        # groups are named by their flattened path in the checkpoint: a plain state dict has no prefix
+        want = s.merge(full, np_of(ours[name]), np_of(theirs[name]), np_of(base[name]), **params)
+        assert np_of(got[name]).tobytes() == want.tobytes(), name
+    assert np_of(got["layers.0.bias"]).tobytes() == np_of(ours["layers.0.bias"]).tobytes()
+    assert np_of(got["embed.weight"]).tobytes() == np_of(theirs["embed.weight"]).tobytes()
+    assert f"layers.1.weight: {strategy}" in proc.stderr.decode()
+    assert grepo.status() == ""
+    # the merge commit checks out bit for bit from the store alone
+    (grepo / "model.pt").unlink()
+    grepo.git("checkout", "--", "model.pt")
+    assert_sd_equal(load_sd(grepo / "model.pt"), got)
+
+
+def test_git_merge_shape_conflict_stops_cleanly(grepo):
+    base = state(0)
+    ours = changed(base, 1, "layers.1.weight")
+    theirs = OrderedDict(base)
+    theirs["layers.1.weight"] = torch.randn(30, 16)
+    branches(grepo, ours, theirs)
+    grepo.git("config", "theta.merge.strategy", "average")
+    proc = merge(grepo)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "layers.1.weight: ours is float32[24, 16] but theirs is float32[30, 16]" in err
+    stages = grepo.out("ls-files", "-u", "model.pt").splitlines()
+    assert sorted(line.split()[2] for line in stages) == ["1", "2", "3"]
+    grepo.git("merge", "--abort")
+    assert grepo.status() == ""
+    assert_sd_equal(load_sd(grepo / "model.pt"), ours)
+
+
+def test_git_merge_without_strategy_or_terminal_explains(grepo):
+    base = state(0)
+    branches(grepo, changed(base, 1, "layers.1.weight"), changed(base, 2, "layers.1.weight"))
+    proc = grepo.env.run(["git", "merge", "--no-edit", "other"], cwd=grepo.path, check=False)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "layers.1.weight: changed on both sides; no merge strategy is configured" in err
+    assert "git config theta.merge.strategy" in err
+    # manual mode: the three versions as real checkpoints
+    out = grepo.theta("merge-manual", "model.pt").stdout.decode().split()
+    assert out == ["model.ours.pt", "model.theirs.pt", "model.ancestor.pt"]
+    assert_sd_equal(load_sd(grepo / "model.theirs.pt"), changed(base, 2, "layers.1.weight"))
+    assert_sd_equal(load_sd(grepo / "model.ancestor.pt"), base)
+
+
+def test_interactive_menu_in_a_terminal(grepo):
+    pexpect = pytest.importorskip("pexpect")
+    base = state(0)
+    ours = changed(base, 1, "layers.0.weight", "layers.1.weight", "layers.2.weight")
+    theirs = changed(base, 2, "layers.0.weight", "layers.1.weight", "layers.2.weight")
+    branches(grepo, ours, theirs)
+    child = pexpect.spawn("git", ["merge", "--no-edit", "other"], cwd=str(grepo.path), env=grepo.env.env,
+                          encoding="utf-8", timeout=60)
+    child.expect(r"group 'layers.0.weight' \(float32\[24, 16\]\) changed on both sides")
+    child.expect(r"Strategy for 'layers.0.weight' \[1-9 or name\]: ")
+    child.sendline("theirs")
+    child.expect("Use 'theirs' for all 2 remaining conflicting group\\(s\\) too\\? \\[y/N\\]: ")
+    child.sendline("n")
+    child.expect(r"Strategy for 'layers.1.weight'")
+    child.sendline("4")  # average
+    child.expect("for all 1 remaining")
+    child.sendline("y")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    got = load_sd(grepo / "model.pt")
+    avg = get_strategy("average")
+    assert np_of(got["layers.0.weight"]).tobytes() == np_of(theirs["layers.0.weight"]).tobytes()
+    for n in ("layers.1.weight", "layers.2.weight"):
+        want = avg.merge(n, np_of(ours[n]), np_of(theirs[n]), None)
+        assert np_of(got[n]).tobytes() == want.tobytes()
+    assert grepo.status() == ""
+
+
+def test_rebase_and_cherry_pick_of_model_commits(grepo):
+    base = state(0)
+    theirs = changed(base, 2, "layers.2.weight")
+    ours = changed(base, 1, "layers.0.weight")
+    branches(grepo, ours, theirs)
+    # cherry-pick their commit onto main: 3-way through the merge driver with ancestor = base
+    grepo.git("cherry-pick", "other")
+    want = OrderedDict(ours)
+    want["layers.2.weight"] = theirs["layers.2.weight"]
+    assert_sd_equal(load_sd(grepo / "model.pt"), want)
+    assert grepo.status() == ""
+    # rebase 'other' onto main (its change is already there: the commit becomes empty and is dropped)
+    grepo.git("checkout", "-q", "other")
+    theirs2 = changed(theirs, 3, "layers.1.bias")
+    torch.save(theirs2, grepo / "model.pt")
+    grepo.commit("theirs 2", "model.pt")
+    grepo.git("rebase", "-q", "main")
+    want2 = OrderedDict(want)
+    want2["layers.1.bias"] = theirs2["layers.1.bias"]
+    assert_sd_equal(load_sd(grepo / "model.pt"), want2)
+    assert grepo.status() == ""
+    grepo.git("checkout", "-q", "HEAD~1")
+    assert_sd_equal(load_sd(grepo / "model.pt"), want)
