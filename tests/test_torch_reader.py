@@ -22,7 +22,7 @@ ALL_DTYPES = [d.name for d in dtypes.BY_NAME.values()]
 
 
 def bits(t: torch.Tensor) -> bytes:
-    c = t.detach().contiguous().reshape(-1)
+    c = torch.empty(t.shape, dtype=t.dtype).copy_(t.detach()).reshape(-1)  # fresh: strides of size-1 dims too
     return c.view(torch.uint8).numpy().tobytes() if c.numel() else b""
 
 
