@@ -46,6 +46,13 @@ def register(app: typer.Typer) -> None:
 
         raise typer.Exit(driver_main(list(ctx.args)))
 
+    @app.command("diff-textconv", hidden=True)
+    def diff_textconv(file: str) -> None:
+        """git textconv (diff.theta.textconv): one line per group, for `git log -p` without --ext-diff."""
+        from .diff_driver import textconv_main
+
+        raise typer.Exit(textconv_main(file))
+
     @app.command("diff", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
     def diff(args: Optional[List[str]] = typer.Argument(None, help="[REV [REV]] [-- PATH...]"),
              estimate: bool = typer.Option(False, "--estimate",

@@ -190,3 +190,36 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
             render(fd, console, stat=stat)
             count += 1
     return count
+
+
+# ---------- textconv: a line per group, for `git log -p` / `git show` without --ext-diff ----------------------
+
+def textconv_lines(file: str) -> list[str]:
+    """One line per tensor (name, dtype, shape, content hash); git diffs these lines like text.
+
+    Only metadata is read for metadata files; a checkpoint (the working-tree side) is hashed group by group.
+    """
+    side = side_from_file(file, file, ".")
+    if side is None:
+        return []
+    try:
+        lines = [f"theta checkpoint ({side.format})"]
+        for name in side.names():
+            i = side.info(name)
+            lines.append(f"{name}  {_shape(i)}  sha256:{side.hash(name)[:16]}")
+        for alias in sorted(side.aliases()):
+            lines.append(f"{alias}  (tied to {side.meta.aliases[alias].of})")  # type: ignore[attr-defined]
+        return lines
+    finally:
+        if isinstance(side, CheckpointSide):
+            side.close()
+
+
+def textconv_main(file: str, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        out.write("\n".join(textconv_lines(file)) + "\n")
+    except ThetaError as e:
+        sys.stderr.write(f"theta diff-textconv: {file}: {e}\n")
+        return 1
+    return 0
