@@ -227,3 +227,16 @@ def test_smudge_with_missing_blob_names_group_file_oid(tmp_path, store):
         smudge_checkpoint(meta, store, out)
     assert e.value.group == "b" and e.value.file == "out.safetensors" and e.value.oid == ref.oid
     assert not out.exists()  # nothing half-written
+
+
+def test_smudge_refuses_a_value_that_does_not_match_its_hash(tmp_path, store):
+    safetensors.torch.save_file({"a": torch.randn(50), "b": torch.randn(20)}, tmp_path / "m.safetensors")
+    meta = clean_checkpoint(tmp_path / "m.safetensors", store, None)
+    meta.groups["a"].hash = "0" * 64  # as if the blob decoded to other values
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"previous content")
+    from theta.errors import BlobCorruptError
+    with pytest.raises(BlobCorruptError, match="'a'.*content hash"):
+        smudge_checkpoint(meta, store, out)
+    assert out.read_bytes() == b"previous content"  # untouched
+    assert [p.name for p in tmp_path.iterdir() if "theta" in p.name] == []  # no temp file left

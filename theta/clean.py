@@ -26,7 +26,7 @@ from zipslice.errors import ZipsliceError
 from . import codec, lsh, numeric
 from .errors import BlobMissingError, CheckpointError
 from .metadata import Alias, CheckpointMeta, GroupMeta, Step
-from .store import BlobRef, LfsStore
+from .store import LfsStore, _hasher
 from .updates import get as get_update_type
 from .updates import reconstruct
 
@@ -163,6 +163,10 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
 
 
+def _sha256(raw: np.ndarray) -> str:
+    return hashlib.sha256(raw.reshape(-1).view(np.uint8).data if raw.size else b"").hexdigest()
+
+
 def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape: tuple) -> GroupMeta | None:
     if previous is None or (key not in previous.groups and key not in previous.aliases):
         return None
@@ -175,7 +179,13 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
     stats.groups += 1
     stats.raw_bytes += info.nbytes
     raw = lsd.numpy(key, raw=True)  # carrier dtype (unsigned ints of the same width): the exact bits
-    digest = hashlib.sha256(raw.reshape(-1).view(np.uint8).data if raw.size else b"").hexdigest()
+    dt = dtypes.get(info.dtype)
+    arr = raw.view(dt.to_numpy())
+    # hash on a second thread while this one computes the LSH signature (both release the GIL); the
+    # signature is wasted when the bytes turn out unchanged, but it ran beside the hash, not after it
+    hashing = _hasher().submit(_sha256, raw)
+    sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
+    digest = hashing.result()
     prev = _previous_group(previous, key, info.dtype, info.shape)
 
     def keep(p: GroupMeta) -> GroupMeta:
@@ -187,9 +197,6 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
         stats.unchanged += 1
         return keep(prev)
 
-    dt = dtypes.get(info.dtype)
-    arr = raw.view(dt.to_numpy())
-    sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
     cached: list = []
 
     def previous_value() -> np.ndarray | None:

@@ -36,7 +36,14 @@ from .errors import CodecError
 ARRAY_MAGIC = b"THA1"
 PARTS_MAGIC = b"THP1"
 FRAME_BYTES = 8 << 20
-DEFAULT_LEVEL = 1          # measured: level 1 is faster AND smaller than 3 on weight planes (docs/theta-storage.md)
+# Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
+# (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
+# preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1
+# (measured by scripts/bench_codec.py, see docs/theta-storage.md). Non-plane data (ints, bool, 1-byte floats)
+# uses zstd level 1 under level 0. Any other value is a plain zstd level for everything.
+DEFAULT_LEVEL = 0
+_PLANE_PRESET = dict(window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0,
+                     strategy=zstandard.STRATEGY_FAST)
 THREADS = min(2, os.cpu_count() or 1)
 
 _local = threading.local()
@@ -59,13 +66,20 @@ def _map(fn, items: list) -> list:
     return list(_executor().map(fn, items))
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
+def _compressor(level: int, planes: bool) -> zstandard.ZstdCompressor:
+    """A per-thread compressor (zstandard compressors must not be shared between threads)."""
     cache = getattr(_local, "cctx", None)
     if cache is None:
         cache = _local.cctx = {}
-    c = cache.get(level)
+    key = (level, planes and level == 0)
+    c = cache.get(key)
     if c is None:
-        c = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        if key[1]:
+            params = zstandard.ZstdCompressionParameters(write_checksum=True, **_PLANE_PRESET)
+            c = zstandard.ZstdCompressor(compression_params=params)
+        else:
+            c = zstandard.ZstdCompressor(level=level or 1, write_checksum=True)
+        cache[key] = c
     return c
 
 
@@ -103,7 +117,7 @@ def encode_array_chunks(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> list[byt
 
     def work(b: tuple[int, int]) -> list[bytes]:
         frame = raw[b[0]:b[1]]
-        c = _compressor(level)
+        c = _compressor(level, planes)
         if planes:
             grouped = frame.reshape(-1, item).T.copy()  # plane i = byte i of every element
             return [c.compress(grouped[i].data) for i in range(item)]

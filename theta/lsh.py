@@ -93,7 +93,7 @@ def fold(values: np.ndarray) -> np.ndarray:
 
 def signature(values: np.ndarray) -> list[int] | None:
     """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
-    proj = fold(values) @ _pool()
+    proj = np.einsum("pk,p->k", _pool(), fold(values))  # not BLAS: no thread pool, same result everywhere
     if not np.all(np.isfinite(proj)):
         return None
     return [int(v) for v in np.rint(proj / BUCKET_WIDTH)]

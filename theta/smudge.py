@@ -16,10 +16,10 @@ import zipslice
 from zipslice import TensorSource
 from zipslice.errors import ZipsliceError
 
-from .errors import BlobMissingError, CheckpointError, ThetaError
+from .errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
 from .metadata import CheckpointMeta
-from .store import LfsStore
-from .updates import reconstruct
+from .store import LfsStore, _hasher
+from .updates import content_hash, reconstruct
 
 
 class _LastValue(dict):
@@ -52,17 +52,24 @@ def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) 
 
 def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.PathLike, fmt: str | None = None,
                       progress: bool = False) -> None:
-    """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format (or ``fmt``)."""
+    """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format (or ``fmt``).
+
+    The file appears at ``out_path`` only once every group was rebuilt and matched its content hash;
+    on any error nothing is left behind.
+    """
     out_path = os.fspath(out_path)
     name = Path(out_path).name
     check_blobs(meta, store, name)
     target = fmt or meta.format
     cache = _LastValue()
     bar = _progress(progress, meta, name)
+    checker = _HashChecker(name)
 
     def reader(group_name: str):
         def read():
-            value = reconstruct(meta.groups[group_name], store, cache, file=name)
+            group = meta.groups[group_name]
+            value = reconstruct(group, store, cache, file=name, verify=False)
+            checker.submit(group, value)  # verified on another thread while the writer writes it
             if bar is not None:
                 bar.advance(bar.task_ids[0], value.nbytes)
             return _le_bytes(value)
@@ -81,15 +88,44 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
         options["structure"] = meta.structure
     if meta.metadata:
         options["metadata"] = dict(meta.metadata)
+    # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
+    tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
     try:
-        zipslice.save(out_path, [(s.name, s) for s in sources], format=target, **options)
+        zipslice.save(tmp, [(s.name, s) for s in sources], format=target, **options)
+        checker.finish()
+        os.replace(tmp, out_path)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot write {out_path}: {e}") from e
     except ValueError as e:
         raise ThetaError(f"cannot write {out_path} as {target}: {e}") from e
     finally:
+        checker.finish(raise_errors=False)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         if bar is not None:
             bar.stop()
+
+
+class _HashChecker:
+    """Checks rebuilt values against their content hash on a background thread, one value in flight."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.pending = None
+
+    def submit(self, group, value: np.ndarray) -> None:
+        self.finish()
+        self.pending = (group, _hasher().submit(content_hash, value))
+
+    def finish(self, raise_errors: bool = True) -> None:
+        if self.pending is None:
+            return
+        group, fut = self.pending
+        self.pending = None
+        digest = fut.result()
+        if digest != group.hash and raise_errors:
+            raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob "
+                                   f"{group.steps[-1].blob.oid} does not match its content hash")
 
 
 def _progress(enabled: bool, meta: CheckpointMeta, label: str):

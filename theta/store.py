@@ -18,6 +18,17 @@ from typing import Iterable
 from .errors import BlobCorruptError, BlobMissingError, StoreError
 
 _CHUNK = 8 << 20
+_hash_pool = None
+
+
+def _hasher():
+    """One background thread for hashing blobs while they are written."""
+    global _hash_pool
+    if _hash_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-hash")
+    return _hash_pool
 
 
 @dataclass(frozen=True)
@@ -48,9 +59,12 @@ def _git(cwd: str | os.PathLike, *args: str) -> str:
 class LfsStore:
     """Content-addressed blobs in a git-lfs objects directory."""
 
-    def __init__(self, objects_dir: str | os.PathLike, verify: bool = True):
+    def __init__(self, objects_dir: str | os.PathLike, verify: bool = False):
         self.objects_dir = Path(objects_dir)
-        self.verify = verify  # check sha256 on every get (git-lfs does the same on smudge)
+        # get() always checks the size; verify=True also checks the sha256. Off by default because every
+        # reader checks more: zstd frame checksums while decoding, and reconstruct() compares the rebuilt
+        # value with the group's content hash.
+        self.verify = verify
         self.written_objects = 0  # objects this instance actually wrote (not deduplicated)
         self.written_bytes = 0
 
@@ -83,27 +97,37 @@ class LfsStore:
         return self.put_chunks([data])
 
     def put_chunks(self, chunks: "list[bytes | bytearray | memoryview]") -> BlobRef:
-        """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first)."""
-        oid = sha256_of(chunks)
-        ref = BlobRef(oid, sum(memoryview(c).nbytes for c in chunks))
-        if self.has(ref):
-            return ref
-        dest = self.path(ref)
+        """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first).
+
+        Like git-lfs, the bytes go to a temp file under ``lfs/tmp`` while a second thread hashes them
+        (hashlib and file writes release the GIL); the temp file is then renamed to its oid path, or
+        dropped when that object already exists.
+        """
+        size = sum(memoryview(c).nbytes for c in chunks)
+        tmp_dir = self.objects_dir.parent / "tmp"
+        hashing = _hasher().submit(sha256_of, chunks)
+        tmp = None
         try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
+            with os.fdopen(fd, "wb") as f:
+                for c in chunks:
+                    f.write(c)
+            ref = BlobRef(hashing.result(), size)
+            if self.has(ref):
+                os.unlink(tmp)
+                return ref
+            dest = self.path(ref)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{oid[:16]}.", suffix=".tmp", dir=dest.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    for c in chunks:
-                        f.write(c)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, dest)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+            tmp = None
         except OSError as e:
-            raise StoreError(f"cannot write blob {oid} to {dest}: {e}") from e
+            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+        finally:
+            hashing.result() if not hashing.done() else None
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
         self.written_objects += 1
         self.written_bytes += ref.size
         return ref
