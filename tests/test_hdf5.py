@@ -328,3 +328,14 @@ def test_safetensors_to_hdf5_and_back_is_lossless(tmp_path):
         assert lsd.metadata == {"format": "pt"}
         zipslice.save(back, lsd)
     assert back.read_bytes() == st.read_bytes()
+
+
+def test_enum_reads_as_its_integers_and_long_double_is_skipped(tmp_path):
+    p = tmp_path / "odd.h5"
+    colour = h5py.enum_dtype({"RED": 0, "GREEN": 1, "BLUE": 2}, basetype="i1")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("e", data=np.array([0, 2, 1], dtype=colour))
+        f.create_dataset("ld", data=np.array([1, 2], dtype=np.longdouble))
+    with zipslice.load(p) as lsd:
+        assert list(lsd) == ["e"] and lsd.numpy("e").tolist() == [0, 2, 1] and lsd.info("e").dtype == "int8"
+        assert "no torch dtype" in lsd.skipped["ld"]

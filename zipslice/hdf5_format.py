@@ -251,7 +251,9 @@ class HDF5Checkpoint(LazyCheckpoint):
         dset = item.dset
         if dset.shape is None:
             self.extras[item.path] = None  # null dataspace
-        elif dset.id.get_storage_size() <= SMALL_EXTRA_BYTES and dset.size * dset.dtype.itemsize <= SMALL_EXTRA_BYTES:
+        elif dset.dtype.kind in "biufc":
+            self.skipped[item.path] = f"numeric type {dset.dtype} has no torch dtype"
+        elif dset.size * dset.dtype.itemsize <= SMALL_EXTRA_BYTES:
             self.extras[item.path] = _small_value(dset)
         else:
             self.skipped[item.path] = f"non-numeric dataset of type {dset.dtype} is not a tensor"
