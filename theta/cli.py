@@ -144,6 +144,9 @@ def _register_areas() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["filter-process"]:  # the hot path git starts for every add/checkout: skip building the CLI
+        return filter_main()
     _register_areas()
     try:
         app(args=argv, standalone_mode=True)
@@ -157,7 +160,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def filter_main() -> int:
     """The `git-theta-filter` entry point: the long-running filter process."""
-    return main(["filter-process"])
+    from .filter_process import serve
+
+    try:
+        return serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd())
+    except ThetaError as e:
+        _err(str(e))
+        return 1
 
 
 if __name__ == "__main__":
