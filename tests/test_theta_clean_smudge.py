@@ -240,3 +240,17 @@ def test_smudge_refuses_a_value_that_does_not_match_its_hash(tmp_path, store):
         smudge_checkpoint(meta, store, out)
     assert out.read_bytes() == b"previous content"  # untouched
     assert [p.name for p in tmp_path.iterdir() if "theta" in p.name] == []  # no temp file left
+
+
+def test_unchanged_groups_cost_a_hash_only(tmp_path, store, monkeypatch):
+    from theta import lsh
+    p = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"a": torch.randn(100, 10), "b": torch.randn(30)}, p)
+    first = clean_checkpoint(p, store, None)
+    calls = []
+    real = lsh.signature
+    monkeypatch.setattr(lsh, "signature", lambda v: calls.append(v.shape) or real(v))
+    import theta.updates
+    monkeypatch.setattr(theta.updates, "reconstruct", lambda *a, **k: pytest.fail("previous value was rebuilt"))
+    again = clean_checkpoint(p, store, first)
+    assert calls == [] and metadata.dumps(again) == metadata.dumps(first)

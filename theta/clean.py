@@ -181,12 +181,15 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
     raw = lsd.numpy(key, raw=True)  # carrier dtype (unsigned ints of the same width): the exact bits
     dt = dtypes.get(info.dtype)
     arr = raw.view(dt.to_numpy())
-    # hash on a second thread while this one computes the LSH signature (both release the GIL); the
-    # signature is wasted when the bytes turn out unchanged, but it ran beside the hash, not after it
-    hashing = _hasher().submit(_sha256, raw)
-    sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
-    digest = hashing.result()
     prev = _previous_group(previous, key, info.dtype, info.shape)
+    if prev is None:
+        # a new group always needs its signature: compute it while another thread hashes (both release the GIL)
+        hashing = _hasher().submit(_sha256, raw)
+        sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
+        digest = hashing.result()
+    else:
+        digest = _sha256(raw)  # an unchanged group costs its hash only: no signature, no blob
+        sig = None
 
     def keep(p: GroupMeta) -> GroupMeta:
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
@@ -196,6 +199,8 @@ def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta 
     if prev is not None and prev.hash == digest and not sideloaded:
         stats.unchanged += 1
         return keep(prev)
+    if prev is not None and lsh.hashable(info.dtype):
+        sig = lsh.signature(arr)
 
     cached: list = []
 
