@@ -84,7 +84,7 @@ class Side(Protocol):
     def info(self, name: str) -> GroupInfo: ...
     def hash(self, name: str) -> str: ...
     def signature(self, name: str) -> list[int] | None: ...
-    def array(self, name: str) -> np.ndarray: ...
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray: ...
     def prefetch(self, names: Iterable[str]) -> None: ...
 
 
@@ -129,8 +129,8 @@ class MetaSide:
 
             fetch_missing(self.repo_dir, refs, store=self.store)
 
-    def array(self, name: str) -> np.ndarray:
-        return reconstruct(self.meta.groups[name], self.store, file=self.label)
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
+        return reconstruct(self.meta.groups[name], self.store, cache, file=self.label)
 
 
 class CheckpointSide:
@@ -166,7 +166,7 @@ class CheckpointSide:
     def prefetch(self, names: Iterable[str]) -> None:
         pass
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
         return self.ckpt.numpy(name)
 
     def close(self) -> None:
@@ -248,8 +248,9 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
     old.prefetch(modified)
     new.prefetch(modified)
     for name in modified:
-        a = old.array(name)
-        b = new.array(name)
+        cache: dict = {}  # the new value's update chain often starts from the old value: reuse it
+        a = old.array(name, cache)
+        b = new.array(name, cache)
         by_name[name].stats = change_stats(a, b)
-        del a, b
+        del a, b, cache
     return fd

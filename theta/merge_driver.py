@@ -238,11 +238,14 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
         if strategy.picks is not None:
             groups[p.name] = {"ours": p.ours, "theirs": p.theirs, "ancestor": p.ancestor}[strategy.picks]
         else:
-            a = reconstruct(p.ours, store, file=plan.path)
-            b = reconstruct(p.theirs, store, file=plan.path)
-            o = reconstruct(p.ancestor, store, file=plan.path) if strategy.needs_ancestor else None
+            # ours and theirs usually derive from the ancestor (update chains): rebuilding it first lets
+            # reconstruct start their chains from it; the cache lives for this group only
+            cache: dict = {}
+            o = reconstruct(p.ancestor, store, cache, file=plan.path) if strategy.needs_ancestor else None
+            a = reconstruct(p.ours, store, cache, file=plan.path)
+            b = reconstruct(p.theirs, store, cache, file=plan.path)
             merged = strategy.merge(p.name, a, b, o, **p.params)
-            del a, b, o
+            del a, b, o, cache
             groups[p.name] = dense_group(p.ours, merged, store)
             del merged
         if log is not None:

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Benchmark: merging two fine-tunes of a ~300 MiB model through `git merge` (theta merge driver) versus the
+script a user would otherwise write (torch.load of the three full models, the same math, torch.save).
+
+Model: fp32, random normal * 0.02: 10 layers x (q,k,v,o 768x768, fc1/fc2 768x3072, 2 biases, 2 norms) +
+token embeddings 8192x768 (the largest group, 24 MiB) ~ 310 MiB, 91 groups. Both branches change EVERY group
+(base + independent noise), so every group is merged by the strategy.
+
+Contenders, each in its own subprocess, wall time and peak RSS (psutil polling of the process tree every 20 ms:
+sum over the tree, and the largest single process):
+  theta    `git merge` with GIT_THETA_MERGE_STRATEGY=average / ties (merge driver + smudge of the result)
+  torch    python: torch.load x3 (weights_only, mmap=False) + the same math in torch + torch.save
+
+    python3 scripts/bench_merge.py                 # ~310 MiB
+    python3 scripts/bench_merge.py --layers 2      # quick look (~80 MiB)
+
+Large files go under --workdir (default /tmp/theta-bench-merge), never into the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Measure:
+    seconds: float
+    tree_rss: int
+    proc_rss: int
+    proc_name: str
+
+
+def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
+    t0 = time.perf_counter()
+    proc = psutil.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = {"tree": 0, "proc": 0, "name": ""}
+
+    def poll():
+        while proc.poll() is None:
+            try:
+                procs = [proc] + proc.children(recursive=True)
+                total = 0
+                for p in procs:
+                    try:
+                        rss = p.memory_info().rss
+                    except psutil.Error:
+                        continue
+                    total += rss
+                    if rss > peak["proc"]:
+                        peak["proc"], peak["name"] = rss, " ".join(p.cmdline()[:3])
+                peak["tree"] = max(peak["tree"], total)
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    out, err = proc.communicate()
+    seconds = time.perf_counter() - t0
+    t.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{out.decode()}\n{err.decode()}")
+    return Measure(seconds, peak["tree"], peak["proc"], peak["name"])
+
+
+def make_models(workdir: Path, layers: int) -> tuple[list[str], int, int]:
+    """base/ours/theirs .pt files; returns (group names, total bytes, largest group bytes)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    base = {"embed.weight": torch.randn(8192, 768, generator=g) * 0.02}
+    for i in range(layers):
+        for m in ("q", "k", "v", "o"):
+            base[f"layers.{i}.attn.{m}.weight"] = torch.randn(768, 768, generator=g) * 0.02
+        base[f"layers.{i}.mlp.fc1.weight"] = torch.randn(3072, 768, generator=g) * 0.02
+        base[f"layers.{i}.mlp.fc2.weight"] = torch.randn(768, 3072, generator=g) * 0.02
+        base[f"layers.{i}.mlp.fc1.bias"] = torch.zeros(3072)
+        base[f"layers.{i}.mlp.fc2.bias"] = torch.zeros(768)
+        base[f"layers.{i}.norm1.weight"] = torch.ones(768)
+        base[f"layers.{i}.norm2.weight"] = torch.ones(768)
+    torch.save(base, workdir / "base.pt")
+    for name, seed in (("ours", 1), ("theirs", 2)):
+        gg = torch.Generator().manual_seed(seed)
+        torch.save({k: v + torch.randn(v.shape, generator=gg) * 0.002 for k, v in base.items()}, workdir / f"{name}.pt")
+    sizes = [v.numel() * 4 for v in base.values()]
+    return list(base), sum(sizes), max(sizes)
+
+
+TORCH_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    strategy, base, ours, theirs, out = sys.argv[1:6]
+    O = torch.load(base, weights_only=True); A = torch.load(ours, weights_only=True)
+    B = torch.load(theirs, weights_only=True)
+    res = {}
+    for k in O:
+        o, a, b = O[k], A[k], B[k]
+        if strategy == "average":
+            res[k] = 0.5 * a + 0.5 * b
+        else:  # ties, density 0.2, lambda 1
+            taus = []
+            for t in (a - o, b - o):
+                kk = max(1, round(0.2 * t.numel()))
+                th = t.abs().flatten().kthvalue(t.numel() - kk + 1).values
+                taus.append(torch.where(t.abs() >= th, t, torch.zeros_like(t)))
+            s = torch.stack(taus)
+            elected = torch.sign(s.sum(0))
+            agree = (s != 0) & (torch.sign(s) == elected)
+            res[k] = o + (s * agree).sum(0) / agree.sum(0).clamp(min=1)
+    torch.save(res, out)
+""")
+
+
+def git(args, cwd, env):
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench-merge"))
+    ap.add_argument("--strategies", default="average,ties")
+    args = ap.parse_args()
+
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    home = work / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
+    env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
+                "GIT_TERMINAL_PROMPT": "0", "PYTHONPATH": str(ROOT)})
+    for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
+        git(["config", "--global", k, v], home, env)
+
+    names, total, largest = make_models(work, args.layers)
+    print(f"model: {len(names)} groups, {total / MiB:.0f} MiB fp32, largest group {largest / MiB:.1f} MiB; "
+          f"every group changed on both branches")
+
+    repo = work / "repo"
+    git(["init", "-q", str(repo)], work, env)
+    subprocess.run(["git", "theta", "install", "--local"], cwd=repo, env=env, check=True, capture_output=True)
+    subprocess.run(["git", "theta", "track", "*.pt"], cwd=repo, env=env, check=True, capture_output=True)
+    shutil.copy(work / "base.pt", repo / "model.pt")
+    git(["add", ".gitattributes", "model.pt"], repo, env)
+    git(["commit", "-qm", "base"], repo, env)
+    git(["checkout", "-qb", "other"], repo, env)
+    shutil.copy(work / "theirs.pt", repo / "model.pt")
+    git(["commit", "-qam", "theirs"], repo, env)
+    git(["checkout", "-q", "main"], repo, env)
+    shutil.copy(work / "ours.pt", repo / "model.pt")
+    git(["commit", "-qam", "ours"], repo, env)
+
+    rows = []
+    for strategy in args.strategies.split(","):
+        m_env = dict(env, GIT_THETA_MERGE_STRATEGY=strategy)
+        theta = run_measured(["git", "merge", "--no-edit", "other"], repo, m_env)
+        git(["reset", "-q", "--hard", "HEAD~1"], repo, env)  # back to ours for the next contender
+        torch_m = run_measured([sys.executable, "-c", TORCH_SCRIPT, strategy, str(work / "base.pt"),
+                                str(work / "ours.pt"), str(work / "theirs.pt"), str(work / f"merged-{strategy}.pt")],
+                               work, env)
+        rows.append((strategy, theta, torch_m))
+
+    budget = 4 * largest + 150 * MiB
+    print(f"\n{'strategy':<9} {'contender':<34} {'wall s':>7} {'tree RSS MiB':>13} {'max proc MiB':>13}")
+    for strategy, theta, torch_m in rows:
+        for label, m in (("theta  git merge (driver + smudge)", theta), ("torch  load x3 + math + save", torch_m)):
+            print(f"{strategy:<9} {label:<34} {m.seconds:>7.1f} {m.tree_rss / MiB:>13.0f} {m.proc_rss / MiB:>13.0f}")
+        print(f"{'':<9} {'ratio theta/torch':<34} {theta.seconds / torch_m.seconds:>7.2f} "
+              f"{theta.tree_rss / torch_m.tree_rss:>13.2f} {theta.proc_rss / torch_m.proc_rss:>13.2f}")
+    print(f"\npeak RSS budget for a theta process (4 x largest group + 150 MiB): {budget / MiB:.0f} MiB; "
+          + ", ".join(f"{s}: largest theta process {t.proc_rss / MiB:.0f} MiB ({t.proc_name})" for s, t, _ in rows))
+
+
+if __name__ == "__main__":
+    main()
