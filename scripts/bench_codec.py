@@ -34,7 +34,8 @@ t = time.perf_counter()
 with open(stdin, "rb") if stdin else open("/dev/null", "rb") as i, open(stdout or "/dev/null", "wb") as o:
     rc = subprocess.run(cmd, stdin=i, stdout=o, cwd=sys.argv[4]).returncode
 wall = time.perf_counter() - t
-print(json.dumps({"rc": rc, "wall": wall, "rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024}))
 """
 
 
@@ -108,6 +109,12 @@ def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+def row(name: str, step: str, th: dict, lf: dict, extra: str) -> None:
+    print(f"{name:18} {step:6} {th['wall']:10.2f} {lf['wall']:8.2f} {th['wall'] / lf['wall']:6.2f} "
+          f"{th['cpu']:9.2f} {lf['cpu']:7.2f} {th['cpu'] / max(lf['cpu'], 1e-3):6.2f} "
+          f"{th['rss_mib']:8.0f}M {lf['rss_mib']:7.0f}M {extra}")
+
+
 def file_table(work: str, scale: float) -> None:
     import torch
 
@@ -115,8 +122,9 @@ def file_table(work: str, scale: float) -> None:
     subprocess.run(["git", "init", "-q", repo], check=True)
     subprocess.run(["git", "lfs", "install", "--local"], cwd=repo, check=True, capture_output=True)
     print("\n## clean / smudge vs git-lfs (each in its own subprocess)")
-    print(f"{'checkpoint':22} {'step':7} {'theta s':>8} {'git-lfs s':>9} {'ratio':>6} {'theta RSS':>10} "
-          f"{'lfs RSS':>8} {'stored/raw':>10}")
+    print("wall = elapsed seconds, cpu = user+sys CPU seconds of the subprocess tree (less sensitive to load)")
+    print(f"{'checkpoint':18} {'step':6} {'theta wall':>10} {'lfs wall':>8} {'ratio':>6} {'theta cpu':>9} "
+          f"{'lfs cpu':>7} {'ratio':>6} {'theta RSS':>9} {'lfs RSS':>8} {'stored/raw':>10}")
     for label, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         ckpt = os.path.join(work, f"model-{label}.pt")
         raw = make_checkpoint(ckpt, scale, dtype)
@@ -127,13 +135,11 @@ def file_table(work: str, scale: float) -> None:
         lf = measure(["git", "lfs", "clean", "model.pt"], cwd=repo, stdin=ckpt, stdout=pointer)
         stored = du(objs)
         name = f"{label} {raw / 2**20:.0f} MiB"
-        print(f"{name:22} {'clean':7} {th['wall']:8.2f} {lf['wall']:9.2f} {th['wall'] / lf['wall']:6.2f} "
-              f"{th['rss_mib']:9.0f}M {lf['rss_mib']:7.0f}M {stored / raw:10.3f}")
+        row(name, "clean", th, lf, f"{stored / raw:10.3f}")
         out = os.path.join(work, f"out-{label}.pt")
         th = measure([sys.executable, "-c", SMUDGE, meta, objs, out], cwd=ROOT)
         lf = measure(["git", "lfs", "smudge", "model.pt"], cwd=repo, stdin=pointer, stdout=os.path.join(work, "lfs-out"))
-        print(f"{name:22} {'smudge':7} {th['wall']:8.2f} {lf['wall']:9.2f} {th['wall'] / lf['wall']:6.2f} "
-              f"{th['rss_mib']:9.0f}M {lf['rss_mib']:7.0f}M")
+        row(name, "smudge", th, lf, "")
         a, b = torch.load(ckpt, weights_only=True), torch.load(out, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a), "smudge is not bit for bit"
         for p in (ckpt, out, os.path.join(work, "lfs-out")):

@@ -250,7 +250,7 @@ def test_unchanged_groups_cost_a_hash_only(tmp_path, store, monkeypatch):
     calls = []
     real = lsh.signature
     monkeypatch.setattr(lsh, "signature", lambda v: calls.append(v.shape) or real(v))
-    import theta.updates
-    monkeypatch.setattr(theta.updates, "reconstruct", lambda *a, **k: pytest.fail("previous value was rebuilt"))
+    import theta.clean
+    monkeypatch.setattr(theta.clean, "reconstruct", lambda *a, **k: pytest.fail("previous value was rebuilt"))
     again = clean_checkpoint(p, store, first)
     assert calls == [] and metadata.dumps(again) == metadata.dumps(first)
