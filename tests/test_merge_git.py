@@ -352,3 +352,28 @@ def test_rebase_and_cherry_pick_of_model_commits(grepo):
     assert grepo.status() == ""
     grepo.git("checkout", "-q", "HEAD~1")
     assert_sd_equal(load_sd(grepo / "model.pt"), want)
+
+
+def test_manual_strategy_leaves_a_conflict(repo):
+    store = LfsStore.for_repo(repo)
+    o = {"w": rnd(0), "v": rnd(1)}
+    cfg = MergeConfig(git_strategy="average", rules=[])
+    from theta.merges.config import Rule
+
+    cfg.rules.append(Rule(groups=("w",), paths=(), strategy="manual", params={}, label="rule"))
+    with pytest.raises(MergeConflict, match="w: changed on both sides; left for a manual merge"):
+        run_driver(repo, store, o, {"w": rnd(2), "v": rnd(3)}, {"w": rnd(4), "v": rnd(5)}, cfg)
+
+
+def test_menu_answers():
+    from theta.merges.menu import ask
+
+    out = io.StringIO()
+    a = ask("m.pt", "w", "float32[2]", ["ours", "theirs", "average"], 3, io.StringIO("9\nbogus\n3\ny\n"), out)
+    assert (a.strategy, a.for_all) == ("average", True)
+    text = out.getvalue()
+    assert "please answer a number from 1 to 4" in text and "4) manual" in text
+    a = ask("m.pt", "w", "float32[2]", ["ours"], 0, io.StringIO("ours\n"), io.StringIO())
+    assert (a.strategy, a.for_all) == ("ours", False)
+    a = ask("m.pt", "w", "float32[2]", ["ours"], 2, io.StringIO(""), io.StringIO())  # end of input
+    assert a.strategy == "manual"
