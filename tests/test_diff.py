@@ -193,3 +193,16 @@ def test_git_theta_diff_command(history):
     est = r.theta("diff", "--estimate", "HEAD~1", "HEAD").stdout.decode()
     assert "LSH estimate" in est and "enc.weight" in est
     assert r.theta("diff", "HEAD~1", "HEAD", "--", "other.pt").stdout.decode() == ""
+
+
+def test_non_tensor_value_changes_are_noted(store):
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 1, 10).astype(F32)
+    mo, mn = meta_of(store, {"model/w": w}), meta_of(store, {"model/w": w})
+    mo.structure = {"dict": [["model", {"dict": [["w", {"tensor": "model/w"}]]}], ["epoch", {"value": 3}]]}
+    mn.structure = {"dict": [["model", {"dict": [["w", {"tensor": "model/w"}]]}], ["epoch", {"value": 4}]]}
+    fd = diff_sides(MetaSide(mo, "m", store=store), MetaSide(mn, "m", store=store), "m.pt")
+    assert fd.notes == ["non-tensor values changed: epoch"] and fd.unchanged == 1
+    out = io.StringIO()
+    render(fd, make_console(out, color=False))
+    assert "note      non-tensor values changed: epoch" in out.getvalue()

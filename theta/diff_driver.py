@@ -75,6 +75,8 @@ def render(fd: FileDiff, console: Console, stat: bool = False) -> None:
         console.print(f"[bold]{escape(fd.path)}[/] | {summary_line(fd)}", highlight=False)
         return
     console.print(f"[bold]theta diff {escape(fd.path)}[/] ({fmt}){state}", highlight=False)
+    for note in fd.notes:
+        console.print(f"  [cyan]note[/]      {escape(note)}", highlight=False, soft_wrap=True)
     for g in fd.groups:
         console.print("  " + group_line(g), highlight=False, soft_wrap=True)
     console.print(f"  [bold]{summary_line(fd)}[/]", highlight=False, soft_wrap=True)
@@ -186,7 +188,7 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
             for side in (old, new):
                 if isinstance(side, CheckpointSide):
                     side.close()
-        if fd.groups or fd.old_format is None or fd.new_format is None:
+        if fd.groups or fd.notes or fd.old_format is None or fd.new_format is None:
             render(fd, console, stat=stat)
             count += 1
     return count

@@ -193,6 +193,7 @@ class FileDiff:
     groups: list[GroupDiff] = field(default_factory=list)
     unchanged: int = 0
     estimated: bool = False
+    notes: list[str] = field(default_factory=list)   # file-level changes (structure, non-tensor values)
 
     def count(self, status: str) -> int:
         return sum(1 for g in self.groups if g.status == status)
@@ -208,9 +209,27 @@ class FileDiff:
         return math.sqrt(sum(g.stats.l2 ** 2 for g in self.groups if g.stats is not None))
 
 
+def _plain_values(structure) -> dict[str, str]:
+    """The non-tensor leaves of a structure tree (epoch counters, names, ...) by flattened path."""
+    if not structure:
+        return {}
+    from zipslice.structure import walk_leaves
+
+    return {path or "(root)": repr(leaf) for path, leaf in walk_leaves(structure) if "tensor" not in leaf}
+
+
 def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = False) -> FileDiff:
     """Compare two versions group by group (either may be None: the file was added/removed)."""
     fd = FileDiff(path, old.format if old else None, new.format if new else None, estimated=estimate)
+    if isinstance(old, MetaSide) and isinstance(new, MetaSide):
+        o, n = old.meta, new.meta
+        ov, nv = _plain_values(o.structure), _plain_values(n.structure)
+        if ov != nv:
+            keys = sorted(k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k))
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
+            fd.notes.append(f"non-tensor values changed: {shown}")
+        if o.metadata != n.metadata:
+            fd.notes.append("the file-level metadata changed")
     old_names = old.names() if old else []
     new_names = new.names() if new else []
     old_set, new_set = set(old_names), set(new_names)
