@@ -260,3 +260,17 @@ def test_peak_memory_is_bounded_by_the_largest_tensor(tmp_path):
         peak = int(subprocess.check_output([sys.executable, "-c", _PEAK, str(tmp_path / "big.pt"),
                                             str(tmp_path / dst), *extra], env=env))
         assert peak - base < 2 * (16 << 20) + (100 << 20), (dst, (peak - base) >> 20)
+
+
+def test_direct_read_names_a_truncated_file(tmp_path):
+    import zipslice
+    from zipslice.convert import direct_read
+
+    torch.save({"x": torch.arange(1000.0)}, tmp_path / "t.pt")
+    with zipslice.load(tmp_path / "t.pt") as lsd:
+        info = lsd.info("x")
+        read = direct_read(info)
+        assert np.array_equal(read().view("<f4"), np.arange(1000.0, dtype="<f4"))
+        os.truncate(tmp_path / "t.pt", info.offset + 100)
+        with pytest.raises(ZipsliceError, match=r"t\.pt \[x\].*truncated"):
+            read()
