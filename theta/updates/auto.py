@@ -103,22 +103,19 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
 
 # ---------------------------------------------------------------- the clean filter's policy
 
-LOSSY = ("low-rank", "ia3")  # rebuilt values may differ from the saved file within rtol/atol
-
-
 def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
                   reshaped_previous=None, update_data=None) -> list:
     """The step chain of a changed group (what ``theta.clean.encode_changed_group`` returns).
 
     ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
-    value; "sparse"/"delta"/"rows" are exact; "low-rank"/"ia3" are inferred and kept only within
-    ``options.rtol``/``options.atol`` (else dense). A group present in the side-loaded ``update_data``
+    value; "sparse"/"delta"/"rows" encode the difference; "low-rank"/"ia3" are inferred and kept only
+    when they reproduce ``new`` within ``options.rtol``/``options.atol`` with few exact fixes (else dense).
+    Every step rebuilds ``new`` bit for bit, so its hash is ``new_hash``. A group present in the side-loaded ``update_data``
     is stored as that update after checking it reproduces ``new``. A chain that reached
     ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
     previous version of a group whose shape changed (for ``rows``).
     """
     from theta.clean import chain, chain_full, store_step
-    from theta.updates import content_hash
 
     dense = get("dense")
 
@@ -138,8 +135,7 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         if chain_full(previous, options):
             return store_dense()  # checked, but the chain is long enough: store the value itself
         enc = verified.encoded
-        value_hash = new_hash if verified.update_type not in LOSSY else content_hash(verified.value)
-        step = store_step(verified.update_type, enc.parts, enc.params, value_hash, store, options)
+        step = store_step(verified.update_type, enc.parts, enc.params, new_hash, store, options)
         return chain(previous, step, True, options)
 
     wanted = options.update_type or "auto"
@@ -171,8 +167,5 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     enc = ut.encode(new, base if ut.incremental else None, rtol=options.rtol, atol=options.atol)
     if enc is None:
         return store_dense()
-    value_hash = new_hash
-    if ut.name in LOSSY:
-        value_hash = content_hash(ut.apply(enc.parts, enc.params, base))
-    step = store_step(ut.name, enc.parts, enc.params, value_hash, store, options)
+    step = store_step(ut.name, enc.parts, enc.params, new_hash, store, options)
     return chain(base_meta, step, ut.incremental, options)

@@ -1,14 +1,14 @@
 """ia3: new = previous * ia3, with ia3 a vector broadcastable to the group (IA3 rescaling).
 
 The product is computed in float32 (float64 for float64 groups) and rounded to the group's dtype --
-the same arithmetic torch uses for float32/bfloat16/float16 multiplication, so a model scaled by torch
-is usually rebuilt bit for bit; the clean filter still checks the result against the saved file with
-the configured tolerance. Stored parts: ``ia3`` (the vector, with singleton dimensions so that it
-broadcasts). Params: ``axis`` when the vector was inferred.
+the same arithmetic torch uses for float32/bfloat16/float16 multiplication. Exact bit for bit: where the
+saved file differs anyway, the step carries the correct elements (``fix_gaps``/``fix_values``, see
+sparse.residual). Stored parts: ``ia3`` (the vector, with singleton dimensions so that it broadcasts)
+and the fixes. Params: ``fixes``, and ``axis`` when the vector was inferred.
 
-Inference without side-loaded data: for each axis, take the ratio new / previous of the first
-element along the other axes with a non-zero previous value, and keep it only when multiplying
-reproduces new within the tolerance.
+Inference without side-loaded data: for each axis, the least-squares factor of new over previous along
+the other axes; kept only when multiplying reproduces new within the tolerance with at most 1/4 of the
+elements needing an exact fix.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import numpy as np
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
-from theta.updates.low_rank import close_enough
+from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough
+from theta.updates.sparse import apply_residual, residual
 
 
 def compute_dtype(group_dtype: np.dtype) -> np.dtype:
@@ -51,20 +52,21 @@ class IA3Update:
         if not same_layout(new, previous) or new.ndim == 0 or new.dtype.kind not in "fV":
             return None
         cdt = compute_dtype(new.dtype)
-        prev_c, new_c = previous.astype(cdt), new.astype(cdt)
+        prev64, new64 = previous.astype(np.float64), new.astype(np.float64)
         for axis in range(new.ndim):
-            moved_prev = np.moveaxis(prev_c, axis, 0).reshape(new.shape[axis], -1)
-            moved_new = np.moveaxis(new_c, axis, 0).reshape(new.shape[axis], -1)
-            nonzero = moved_prev != 0
-            first = np.argmax(nonzero, axis=1)
-            rows = np.arange(new.shape[axis])
+            others = tuple(a for a in range(new.ndim) if a != axis)
+            # least squares along the other axes: averages out the rounding of each new element
+            num = np.sum(prev64 * new64, axis=others, keepdims=True)
+            den = np.sum(prev64 * prev64, axis=others, keepdims=True)
             with np.errstate(divide="ignore", invalid="ignore"):
-                vec = np.where(nonzero[rows, first], moved_new[rows, first] / moved_prev[rows, first], 1.0)
-            shape = [1] * new.ndim
-            shape[axis] = new.shape[axis]
-            vec = vec.astype(cdt).reshape(shape)
-            if np.all(np.isfinite(vec)) and close_enough(scale(previous, vec), new, rtol, atol):
-                return Encoded(parts={"ia3": vec}, params={"axis": axis})
+                vec = np.where(den > 0, num / den, 1.0).astype(cdt)
+            if not np.all(np.isfinite(vec)):
+                continue
+            value = scale(previous, vec)
+            if close_enough(value, new, rtol, atol):
+                fixes, count = residual(value, new)
+                if count <= new.size * MAX_FIX_FRACTION:
+                    return Encoded(parts={"ia3": vec, **fixes}, params={"axis": axis, "fixes": count})
         return None
 
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
@@ -75,4 +77,4 @@ class IA3Update:
         problem = check_vector(previous.shape, np.asarray(parts["ia3"]))
         if problem:
             raise UpdateTypeError(f"ia3 update: {problem}")
-        return scale(previous, parts["ia3"])
+        return apply_residual(scale(previous, parts["ia3"]), parts)

@@ -1,17 +1,18 @@
 """low-rank: new = previous + R @ C, with R of shape (rows, r) and C of shape (r, cols) (LoRA).
 
 Groups with more than two dimensions are viewed as (shape[0], product of the other dimensions);
-one-dimensional groups have no low-rank form. The arithmetic runs in float64 (float32 factors and
-values are exact in it) and is done element-wise, rank by rank, block of rows by block of rows:
-no BLAS call whose summation order could differ between machines, so every checkout rebuilds the
-very same bits, and memory stays within a few row blocks beyond the group itself. The result is
-rounded to the group's dtype.
+one-dimensional groups have no low-rank form.
 
-Lossy with respect to the file the user saved when that file was produced with a different summation
-order (torch's matmul): the clean filter checks the result against the file with the configured
-tolerance (``rtol``/``atol``) and the working tree after checkout holds this module's rebuild.
+Exact bit for bit. R @ C is evaluated the way torch's CPU matmul does for a small inner dimension --
+a fused multiply-add per rank, in order, accumulating in float32 (float64 for float64 factors), rounded
+to the factors' dtype -- then added to the previous value in float32 and rounded to the group's dtype.
+Every step is an element-wise numpy operation (no BLAS call whose summation order could change between
+machines), done block of rows by block of rows, so memory stays within a few row blocks beyond the
+group. Where the producer of the saved file rounded differently anyway, the step carries the correct
+elements (``fix_gaps``/``fix_values``, see sparse.residual): a checkout rebuilds the file exactly.
 
-Stored parts: ``R``, ``C`` (float32, or float64 for float64 groups). Params: ``rank``.
+Stored parts: ``R``, ``C`` (as given when side-loaded; float32, or float64 for float64 groups, when
+inferred) and the fixes. Params: ``rank``, ``fixes``.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ import numpy as np
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
+from theta.updates.sparse import apply_residual, residual
 
-DEFAULT_RANK = 8
-ROW_BLOCK_ELEMENTS = 1 << 20  # elements per row block while applying (8 MiB of float64)
+MAX_INFERRED_RANK = 64
+MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
+ROW_BLOCK_ELEMENTS = 1 << 19  # elements per row block while applying (4 MiB of float64)
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -35,33 +38,46 @@ def factor_dtype(group_dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(group_dtype) == np.float64 else np.dtype(np.float32)
 
 
+def _product_dtype(R: np.ndarray, C: np.ndarray) -> np.dtype:
+    """The dtype torch's R @ C returns: the factors' own when they agree, else the wider float."""
+    if R.dtype == C.dtype:
+        return R.dtype
+    return np.dtype(np.float64) if np.float64 in (R.dtype, C.dtype) else np.dtype(np.float32)
+
+
 def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """previous + R @ C rounded to previous's dtype, computed deterministically (see module docstring)."""
-    shape2 = matrix_shape(previous.shape)
-    rows, cols = shape2
+    """previous + R @ C in previous's dtype, computed deterministically (see module docstring)."""
+    rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
-    R64 = np.asarray(R, dtype=np.float64)
-    C64 = np.asarray(C, dtype=np.float64)
+    pdt = _product_dtype(R, C)
+    acc_dt = np.dtype(np.float64) if pdt == np.float64 else np.dtype(np.float32)
+    add_dt = np.dtype(np.float64) if np.float64 in (pdt, previous.dtype) else np.dtype(np.float32)
+    R64, C64 = np.asarray(R, dtype=np.float64), np.asarray(C, dtype=np.float64)
     out = np.empty((rows, cols), dtype=previous.dtype)
     step = max(1, ROW_BLOCK_ELEMENTS // max(cols, 1))
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        acc = prev2[start:stop].astype(np.float64)
+        acc = np.zeros((stop - start, cols), dtype=acc_dt)
         for k in range(R64.shape[1]):
-            acc += R64[start:stop, k:k + 1] * C64[k:k + 1, :]
-        out[start:stop] = acc.astype(previous.dtype)
+            # fma(r, c, acc): the float32 product is exact in float64, one rounding to acc's dtype
+            prod = R64[start:stop, k:k + 1] * C64[k:k + 1, :]
+            prod += acc
+            acc = prod.astype(acc_dt)
+        rc = acc.astype(pdt).astype(add_dt)
+        rc += prev2[start:stop].astype(add_dt)
+        out[start:stop] = rc.astype(previous.dtype)
     return out.reshape(previous.shape)
 
 
-def truncated_svd(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """R (rows, rank), C (rank, cols) with R @ C the best rank-``rank`` approximation of ``matrix``.
+def truncated_svd(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """U (rows, rank), S (rank,), Vt (rank, cols) of the best rank-``rank`` approximation of ``matrix``.
 
     A randomized range finder (fixed seed, two power iterations) keeps this fast on large matrices; a
     matrix whose rank is at most ``rank`` is recovered to rounding error."""
     rows, cols = matrix.shape
     if min(rows, cols) <= 4 * (rank + 8):
         U, S, Vt = np.linalg.svd(matrix, full_matrices=False)
-        return U[:, :rank] * S[:rank], Vt[:rank]
+        return U[:, :rank], S[:rank], Vt[:rank]
     rng = np.random.default_rng(0)
     Y = matrix @ rng.standard_normal((cols, rank + 8))
     for _ in range(2):
@@ -69,7 +85,17 @@ def truncated_svd(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray
         Y = matrix @ (matrix.T @ Q)
     Q, _ = np.linalg.qr(Y)
     U, S, Vt = np.linalg.svd(Q.T @ matrix, full_matrices=False)
-    return (Q @ U[:, :rank]) * S[:rank], Vt[:rank]
+    return Q @ U[:, :rank], S[:rank], Vt[:rank]
+
+
+def noise_level(previous: np.ndarray, rows: int, cols: int) -> float:
+    """A bound on the singular values that rounding to the group's dtype adds to new - previous: rounding
+    errors of size eps * |value| form a random matrix whose norm is about sigma * (sqrt(rows) + sqrt(cols))."""
+    import ml_dtypes
+
+    eps = float(ml_dtypes.finfo(previous.dtype).eps)
+    rms = float(np.sqrt(np.mean(np.square(previous, dtype=np.float64)))) if previous.size else 0.0
+    return 2.0 * eps * rms * (np.sqrt(rows) + np.sqrt(cols))
 
 
 def close_enough(result: np.ndarray, target: np.ndarray, rtol: float, atol: float) -> bool:
@@ -89,9 +115,19 @@ def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str |
     if R.shape[0] != shape2[0] or C.shape[1] != shape2[1] or R.shape[1] != C.shape[0]:
         return (f"R {R.shape} @ C {C.shape} does not give the group's matrix shape {shape2} "
                 f"(group shape {tuple(shape)})")
-    if R.dtype.kind != "f" and not str(R.dtype).startswith(("bfloat", "float8")):
-        return f"R has non-float dtype {R.dtype}"
+    for name, f in (("R", R), ("C", C)):
+        if f.dtype.kind != "f" and not str(f.dtype).startswith(("bfloat", "float8")):
+            return f"{name} has non-float dtype {f.dtype}"
     return None
+
+
+def exact_encoding(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.ndarray
+                   ) -> tuple[Encoded, int, np.ndarray]:
+    """The low-rank step for factors R, C, with the fixes that make it exact; also the fix count and the
+    value before the fixes (what the factors alone give)."""
+    value = add_low_rank(previous, R, C)
+    fixes, count = residual(value, new)
+    return Encoded(parts={"R": R, "C": C, **fixes}, params={"rank": int(R.shape[1]), "fixes": count}), count, value
 
 
 class LowRankUpdate:
@@ -99,25 +135,34 @@ class LowRankUpdate:
     incremental = True
 
     def encode(self, new: np.ndarray, previous: np.ndarray | None, rank: int | None = None,
-               rtol: float = 1e-5, atol: float = 1e-6, **options) -> Encoded | None:
-        """Infer R, C from new - previous by a truncated SVD; None when rank-``rank`` does not meet the
-        tolerance (the caller then stores something else)."""
+               rtol: float = 1e-5, atol: float = 1e-8, **options) -> Encoded | None:
+        """Infer R, C from new - previous by a truncated SVD. None (the caller stores something else)
+        when no rank small enough to be worth it (factors at most half the group) reproduces ``new``
+        within rtol/atol, or more than 1/4 of the elements would need an exact fix. Without ``rank`` the
+        rank is read off the singular values: those above the rounding noise (see noise_level)."""
         if not same_layout(new, previous) or matrix_shape(new.shape) is None or new.dtype.kind not in "fV":
             return None
-        rank = int(rank or DEFAULT_RANK)
         rows, cols = matrix_shape(new.shape)
-        if rank * (rows + cols) >= rows * cols:
-            return None  # the factors would be as large as the group
+        worth = (rows * cols) // (2 * (rows + cols))      # largest rank whose factors are <= half the group
+        limit = min(int(rank) if rank else MAX_INFERRED_RANK, worth)
+        if limit < 1:
+            return None
         fdt = factor_dtype(new.dtype)
         diff = (new.astype(np.float64) - previous.astype(np.float64)).reshape(rows, cols)
         if not np.all(np.isfinite(diff)):
             return None
-        R, C = truncated_svd(diff, rank)
-        R, C = R.astype(fdt), C.astype(fdt)
+        U, S, Vt = truncated_svd(diff, limit)
         del diff
-        if not close_enough(add_low_rank(previous, R, C), new, rtol, atol):
+        if rank:
+            r = int(rank)
+        else:  # singular values above the rounding noise of the group's dtype (and 1e-6 of the largest)
+            r = int(np.count_nonzero(S > max(noise_level(previous, rows, cols), S[0] * 1e-6))) if S.size else 1
+        r = max(1, min(r, limit))
+        R, C = (U[:, :r] * S[:r]).astype(fdt), np.ascontiguousarray(Vt[:r]).astype(fdt)
+        encoded, count, value = exact_encoding(new, previous, R, C)
+        if count > new.size * MAX_FIX_FRACTION or not close_enough(value, new, rtol, atol):
             return None
-        return Encoded(parts={"R": R, "C": C}, params={"rank": int(R.shape[1])})
+        return encoded
 
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
         if previous is None:
@@ -127,4 +172,4 @@ class LowRankUpdate:
         problem = check_factors(previous.shape, parts["R"], parts["C"])
         if problem:
             raise UpdateTypeError(f"low-rank update: {problem}")
-        return add_low_rank(previous, parts["R"], parts["C"])
+        return apply_residual(add_low_rank(previous, parts["R"], parts["C"]), parts)

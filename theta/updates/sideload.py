@@ -4,11 +4,15 @@ FILE is a checkpoint in any format zipslice reads. Its keys are ``<group name>/<
 last ``/``) with Git-Theta's part names:
 
 - ``low-rank``: ``R`` (rows x r) and ``C`` (r x cols); new = previous + R @ C (groups with more than two
-  dimensions as (shape[0], rest), see low_rank.py). Checked against the saved file within rtol/atol.
+  dimensions as (shape[0], rest), see low_rank.py). Checked against the saved file within rtol/atol (a
+  wrong base or wrong factors are refused); stored exactly (elements our arithmetic rounds differently
+  from the producer's are carried as fixes), so a checkout gives the saved file bit for bit.
 - ``sparse``: ``data``, ``indices``, ``indptr``, ``shape`` -- a CSR matrix of the update, either of the
   flattened group (1 x N, as Git-Theta writes it: ``indptr`` has two entries) or, for a 2-D group, of the
-  group itself; new = previous + update. Checked exactly (bit for bit) against the saved file.
-- ``ia3``: ``ia3``, broadcastable to the group; new = previous * ia3. Checked within rtol/atol.
+  group itself; new = previous + update. Checked exactly (bit for bit) against the saved file; what is
+  stored are the changed elements of the file themselves.
+- ``ia3``: ``ia3``, broadcastable to the group; new = previous * ia3. Checked within rtol/atol, stored
+  exactly like low-rank.
 
 Everything that can be checked without tensor data (known group names, complete and known part names,
 shapes) is checked by :meth:`UpdateData.check_against` before any group is encoded, so a bad file fails
@@ -27,8 +31,8 @@ import numpy as np
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.ia3 import check_vector, compute_dtype, scale
-from theta.updates.low_rank import add_low_rank, check_factors, close_enough
-from theta.updates.sparse import SparseUpdate
+from theta.updates.low_rank import check_factors, close_enough, exact_encoding
+from theta.updates.sparse import SparseUpdate, residual
 
 PARTS: dict[str, tuple[str, ...]] = {
     "low-rank": ("R", "C"),
@@ -45,7 +49,7 @@ class UpdateDataError(UpdateTypeError):
 class Verified:
     encoded: Encoded
     update_type: str            # the type stored in the step
-    value: np.ndarray           # what a checkout will rebuild (equals the file for exact types)
+    value: np.ndarray           # what a checkout rebuilds: the saved file's value, bit for bit
 
 
 @dataclass
@@ -133,7 +137,8 @@ class UpdateData:
         return {part: np.asarray(self._ckpt.numpy(key)) for part, key in self.keys[group].items()}
 
     def verify(self, group: str, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> Verified:
-        """Apply the side-loaded update to ``previous``; it must give ``new`` (see module docstring)."""
+        """Apply the side-loaded update to ``previous``; it must give ``new`` (see module docstring).
+        The returned encoding rebuilds ``new`` bit for bit."""
         where = f"update data {self.path}: group {group!r}"
         if previous is None:
             raise UpdateDataError(f"{where}: no previous version to apply the update to")
@@ -148,21 +153,21 @@ class UpdateData:
             problem = check_factors(new.shape, R, C)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
-            value = add_low_rank(previous, R, C)
-            encoded = Encoded(parts={"R": R, "C": C}, params={"rank": int(R.shape[1])})
+            encoded, _, value = exact_encoding(new, previous, R, C)
         else:
             vec = np.ascontiguousarray(parts["ia3"])
             problem = check_vector(new.shape, vec)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
             value = scale(previous, vec)
-            encoded = Encoded(parts={"ia3": vec}, params={})
+            fixes, count = residual(value, new)
+            encoded = Encoded(parts={"ia3": vec, **fixes}, params={"fixes": count})
         if not close_enough(value, new, rtol, atol):
             err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
             raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
                                   f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
                                   f"was the update applied to this base?")
-        return Verified(encoded, self.update_type, value)
+        return Verified(encoded, self.update_type, new)
 
     def _verify_sparse(self, where: str, parts: dict[str, np.ndarray], new: np.ndarray,
                        previous: np.ndarray) -> Verified:

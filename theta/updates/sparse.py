@@ -35,6 +35,30 @@ def decode_indices(gaps: np.ndarray) -> np.ndarray:
     return np.cumsum(gaps, dtype=np.int64)
 
 
+def residual(value: np.ndarray, target: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+    """Parts ``fix_gaps``/``fix_values`` that turn ``value`` into ``target`` bit for bit, and their count.
+
+    Low-rank and IA3 updates carry these so that a checkout rebuilds the saved file exactly even where
+    the producer's arithmetic rounded differently from ours."""
+    indices = np.flatnonzero(changed_mask(target, value))
+    return {"fix_gaps": encode_indices(indices, target.size),
+            "fix_values": np.ascontiguousarray(target).reshape(-1)[indices]}, int(indices.size)
+
+
+def apply_residual(value: np.ndarray, parts: dict[str, np.ndarray]) -> np.ndarray:
+    """``value`` with the fixes of :func:`residual` applied (in place when writable)."""
+    if "fix_gaps" not in parts:
+        return value
+    indices = decode_indices(parts["fix_gaps"])
+    values = parts["fix_values"]
+    if indices.size != values.size or (indices.size and indices[-1] >= value.size):
+        raise UpdateTypeError(f"update fixes do not fit a group of shape {value.shape} "
+                              f"({indices.size} indices, {values.size} values)")
+    value = value if value.flags.writeable and value.flags.c_contiguous else np.array(value, order="C")
+    value.reshape(-1)[indices] = values.astype(value.dtype, copy=False).reshape(-1)
+    return value
+
+
 class SparseUpdate:
     """new = previous with the listed elements replaced."""
 
