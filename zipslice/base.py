@@ -131,7 +131,10 @@ class LazyCheckpoint(Mapping):
 
         info = self.info(key)
         arr = restride(self._read_span(info), info)
-        t = torch.from_numpy(arr.reshape(-1).view(np.uint8).copy() if arr.dtype.kind == "V" else arr.reshape(-1))
+        flat = arr.reshape(-1).view(np.uint8)
+        if not flat.flags.writeable:  # torch tensors must own writable memory
+            flat = flat.copy()
+        t = torch.from_numpy(flat)
         t = t.view(torch.uint8).view(dtypes.to_torch(info.dtype)).reshape(info.shape)
         return t
 
