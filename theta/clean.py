@@ -26,7 +26,7 @@ from zipslice.errors import ZipsliceError
 from . import codec, lsh, numeric
 from .errors import BlobMissingError, CheckpointError
 from .metadata import Alias, CheckpointMeta, GroupMeta, Step
-from .store import LfsStore, _hasher
+from .store import LfsStore
 from .updates import get as get_update_type
 from .updates import reconstruct
 
@@ -141,26 +141,51 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
 
     update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
     bar = _progress(options.progress, sum(lsd.info(k).nbytes for k in order), f"theta clean {Path(path).name}")
+    group_keys = []
+    for key in order:
+        info = lsd.info(key)
+        tie = lsd.source(key).tie
+        if tie is not None and tie in tie_owner:
+            aliases[key] = Alias(key, tie_owner[tie], info.is_parameter, info.requires_grad)
+            stats.aliases += 1
+            continue
+        if tie is not None:
+            tie_owner[tie] = key
+        group_keys.append(key)
+    # Pipeline: a reader thread reads and hashes group i+1 while this thread encodes and stores group i.
+    pending = None
     try:
-        for key in order:
-            info = lsd.info(key)
-            tie = lsd.source(key).tie
-            if tie is not None and tie in tie_owner:
-                aliases[key] = Alias(key, tie_owner[tie], info.is_parameter, info.requires_grad)
-                stats.aliases += 1
-                continue
-            if tie is not None:
-                tie_owner[tie] = key
-            groups[key] = _clean_group(lsd, key, info, store, previous, same_lsh, options, stats, path, update_data)
+        if group_keys:
+            pending = _reader().submit(_read_group, lsd, group_keys[0], previous)
+        for i, key in enumerate(group_keys):
+            got = pending.result()
+            pending = _reader().submit(_read_group, lsd, group_keys[i + 1], previous) \
+                if i + 1 < len(group_keys) else None
+            groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
+            del got
             if bar is not None:
-                bar.advance(bar.task_ids[0], info.nbytes)
+                bar.advance(bar.task_ids[0], lsd.info(key).nbytes)
     finally:
+        if pending is not None:
+            pending.cancel() or pending.exception()  # never close the file under a running read
         if bar is not None:
             bar.stop()
         if update_data is not None:
             update_data.close()
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
+
+
+_reader_pool = None
+
+
+def _reader():
+    global _reader_pool
+    if _reader_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _reader_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-read")
+    return _reader_pool
 
 
 def _sha256(raw: np.ndarray) -> str:
@@ -174,22 +199,36 @@ def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape
     return g if g.dtype == dtype and tuple(g.shape) == tuple(shape) else None
 
 
-def _clean_group(lsd, key: str, info, store: LfsStore, previous: CheckpointMeta | None, same_lsh: bool,
-                 options: CleanOptions, stats: CleanStats, path: str, update_data=None) -> GroupMeta:
+@dataclass
+class _Read:
+    """A group read and hashed (by the reader thread), ready for the decision and encoding."""
+
+    key: str
+    info: object
+    raw: np.ndarray            # carrier dtype (unsigned ints of the same width): the exact bits
+    arr: np.ndarray            # the same memory viewed with the real dtype
+    digest: str
+    prev: GroupMeta | None
+    sig: list[int] | None
+
+
+def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
+    info = lsd.info(key)
+    raw = lsd.numpy(key, raw=True)
+    arr = raw.view(dtypes.get(info.dtype).to_numpy())
+    prev = _previous_group(previous, key, info.dtype, info.shape)
+    digest = _sha256(raw)
+    # a new group always needs its signature; a group with a previous version only when its bytes changed
+    sig = lsh.signature(arr) if prev is None and lsh.hashable(info.dtype) else None
+    return _Read(key, info, raw, arr, digest, prev, sig)
+
+
+def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
+                 path: str, update_data=None) -> GroupMeta:
+    key, info, arr, digest, prev, sig = got.key, got.info, got.arr, got.digest, got.prev, got.sig
+    dt = dtypes.get(info.dtype)
     stats.groups += 1
     stats.raw_bytes += info.nbytes
-    raw = lsd.numpy(key, raw=True)  # carrier dtype (unsigned ints of the same width): the exact bits
-    dt = dtypes.get(info.dtype)
-    arr = raw.view(dt.to_numpy())
-    prev = _previous_group(previous, key, info.dtype, info.shape)
-    if prev is None:
-        # a new group always needs its signature: compute it while another thread hashes (both release the GIL)
-        hashing = _hasher().submit(_sha256, raw)
-        sig = lsh.signature(arr) if lsh.hashable(info.dtype) else None
-        digest = hashing.result()
-    else:
-        digest = _sha256(raw)  # an unchanged group costs its hash only: no signature, no blob
-        sig = None
 
     def keep(p: GroupMeta) -> GroupMeta:
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),

@@ -115,8 +115,7 @@ class LfsStore:
                     f.write(c)
             ref = BlobRef(hashing.result(), size)
             if self.has(ref):
-                os.unlink(tmp)
-                return ref
+                return ref  # already stored (dedup): the temp file is dropped below
             dest = self.path(ref)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o644)
@@ -125,7 +124,7 @@ class LfsStore:
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
         finally:
-            hashing.result() if not hashing.done() else None
+            hashing.cancel() or hashing.exception()  # never leave the hasher reading freed buffers
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
         self.written_objects += 1
