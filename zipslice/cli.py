@@ -41,7 +41,8 @@ class CastDType(str, Enum):
 
 
 def _out() -> Console:
-    return Console(soft_wrap=False)
+    # a pipe or file gets wide rows (a table is only as wide as its content) rather than folded names
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 
 def human(n: int) -> str:
@@ -66,17 +67,19 @@ def ls_cmd(path: Path = typer.Argument(..., help="checkpoint file"),
 
     with zipslice.load(path) as lsd:
         infos = lsd.infos()
-        total = sum(i.nbytes for i in infos)
+        views = {(i.file, i.storage, i.storage_offset, i.shape, i.stride): i.nbytes for i in infos}
+        total, tied = sum(views.values()), len(infos) - len(views)  # tied weights counted once
         if as_json:
             rows = [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "stride": list(i.stride),
                      "nbytes": i.nbytes, "offset": i.offset, "storage": i.storage,
                      "is_parameter": i.is_parameter, "requires_grad": i.requires_grad} for i in infos]
             print(json.dumps({"path": lsd.path, "format": lsd.format, "tensors": rows,
-                              "total": {"tensors": len(infos), "nbytes": total,
+                              "total": {"tensors": len(infos), "nbytes": total, "tied": tied,
                                         "params": sum(i.numel for i in infos)}}, indent=1))
             return
         table = Table(title=f"{lsd.path} ({lsd.format})", show_footer=True)
-        table.add_column("name", footer=f"{len(infos)} tensors", overflow="fold")
+        table.add_column("name", footer=f"{len(infos)} tensors" + (f" ({tied} tied)" if tied else ""),
+                         overflow="fold")
         table.add_column("dtype")
         table.add_column("shape", footer=f"{sum(i.numel for i in infos):,} elements")
         table.add_column("size", justify="right", footer=human(total))
