@@ -377,3 +377,48 @@ def test_menu_answers():
     assert (a.strategy, a.for_all) == ("ours", False)
     a = ask("m.pt", "w", "float32[2]", ["ours"], 2, io.StringIO(""), io.StringIO())  # end of input
     assert a.strategy == "manual"
+
+
+def test_structure_values_merge_leaf_by_leaf():
+    from theta.merge_driver import merge_structure
+
+    def tree(epoch, name, lr):
+        return {"dict": [["model", {"odict": [["w", {"tensor": "model/w"}]], "metadata": {"dict": []}}],
+                         ["epoch", {"value": epoch}], ["name", {"value": name}], ["opt", {"list": [{"float": lr}]}]]}
+
+    o, a, b = tree(1, "base", "0x1p-4"), tree(2, "base", "0x1p-4"), tree(1, "tuned", "0x1p-5")
+    conflicts: list = []
+    assert merge_structure(o, a, b, None, conflicts) == tree(2, "tuned", "0x1p-5") and conflicts == []
+    b2 = tree(3, "base", "0x1p-4")
+    assert merge_structure(o, a, b2, None, conflicts) is not None
+    assert conflicts == ['(value) epoch: changed on both sides ({"value": 2} vs {"value": 3}); choose with '
+                         '`git config theta.merge.values ours|theirs` or GIT_THETA_MERGE_VALUES']
+    conflicts.clear()
+    assert merge_structure(o, a, b2, "theirs", conflicts) == b2 and conflicts == []
+    other = {"dict": [["model", {"dict": []}]]}
+    merge_structure(o, a, other, "ours", conflicts)
+    assert conflicts == ["(file) (root): the checkpoint structure changed on both sides"]
+
+
+def test_git_merge_with_epoch_counters(grepo):
+    base = state(0)
+    ours, theirs = changed(base, 1, "layers.0.weight"), changed(base, 2, "layers.1.weight")
+    torch.save({"model": base, "epoch": 3}, grepo / "model.pt")
+    grepo.commit("base with an epoch counter", "model.pt")
+    grepo.git("checkout", "-q", "-b", "other")
+    torch.save({"model": theirs, "epoch": 5}, grepo / "model.pt")
+    grepo.commit("theirs", "model.pt")
+    grepo.git("checkout", "-q", "main")
+    torch.save({"model": ours, "epoch": 4}, grepo / "model.pt")
+    grepo.commit("ours", "model.pt")
+    proc = merge(grepo)
+    assert proc.returncode != 0 and "(value) epoch: changed on both sides" in proc.stderr.decode()
+    grepo.git("merge", "--abort")
+    proc = merge(grepo, env={"GIT_THETA_MERGE_VALUES": "theirs"})
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = torch.load(grepo / "model.pt", weights_only=True)
+    assert got["epoch"] == 5
+    want = OrderedDict(ours)
+    want["layers.1.weight"] = theirs["layers.1.weight"]
+    assert_sd_equal(got["model"], want)
+    assert grepo.status() == ""

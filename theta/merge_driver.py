@@ -71,6 +71,56 @@ def _describe(g: GroupMeta) -> str:
     return f"{g.dtype}{list(g.shape)}"
 
 
+_CONTAINERS = ("dict", "odict", "list", "tuple")
+
+
+def _kind(node: Any) -> str | None:
+    if isinstance(node, dict):
+        for k in _CONTAINERS:
+            if k in node:
+                return k
+    return None
+
+
+def merge_structure(o: Any, a: Any, b: Any, values: str | None, conflicts: list[str], path: str = "") -> Any:
+    """Three-way merge of zipslice structure trees, node by node.
+
+    Containers with the same keys on both sides merge child by child; a non-tensor value (an epoch counter, a
+    name) changed differently on both sides is a conflict unless ``values`` is "ours" or "theirs".
+    """
+    side, value = three_way(o, a, b, _json_key)
+    if side != "both":
+        return value
+    where = path or "(root)"
+    ka, kb = _kind(a), _kind(b)
+    if ka is not None and ka == kb:
+        if ka in ("dict", "odict"):
+            keys_a, keys_b = [k for k, _ in a[ka]], [k for k, _ in b[kb]]
+            if keys_a == keys_b:
+                o_children = dict((_json_key(k), v) for k, v in o[ka]) if _kind(o) == ka else {}
+                merged = {ka: [[k, merge_structure(o_children.get(_json_key(k)), va, vb, values, conflicts,
+                                                   f"{path}/{k}" if path else str(k))]
+                               for (k, va), (_, vb) in zip(a[ka], b[kb])]}
+                if "metadata" in a or "metadata" in b:
+                    merged["metadata"] = merge_structure(o.get("metadata") if _kind(o) == ka else None,
+                                                         a.get("metadata"), b.get("metadata"), values, conflicts,
+                                                         f"{where}._metadata")
+                return merged
+        elif len(a[ka]) == len(b[kb]):
+            o_items = o[ka] if _kind(o) == ka and len(o[ka]) == len(a[ka]) else [None] * len(a[ka])
+            return {ka: [merge_structure(oi, ai, bi, values, conflicts, f"{path}/{i}" if path else str(i))
+                         for i, (oi, ai, bi) in enumerate(zip(o_items, a[ka], b[kb]))]}
+    is_value = all(isinstance(n, dict) and _kind(n) is None and "tensor" not in n for n in (a, b))
+    if is_value and values in ("ours", "theirs"):
+        return a if values == "ours" else b
+    if is_value:
+        conflicts.append(f"(value) {where}: changed on both sides ({_json_key(a)} vs {_json_key(b)}); choose with "
+                         "`git config theta.merge.values ours|theirs` or GIT_THETA_MERGE_VALUES")
+    else:
+        conflicts.append(f"(file) {where}: the checkpoint structure changed on both sides")
+    return None
+
+
 @dataclass
 class Pending:
     """A group changed on both sides, mergeable in principle (same dtype and shape)."""
@@ -97,8 +147,11 @@ class MergePlan:
 
 
 def plan_merge(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: CheckpointMeta,
-               path: str) -> MergePlan:
-    """Decide every group from the metadata alone; groups needing math go to ``plan.pending``."""
+               path: str, values: str | None = None) -> MergePlan:
+    """Decide every group from the metadata alone; groups needing math go to ``plan.pending``.
+
+    ``values``: what to do with a non-tensor value changed differently on both sides (None: conflict).
+    """
     plan = MergePlan(path=path, ours=ours)
     og = ancestor.groups if ancestor else {}
     for name in sorted(set(og) | set(ours.groups) | set(theirs.groups)):
@@ -126,14 +179,15 @@ def plan_merge(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: Ch
         elif value is not None:
             plan.aliases[name] = value
 
-    what = {"format": "checkpoint format", "structure": "checkpoint structure (nesting, non-tensor values)",
-            "metadata": "file-level metadata"}
-    for name in ("format", "structure", "metadata"):
+    what = {"format": "checkpoint format", "metadata": "file-level metadata"}
+    for name in ("format", "metadata"):
         o = getattr(ancestor, name) if ancestor else None
         side, value = three_way(o, getattr(ours, name), getattr(theirs, name), _json_key)
         if side == "both":
             plan.conflicts.append(f"(file) the {what[name]} changed on both sides")
         plan.header[name] = value
+    plan.header["structure"] = merge_structure(ancestor.structure if ancestor else None, ours.structure,
+                                               theirs.structure, values, plan.conflicts)
     plan.header["lsh"] = ours.lsh
 
     names = set(plan.kept) | {p.name for p in plan.pending} | set(plan.aliases)
@@ -293,9 +347,10 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     ancestor = read_meta(ancestor_file, "ancestor", path, optional=True)
     ours = read_meta(ours_file, "our", path)
     theirs = read_meta(theirs_file, "their", path)
-    plan = plan_merge(ancestor, ours, theirs, path)
+    config = config or MergeConfig.load(repo_dir)
+    plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
     if not plan.conflicts:
-        choose_strategies(plan, config or MergeConfig.load(repo_dir), stdin, err)
+        choose_strategies(plan, config, stdin, err)
     if plan.conflicts:
         raise MergeConflict(path, plan.conflicts)
     store = LfsStore.for_repo(repo_dir)
@@ -313,7 +368,7 @@ def main(ancestor_file: str, ours_file: str, theirs_file: str, marker_size: str,
     try:
         merge_files(ancestor_file, ours_file, theirs_file, path, repo_dir=".", stdin=sys.stdin, err=sys.stderr)
     except MergeConflict as e:
-        sys.stderr.write(f"theta: CONFLICT in {e.path}: {len(e.problems)} group(s) cannot be merged automatically:\n")
+        sys.stderr.write(f"theta: CONFLICT in {e.path}: cannot merge automatically:\n")
         for problem in e.problems:
             sys.stderr.write(f"  {problem}\n")
         return 1

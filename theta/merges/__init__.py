@@ -37,7 +37,7 @@ class MergeConflict(ThetaError):
     def __init__(self, path: str, problems: list[str]):
         self.path = path
         self.problems = problems
-        super().__init__(f"{path}: cannot merge {len(problems)} group(s): " + "; ".join(problems))
+        super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
 
 
 @runtime_checkable

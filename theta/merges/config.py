@@ -41,7 +41,7 @@ from . import MergeError
 
 RULES_FILE = ".thetamerge"
 ENV_PREFIX = "GIT_THETA_MERGE_"
-_ENV_NOT_PARAMS = {"STRATEGY", "INTERACTIVE"}
+_ENV_NOT_PARAMS = {"STRATEGY", "INTERACTIVE", "VALUES"}
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _table(table: Mapping, where: str) -> tuple[str | None, dict[str, float]]:
     if strategy is not None and not isinstance(strategy, str):
         raise MergeError(f"{where}: strategy must be a string, got {strategy!r}")
     params = {_param_name(k): _number(v, f"{where}: {k}") for k, v in table.items()
-              if k not in ("strategy", "groups", "paths")}
+              if k not in ("strategy", "groups", "paths", "values")}
     return strategy, params
 
 
@@ -109,6 +109,8 @@ class MergeConfig:
     file_params: dict[str, float] = field(default_factory=dict)
     rules: list[Rule] = field(default_factory=list)
     interactive: bool = True
+    # non-tensor values (epoch counters, ...) changed differently on both sides: None = conflict, "ours", "theirs"
+    values: str | None = None
 
     @property
     def configured(self) -> bool:
@@ -150,9 +152,20 @@ class MergeConfig:
                 cfg.env_strategy = value.strip()
             elif name == "INTERACTIVE":
                 cfg.interactive = _boolean(value, key)
+            elif name == "VALUES":
+                cfg.values = _values_policy(value, f"environment {key}")
             elif name not in _ENV_NOT_PARAMS:
                 cfg.env_params[_param_name(name)] = _number(value, f"environment {key}")
         return cfg
+
+
+def _values_policy(value: object, where: str) -> str | None:
+    v = str(value).strip().lower()
+    if v in ("ours", "theirs"):
+        return v
+    if v == "conflict":
+        return None
+    raise MergeError(f"{where}: expected ours, theirs or conflict, got {value!r}")
 
 
 def _boolean(value: str, where: str) -> bool:
@@ -175,6 +188,8 @@ def _load_file(cfg: MergeConfig, path: Path) -> None:
     if unknown:
         raise MergeError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}; expected [default] and [[rule]]")
     cfg.file_strategy, cfg.file_params = _table(data.get("default", {}), f"{path} [default]")
+    if "values" in data.get("default", {}):
+        cfg.values = _values_policy(data["default"]["values"], f"{path} [default] values")
     rules = data.get("rule", [])
     if not isinstance(rules, list):
         raise MergeError(f"{path}: 'rule' must be an array of tables ([[rule]])")
@@ -198,5 +213,7 @@ def _load_git(cfg: MergeConfig, repo_dir: str | os.PathLike) -> None:
             cfg.git_strategy = value.strip()
         elif name == "interactive":
             cfg.interactive = _boolean(value, f"git config {key}")
+        elif name == "values":
+            cfg.values = _values_policy(value, f"git config {key}")
         elif "." not in name:
             cfg.git_params[_param_name(name)] = _number(value, f"git config {key}")
