@@ -25,7 +25,7 @@ from theta.updates.sparse import apply_residual, residual
 
 MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
-ROW_BLOCK_ELEMENTS = 1 << 19  # elements per row block while applying (4 MiB of float64)
+ROW_BLOCK_ELEMENTS = 1 << 15  # elements per row block while applying (256 KiB of float64: stays in cache)
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -55,17 +55,26 @@ def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarr
     R64, C64 = np.asarray(R, dtype=np.float64), np.asarray(C, dtype=np.float64)
     out = np.empty((rows, cols), dtype=previous.dtype)
     step = max(1, ROW_BLOCK_ELEMENTS // max(cols, 1))
+    # scratch buffers reused block after block (small enough to stay in cache)
+    prod_buf = np.empty(step * cols, np.float64)
+    acc_buf = np.empty(step * cols, acc_dt)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        acc = np.zeros((stop - start, cols), dtype=acc_dt)
+        prod = prod_buf[:(stop - start) * cols].reshape(stop - start, cols)
+        acc = acc_buf[:(stop - start) * cols].reshape(stop - start, cols)
+        acc.fill(0)
         for k in range(R64.shape[1]):
-            # fma(r, c, acc): the float32 product is exact in float64, one rounding to acc's dtype
-            prod = R64[start:stop, k:k + 1] * C64[k:k + 1, :]
-            prod += acc
-            acc = prod.astype(acc_dt)
-        rc = acc.astype(pdt).astype(add_dt)
-        rc += prev2[start:stop].astype(add_dt)
-        out[start:stop] = rc.astype(previous.dtype)
+            # fma(r, c, acc): the float32 product is exact in float64, then one rounding to acc's dtype
+            np.multiply(R64[start:stop, k:k + 1], C64[k:k + 1, :], out=prod)
+            np.add(prod, acc, out=prod)
+            np.copyto(acc, prod, casting="unsafe")
+        if pdt == acc_dt == add_dt:
+            np.add(acc, prev2[start:stop], out=acc)
+            out[start:stop] = acc
+        else:
+            rc = acc.astype(pdt).astype(add_dt)
+            rc += prev2[start:stop].astype(add_dt)
+            out[start:stop] = rc.astype(previous.dtype)
     return out.reshape(previous.shape)
 
 

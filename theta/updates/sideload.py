@@ -153,16 +153,16 @@ class UpdateData:
             problem = check_factors(new.shape, R, C)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
-            encoded, _, value = exact_encoding(new, previous, R, C)
+            encoded, fixes, value = exact_encoding(new, previous, R, C)
         else:
             vec = np.ascontiguousarray(parts["ia3"])
             problem = check_vector(new.shape, vec)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
             value = scale(previous, vec)
-            fixes, count = residual(value, new)
-            encoded = Encoded(parts={"ia3": vec, **fixes}, params={"fixes": count})
-        if not close_enough(value, new, rtol, atol):
+            fix_parts, fixes = residual(value, new)
+            encoded = Encoded(parts={"ia3": vec, **fix_parts}, params={"fixes": fixes})
+        if fixes and not close_enough(value, new, rtol, atol):  # no fixes: the update gives the file exactly
             err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
             raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
                                   f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
