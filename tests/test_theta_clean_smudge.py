@@ -254,3 +254,30 @@ def test_unchanged_groups_cost_a_hash_only(tmp_path, store, monkeypatch):
     monkeypatch.setattr(theta.clean, "reconstruct", lambda *a, **k: pytest.fail("previous value was rebuilt"))
     again = clean_checkpoint(p, store, first)
     assert calls == [] and metadata.dumps(again) == metadata.dumps(first)
+
+
+def test_checkpoint_without_tensors(tmp_path, store):
+    torch.save({"epoch": 3, "cfg": {"lr": 0.5, "name": "x"}}, tmp_path / "e.pt")
+    meta = clean_checkpoint(tmp_path / "e.pt", store, None)
+    assert meta.groups == {} and meta.order == [] and meta.blob_refs() == []
+    smudge_checkpoint(metadata.loads(metadata.dumps(meta)), store, tmp_path / "o.pt")
+    assert torch.load(tmp_path / "o.pt", weights_only=True) == {"epoch": 3, "cfg": {"lr": 0.5, "name": "x"}}
+
+
+def test_nan_groups_compare_exactly(tmp_path, store):
+    w = torch.randn(64, 64)
+    w[0, 0] = float("nan")
+    p = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": w}, p)
+    first = clean_checkpoint(p, store, None)
+    assert first.groups["w"].lsh is None
+    safetensors.torch.save_file({"w": w * (1 + 1e-7)}, p)  # noise, NaN where it was
+    stats = CleanStats()
+    clean_checkpoint(p, store, first, stats=stats)
+    assert stats.close == 1
+    w2 = w.clone()
+    w2[5, 5] += 1.0
+    safetensors.torch.save_file({"w": w2}, p)
+    stats = CleanStats()
+    clean_checkpoint(p, store, first, stats=stats)
+    assert stats.written == 1
