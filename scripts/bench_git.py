@@ -4,7 +4,8 @@
 History (fp32, random normal * 0.02, saved with torch.save):
   commit 1  a transformer-like checkpoint (~340 MiB: 12 layers x (q,k,v,o 768x768, fc1/fc2 768x3072, biases,
             2 layer norms) + embeddings + final norm, ~150 groups)
-  commit 2  ~27% of the groups changed (the four attention matrices of 4 layers + every layer norm: ~11% of bytes)
+  commit 2  ~25% of the groups changed (the four attention matrices of 4 layers + the layer norms of half the
+            layers: ~11% of bytes)
   commit 3  a full fine-tune: every float group + small noise
   checkout  of commit 1
 For each step: wall time of `git add` + `git commit` (or `git checkout`), stored bytes (.git/objects +
@@ -44,6 +45,7 @@ class Measure:
     peak_proc_rss: int
     peak_proc_name: str
     cpu: float = 0.0  # user + system seconds of the whole process tree (robust on a busy machine)
+    peak_filter_rss: int = 0  # the largest git-theta / git-lfs helper process (not git itself)
 
 
 def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
@@ -51,7 +53,7 @@ def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = psutil.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = {"tree": 0, "proc": 0, "name": ""}
+    peak = {"tree": 0, "proc": 0, "name": "", "filter": 0}
     done = threading.Event()
 
     def poll():
@@ -67,6 +69,13 @@ def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 total += rss
+                if rss > peak["filter"]:
+                    try:
+                        cmd = " ".join(p.cmdline()[:3])
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                        cmd = ""
+                    if "theta" in cmd or "git-lfs" in cmd:
+                        peak["filter"] = rss
                 if rss > peak["proc"]:
                     try:
                         peak["proc"], peak["name"] = rss, " ".join(p.cmdline()[:3])
@@ -85,7 +94,7 @@ def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
         raise SystemExit(f"{' '.join(args)} failed in {cwd}:\n{err.decode(errors='replace')}")
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return Measure(elapsed, peak["tree"], peak["proc"], peak["name"], cpu)
+    return Measure(elapsed, peak["tree"], peak["proc"], peak["name"], cpu, peak["filter"])
 
 
 def dir_bytes(*dirs: Path) -> int:
@@ -133,7 +142,7 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
     torch.save(sd, paths[0])
 
     v2 = OrderedDict(sd)
-    changed = [k for k in sd if ".ln" in k or "final_ln" in k]
+    changed = [k for k in sd if ".ln" in k and int(k.split(".")[1]) < (n_layers + 1) // 2]
     changed += [k for k in sd if k.startswith(tuple(f"layers.{i}." for i in range(0, n_layers, 3)))
                 and "attn" in k and k.endswith("weight")]
     for k in changed:
@@ -211,7 +220,8 @@ def commit_version(repo: Path, src: Path, msg: str, env: dict) -> Measure:
     m = run_measured(["git", "add", "model.pt"], repo, env)
     c = run_measured(["git", "commit", "-q", "-m", msg], repo, env)
     return Measure(m.seconds + c.seconds, max(m.peak_tree_rss, c.peak_tree_rss), max(m.peak_proc_rss, c.peak_proc_rss),
-                   m.peak_proc_name if m.peak_proc_rss >= c.peak_proc_rss else c.peak_proc_name, m.cpu + c.cpu)
+                   m.peak_proc_name if m.peak_proc_rss >= c.peak_proc_rss else c.peak_proc_name, m.cpu + c.cpu,
+                   max(m.peak_filter_rss, c.peak_filter_rss))
 
 
 def run_history(root: Path, paths: list[Path], tool: str, env: dict) -> list[tuple[str, Measure, int]]:
@@ -264,12 +274,14 @@ def main() -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times suffer "
           "when it exceeds the core count; CPU seconds do not)")
     print(f"{'step':<16}{'wall s lfs':>11}{'theta':>7}{'ratio':>7}  {'CPU s lfs':>10}{'theta':>7}{'ratio':>7}  "
-          f"{'stored MiB lfs':>15}{'theta':>8}{'ratio':>7}  {'peak RSS MiB lfs':>17}{'theta':>7}")
+          f"{'stored MiB lfs':>15}{'theta':>8}{'ratio':>7}  {'peak RSS MiB: tree lfs':>22}{'theta':>7}"
+          f"{'filter lfs':>11}{'theta':>7}")
     for (step, ml, sl), (_, mt, st) in zip(results["lfs"], results["theta"]):
         print(f"{step:<16}{ml.seconds:11.2f}{mt.seconds:7.2f}{mt.seconds / ml.seconds:7.2f}  "
               f"{ml.cpu:10.2f}{mt.cpu:7.2f}{mt.cpu / max(ml.cpu, 1e-3):7.2f}  "
               f"{sl / MiB:15.1f}{st / MiB:8.1f}{st / max(sl, 1):7.2f}  "
-              f"{ml.peak_tree_rss / MiB:17.1f}{mt.peak_tree_rss / MiB:7.1f}")
+              f"{ml.peak_tree_rss / MiB:22.1f}{mt.peak_tree_rss / MiB:7.1f}"
+              f"{ml.peak_filter_rss / MiB:11.1f}{mt.peak_filter_rss / MiB:7.1f}")
     lfs, th = results["lfs"], results["theta"]
     largest = max(3072 * 768, int(4096 * args.scale) * 768) * 4
     first_stored = th[0][2]
@@ -283,10 +295,13 @@ def main() -> int:
     ]
     for name, value, limit in checks:
         print(f"  {name:<40} {value:6.2f}  {'ok' if value <= limit else 'MISSED'}")
-    peak = max(m.peak_proc_rss for _, m, _ in th)
+    peak = max(m.peak_filter_rss for _, m, _ in th)
     limit = 2 * largest + 150 * MiB
-    print(f"  {'peak RSS of one process <= 2x largest group + 150 MiB':<54} {peak / MiB:.0f} MiB "
+    print(f"  {'peak RSS of the theta filter <= 2x largest group + 150 MiB':<54} {peak / MiB:.0f} MiB "
           f"(limit {limit / MiB:.0f}) {'ok' if peak <= limit else 'MISSED'}")
+    git_peak = max(m.peak_proc_rss for _, m, _ in th[3:])
+    print(f"  (git itself holds a filter's whole output in memory at checkout, for git-lfs too: "
+          f"{git_peak / MiB:.0f} MiB here)")
     unchanged_cost = th[1][2] - th[0][2]
     print(f"  commit 2 stored {unchanged_cost / MiB:.1f} MiB for {info['changed_bytes'] / MiB:.1f} MiB of changed "
           f"groups (unchanged groups cost 0)")
@@ -319,9 +334,9 @@ def big(root: Path, gib: float, env: dict) -> int:
     c = run_measured(["git", "checkout", "--", "model.pt"], repo, env)
     limit = 2 * 64 * MiB + 150 * MiB
     for name, x in (("add+commit", m), ("checkout", c)):
-        print(f"{name:<11} {x.seconds:7.1f}s  peak RSS: tree {x.peak_tree_rss / MiB:.0f} MiB, largest process "
-              f"{x.peak_proc_rss / MiB:.0f} MiB ({x.peak_proc_name}); limit {limit / MiB:.0f} MiB "
-              f"{'ok' if x.peak_proc_rss <= limit else 'MISSED'}")
+        print(f"{name:<11} {x.seconds:7.1f}s (CPU {x.cpu:.1f}s)  peak RSS: theta filter {x.peak_filter_rss / MiB:.0f} MiB"
+              f" (limit {limit / MiB:.0f} MiB: {'ok' if x.peak_filter_rss <= limit else 'MISSED'}); whole tree "
+              f"{x.peak_tree_rss / MiB:.0f} MiB, largest process {x.peak_proc_rss / MiB:.0f} MiB ({x.peak_proc_name})")
     print(f"stored {stored_bytes(repo) / MiB:.0f} MiB for {path.stat().st_size / MiB:.0f} MiB")
     shutil.rmtree(repo, ignore_errors=True)
     return 0

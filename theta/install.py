@@ -20,6 +20,8 @@ SETTINGS = {
     "merge.theta.name": "theta model merge",
     "merge.theta.driver": "git-theta merge-driver %O %A %B %L %P",
     "diff.theta.command": "git-theta diff-driver",
+    # `git log -p` / `git show` do not run external diff drivers; textconv gives them one line per group
+    "diff.theta.textconv": "git-theta diff-textconv",
 }
 
 
