@@ -92,3 +92,20 @@ def test_worktree_shares_the_common_store(repo):
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "init")
     git(repo, "worktree", "add", "-q", str(repo.parent / "wt"))
     assert LfsStore.for_repo(repo.parent / "wt").objects_dir == LfsStore.for_repo(repo).objects_dir
+
+
+def test_put_stream_matches_put_and_dedups(tmp_path):
+    store = LfsStore(tmp_path / "o")
+    parts = [os.urandom(1000), b"", os.urandom(3000)]
+    ref = store.put_stream(iter(parts))
+    assert ref == BlobRef(hashlib.sha256(b"".join(parts)).hexdigest(), 4000)
+    assert store.get(ref) == b"".join(parts)
+    assert store.put_stream(iter(parts)) == ref == store.put(b"".join(parts))
+    assert store.written_objects == 1 and not list((tmp_path / "tmp").iterdir())
+
+    def failing():
+        yield b"abc"
+        raise RuntimeError("producer failed")
+    with pytest.raises(RuntimeError):
+        store.put_stream(failing())
+    assert not list((tmp_path / "tmp").iterdir()) and store.written_objects == 1

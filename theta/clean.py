@@ -74,7 +74,7 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
                options: CleanOptions) -> Step:
     """Encode ``parts`` into one blob, put it in the store, return the Step."""
-    ref = store.put_chunks(codec.encode_parts_chunks(parts, options.level))
+    ref = store.put_stream(codec.iter_encode_parts(parts, options.level))
     return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
 
 

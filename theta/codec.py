@@ -1,21 +1,22 @@
-"""Serialize one parameter group (a numpy array) to bytes and back, losslessly.
+"""Serialize one parameter group (a numpy array) to bytes and back, losslessly, as a stream.
 
-Blob layout (all integers little-endian)::
+Array blob layout (all integers little-endian); the header is a trailer so the blob can be written while
+it is being compressed, frame after frame, without holding all of it in memory::
 
-    b"THA1" | u32 header length | msgpack header | payload
+    b"THA2" | payload | msgpack header | u32 header length | b"THA2"
 
 Header: ``{"dtype": zipslice dtype name, "shape": [...], "enc": "planes" | "zstd", "frames": [[n, [c0, c1, ...]], ...]}``.
 The values (C order, little-endian) are cut into frames of at most ``FRAME_BYTES`` bytes so encoding and
-decoding stay bounded and run on two threads (zstandard releases the GIL). In a frame of ``n`` elements:
+decoding stay bounded and run on two threads (zstandard and numpy release the GIL). In a frame of ``n`` elements:
 
 - ``planes`` (floating and complex dtypes wider than one byte): byte ``i`` of every element is gathered into
   plane ``i`` and each plane is zstd-compressed on its own (``c_i`` bytes). The sign/exponent plane of
   trained weights compresses well, the low mantissa planes barely, and zstd stores those almost raw at memory speed.
 - ``zstd`` (bool, ints, 1-byte floats): the frame's bytes compressed as one zstd frame (``c_0`` bytes).
 
-Several arrays (an update with several parts) go in one blob with :func:`encode_parts`::
+Several arrays (an update with several parts) go in one blob::
 
-    b"THP1" | u32 header length | msgpack {"parts": [[name, nbytes], ...]} | array blobs back to back
+    b"THP2" | array blobs back to back | msgpack {"parts": [[name, nbytes], ...]} | u32 length | b"THP2"
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import os
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import msgpack
 import numpy as np
@@ -33,8 +34,8 @@ from zipslice import dtypes
 
 from .errors import CodecError
 
-ARRAY_MAGIC = b"THA1"
-PARTS_MAGIC = b"THP1"
+ARRAY_MAGIC = b"THA2"
+PARTS_MAGIC = b"THP2"
 FRAME_BYTES = 8 << 20
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
@@ -102,8 +103,11 @@ def _little_contiguous(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def encode_array_chunks(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> list[bytes]:
-    """The blob of ``arr`` as a list of byte strings to write back to back (no large join)."""
+def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
+    """The blob of ``arr`` as byte strings in order, compressed on the codec threads a few frames ahead.
+
+    Memory: the input plus at most ``2 * THREADS`` compressed frames in flight.
+    """
     try:
         dt = dtypes.from_numpy(arr.dtype)
     except KeyError as e:
@@ -123,39 +127,67 @@ def encode_array_chunks(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> list[byt
             return [c.compress(grouped[i].data) for i in range(item)]
         return [c.compress(frame.data)]
 
-    comp = _map(work, bounds)
-    header = {"dtype": dt.name, "shape": list(arr.shape), "enc": "planes" if planes else "zstd",
-              "frames": [[(b[1] - b[0]) // item, [len(p) for p in ps]] for b, ps in zip(bounds, comp)]}
+    yield ARRAY_MAGIC
+    frames = []
+    for b, ps in zip(bounds, _ordered(work, bounds)):
+        frames.append([(b[1] - b[0]) // item, [len(p) for p in ps]])
+        yield from ps
+    header = {"dtype": dt.name, "shape": list(arr.shape), "enc": "planes" if planes else "zstd", "frames": frames}
     h = msgpack.packb(header)
-    out = [ARRAY_MAGIC + struct.pack("<I", len(h)) + h]
-    for ps in comp:
-        out.extend(ps)
-    return out
+    yield h + struct.pack("<I", len(h)) + ARRAY_MAGIC
+
+
+def _ordered(fn, items: list) -> Iterator:
+    """fn over items on the codec threads, results in order, at most 2 * THREADS in flight."""
+    if len(items) <= 1 or THREADS <= 1:
+        for i in items:
+            yield fn(i)
+        return
+    pool, window, queue = _executor(), 2 * THREADS, []
+    try:
+        for i in items:
+            queue.append(pool.submit(fn, i))
+            if len(queue) >= window:
+                yield queue.pop(0).result()
+        while queue:
+            yield queue.pop(0).result()
+    finally:
+        for f in queue:  # consumer stopped early: let no worker run over freed input
+            f.cancel() or f.exception()
+
+
+def encode_array_chunks(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> list[bytes]:
+    """The blob of ``arr`` as a list of byte strings to write back to back (no large join)."""
+    return list(iter_encode_array(arr, level))
 
 
 def encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> bytes:
-    return b"".join(encode_array_chunks(arr, level))
+    return b"".join(iter_encode_array(arr, level))
 
 
-def _header(blob: memoryview, magic: bytes, what: str) -> tuple[dict, int]:
-    if blob.nbytes < 8 or bytes(blob[:4]) != magic:
-        raise CodecError(f"not a theta {what} blob (bad magic {bytes(blob[:4])!r})")
-    (hlen,) = struct.unpack("<I", blob[4:8])
-    if 8 + hlen > blob.nbytes:
-        raise CodecError(f"theta {what} blob truncated: header needs {hlen} bytes, blob has {blob.nbytes}")
+def _trailer(blob: memoryview, magic: bytes, what: str) -> tuple[dict, int]:
+    """The header of a blob and the end of its payload."""
+    n = blob.nbytes
+    if n < 12 or bytes(blob[:4]) != magic or bytes(blob[n - 4:]) != magic:
+        raise CodecError(f"not a theta {what} blob, or truncated (bad magic {bytes(blob[:4])!r}...{bytes(blob[n - 4:])!r})")
+    (hlen,) = struct.unpack("<I", blob[n - 8:n - 4])
+    end = n - 8 - hlen
+    if end < 4:
+        raise CodecError(f"theta {what} blob truncated: header needs {hlen} bytes, blob has {n}")
     try:
-        header = msgpack.unpackb(blob[8:8 + hlen])
+        header = msgpack.unpackb(blob[end:n - 8])
     except (msgpack.UnpackException, ValueError) as e:
         raise CodecError(f"theta {what} blob has a corrupt header: {e}") from None
     if not isinstance(header, dict):
         raise CodecError(f"theta {what} blob header is not a map")
-    return header, 8 + hlen
+    return header, end
 
 
 def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
     """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape."""
     blob = memoryview(blob).cast("B")
-    header, pos = _header(blob, ARRAY_MAGIC, "array")
+    header, payload_end = _trailer(blob, ARRAY_MAGIC, "array")
+    pos = 4
     try:
         dt = dtypes.get(header["dtype"])
         shape = tuple(int(s) for s in header["shape"])
@@ -174,8 +206,8 @@ def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
         jobs.append((start, count, off, sizes))
         start += count * item
         off += sum(sizes)
-    if off != blob.nbytes:
-        raise CodecError(f"theta array blob has {blob.nbytes} bytes, its frames say {off} (truncated or padded)")
+    if off != payload_end:
+        raise CodecError(f"theta array blob has {payload_end - 4} payload bytes, its frames say {off - 4}")
 
     def work(job) -> None:
         s, count, o, sizes = job
@@ -204,33 +236,42 @@ def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
     return out.view(dt.to_numpy()).reshape(shape)
 
 
+def iter_encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
+    """Several named arrays in one blob, streamed; names are stored sorted so the blob is deterministic."""
+    yield PARTS_MAGIC
+    index = []
+    for name in sorted(parts):
+        size = 0
+        for chunk in iter_encode_array(parts[name], level):
+            size += len(chunk)
+            yield chunk
+        index.append([name, size])
+    h = msgpack.packb({"parts": index})
+    yield h + struct.pack("<I", len(h)) + PARTS_MAGIC
+
+
 def encode_parts_chunks(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> list[bytes]:
-    """Several named arrays in one blob; names are stored sorted so the blob is deterministic."""
-    bodies = [(name, encode_array_chunks(parts[name], level)) for name in sorted(parts)]
-    h = msgpack.packb({"parts": [[name, sum(len(c) for c in chunks)] for name, chunks in bodies]})
-    out = [PARTS_MAGIC + struct.pack("<I", len(h)) + h]
-    for _, chunks in bodies:
-        out.extend(chunks)
-    return out
+    return list(iter_encode_parts(parts, level))
 
 
 def encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> bytes:
-    return b"".join(encode_parts_chunks(parts, level))
+    return b"".join(iter_encode_parts(parts, level))
 
 
 def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray]:
     blob = memoryview(blob).cast("B")
-    header, pos = _header(blob, PARTS_MAGIC, "parts")
+    header, end = _trailer(blob, PARTS_MAGIC, "parts")
     out: dict[str, np.ndarray] = {}
+    pos = 4
     try:
         entries: Iterable = header["parts"]
         for name, size in entries:
-            if pos + size > blob.nbytes:
+            if pos + size > end:
                 raise CodecError(f"theta parts blob truncated in part {name!r}")
             out[name] = decode_array(blob[pos:pos + size])
             pos += size
     except (KeyError, TypeError, ValueError) as e:
         raise CodecError(f"theta parts blob header is invalid: {e}") from None
-    if pos != blob.nbytes:
-        raise CodecError(f"theta parts blob has {blob.nbytes - pos} trailing bytes")
+    if pos != end:
+        raise CodecError(f"theta parts blob has {end - pos} stray bytes between its parts and its index")
     return out

@@ -131,6 +131,38 @@ class LfsStore:
         self.written_bytes += ref.size
         return ref
 
+    def put_stream(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> BlobRef:
+        """Store the concatenation of ``chunks`` as they are produced (e.g. by codec.iter_encode_parts):
+        each is hashed and written, then dropped, so the whole blob is never in memory."""
+        h = hashlib.sha256()
+        size = 0
+        tmp_dir = self.objects_dir.parent / "tmp"
+        tmp = None
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
+            with os.fdopen(fd, "wb") as f:
+                for c in chunks:
+                    h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                    f.write(c)
+                    size += memoryview(c).nbytes
+            ref = BlobRef(h.hexdigest(), size)
+            if self.has(ref):
+                return ref  # already stored (dedup): the temp file is dropped below
+            dest = self.path(ref)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+            tmp = None
+        except OSError as e:
+            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        self.written_objects += 1
+        self.written_bytes += ref.size
+        return ref
+
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
         p = self.path(ref)
         try:
