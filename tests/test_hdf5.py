@@ -339,3 +339,11 @@ def test_enum_reads_as_its_integers_and_long_double_is_skipped(tmp_path):
     with zipslice.load(p) as lsd:
         assert list(lsd) == ["e"] and lsd.numpy("e").tolist() == [0, 2, 1] and lsd.info("e").dtype == "int8"
         assert "no torch dtype" in lsd.skipped["ld"]
+
+
+def test_string_metadata_named_like_keras_is_not_a_keras_file(tmp_path):
+    p = tmp_path / "meta.h5"
+    zipslice.save(p, {"w": np.arange(3.0)}, metadata={"layer_names": "w", "weight_names": "x"})
+    with zipslice.load(p) as lsd:
+        assert lsd.layout == "plain" and list(lsd) == ["w"]
+        assert lsd.metadata == {"layer_names": "w", "weight_names": "x"}

@@ -287,3 +287,14 @@ def test_closed_checkpoint_refuses_reads(tmp_path):
     with pytest.raises(ZipsliceError, match="closed"):
         lsd["scalar"]
     assert os.path.exists(path)
+
+
+def test_file_truncated_after_opening(tmp_path):
+    path, _ = _library_file(tmp_path)
+    with zipslice.load(path) as lsd:
+        last = max(lsd.infos(), key=lambda i: i.offset)
+        with open(path, "r+b") as f:
+            f.truncate(last.offset + 1)
+        with pytest.raises(CorruptCheckpointError, match="truncated") as exc:
+            lsd[last.name]
+        assert exc.value.entry == last.name

@@ -29,6 +29,32 @@ def pread_exact(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
     return buf
 
 
+def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None = None):
+    """Like :func:`pread_exact`, into a fresh numpy uint8 array.
+
+    numpy backs large arrays with transparent huge pages, so the first touch of a big buffer costs far
+    fewer page faults than a bytearray's 4 KiB pages: about 2x faster per tensor read on a 2-core VM
+    (scripts/bench_safetensors.py).
+    """
+    import numpy as np
+
+    if nbytes < 0 or offset < 0:
+        raise CorruptCheckpointError(path, f"negative span ({nbytes} bytes at {offset})", entry)
+    size = os.fstat(fd).st_size
+    if offset + nbytes > size:
+        raise CorruptCheckpointError(
+            path, f"needs bytes {offset}..{offset + nbytes} but the file has {size} (truncated?)", entry)
+    buf = np.empty(nbytes, dtype=np.uint8)
+    view = memoryview(buf)
+    got = 0
+    while got < nbytes:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise CorruptCheckpointError(path, f"unexpected end of file at byte {offset + got}", entry)
+        got += n
+    return buf
+
+
 @contextlib.contextmanager
 def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.

@@ -26,6 +26,7 @@ import numpy as np
 from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
+from .fileio import pread_array
 from .info import TensorInfo, TensorSource, contiguous_stride
 
 DTYPE_ATTR = "zipslice_dtype"        # written by zipslice on uint carriers of bfloat16 / float8
@@ -130,11 +131,12 @@ def _small_value(dset: h5py.Dataset) -> Any:
 def _string_list_attr(group: h5py.Group, name: str) -> list[str] | None:
     """A list-of-strings attribute; Keras 2 splits long ones into name0, name1, ... (header size limit)."""
     if name in group.attrs:
-        values = list(group.attrs[name])
+        v = group.attrs[name]
+        values = [v] if isinstance(v, (str, bytes)) else list(np.atleast_1d(v))
     elif f"{name}0" in group.attrs:
         values, i = [], 0
         while f"{name}{i}" in group.attrs:
-            values.extend(group.attrs[f"{name}{i}"])
+            values.extend(np.atleast_1d(group.attrs[f"{name}{i}"]))
             i += 1
     else:
         return None
@@ -164,7 +166,7 @@ def _keras2_names(f: h5py.File) -> tuple[str, dict[str, str]] | None:
                 short = weight[len(layer) + 1:] if weight.startswith(layer + "/") else weight
                 short = short[:-2] if short.endswith(":0") else short
                 names[path] = f"{layer}/{short}"
-        return "keras2", names
+        return ("keras2", names) if names else None
     return None
 
 
@@ -260,7 +262,7 @@ class HDF5Checkpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo):
         if info.offset is not None:
-            return super()._read_span(info)
+            return pread_array(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")
         dset = self._dsets[info.name]

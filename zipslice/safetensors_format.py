@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
-from .fileio import atomic_output
+from .fileio import atomic_output, pread_array
 from .info import TensorInfo, TensorSource, contiguous_stride
 
 MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library itself enforces
@@ -174,6 +174,10 @@ class SafetensorsCheckpoint(LazyCheckpoint):
                 storage_nbytes=nbytes,
             )
         self.header_nbytes = n
+
+    def _read_span(self, info: TensorInfo):
+        # one positioned read, into a numpy buffer (huge pages: cheaper first touch than a bytearray)
+        return pread_array(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
 
 
 # -- writer ----------------------------------------------------------------------------------------------
