@@ -294,3 +294,73 @@ def test_sideload_not_a_checkpoint(tmp_path):
     p.write_bytes(b"this is not a checkpoint at all")
     with pytest.raises(UpdateDataError, match="junk.bin"):
         UpdateData.open(p, "sparse")
+
+
+# ---------------------------------------------------------------- the clean policy (clean_checkpoint, no git)
+
+
+def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
+    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.metadata import dumps, loads
+    from theta.smudge import smudge_checkpoint
+    from theta.store import LfsStore
+
+    store = LfsStore(tmp_path / "objects")
+    rng = np.random.default_rng(11)
+    state = {"w": weights(rng, (96, 64), np.float32), "b": weights(rng, 64, np.float32)}
+    path = tmp_path / "m.safetensors"
+
+    def clean(st, previous, **opts):
+        safetensors.numpy.save_file(st, str(path))
+        meta = loads(dumps(clean_checkpoint(path, store, previous, CleanOptions(**opts))))
+        smudge_checkpoint(meta, store, tmp_path / "out.safetensors")
+        out = safetensors.numpy.load_file(str(tmp_path / "out.safetensors"))
+        assert all(raw(out[k]) == raw(v) for k, v in st.items())
+        return meta
+
+    m = clean(state, None)
+    R = rng.standard_normal((96, 2)).astype(np.float32) * 0.05
+    C = rng.standard_normal((2, 64)).astype(np.float32) * 0.05
+    state = {**state, "w": add_low_rank(state["w"], R, C)}
+    lora = write(tmp_path, "lora.safetensors", {"w/R": R, "w/C": C})
+    m = clean(state, m, update_type="low-rank", update_data=lora)
+    assert [s.type for s in m.groups["w"].steps] == ["dense", "low-rank"] and m.groups["b"].steps[0].type == "dense"
+    types = []
+    for i in range(3):
+        w = state["w"].copy()
+        w[i, :3] = 7.0
+        state = {**state, "w": w}
+        m = clean(state, m, max_chain=3)
+        types.append([s.type for s in m.groups["w"].steps])
+    assert types[0][:2] == ["dense", "low-rank"] and len(types[0]) == 3 and types[1] == ["dense"]
+    assert len(types[2]) == 2
+    with pytest.raises(UpdateDataError, match="differs"):
+        clean({**state, "w": state["w"] + 1}, m, update_type="low-rank", update_data=lora)
+
+
+def test_squash_meta_makes_every_group_self_contained(tmp_path):
+    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.cli_updates import squash_meta
+    from theta.store import LfsStore
+    from theta.updates import reconstruct
+
+    store = LfsStore(tmp_path / "objects")
+    rng = np.random.default_rng(12)
+    st = {"w": weights(rng, (64, 64), BF16)}
+    path = tmp_path / "m.safetensors"
+    import safetensors.torch  # safetensors.numpy has no bfloat16
+    import torch
+
+    def save(a):
+        safetensors.torch.save_file({"w": torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)}, str(path))
+
+    save(st["w"])
+    m = clean_checkpoint(path, store, None, CleanOptions())
+    w = st["w"].copy()
+    w[0, :5] = w[1, :5]
+    save(w)
+    m = clean_checkpoint(path, store, m, CleanOptions())
+    assert len(m.groups["w"].steps) == 2
+    squashed, report = squash_meta(m, store)
+    assert report.rewritten == 1 and [s.type for s in squashed.groups["w"].steps] == ["dense"]
+    assert raw(reconstruct(squashed.groups["w"], store)) == raw(w)
