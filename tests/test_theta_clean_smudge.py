@@ -281,3 +281,17 @@ def test_nan_groups_compare_exactly(tmp_path, store):
     stats = CleanStats()
     clean_checkpoint(p, store, first, stats=stats)
     assert stats.written == 1
+
+
+@pytest.mark.parametrize("where", [0.5, -0.02])
+def test_smudge_of_a_corrupt_blob_raises_codec_error(tmp_path, store, where):
+    from theta.errors import ThetaError
+    safetensors.torch.save_file({"w": torch.randn(256, 256)}, tmp_path / "m.safetensors")
+    meta = clean_checkpoint(tmp_path / "m.safetensors", store, None)
+    path = store.path(meta.groups["w"].steps[0].blob)
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * where)] ^= 0x5A  # same size: only the content checks can notice
+    path.write_bytes(bytes(data))
+    with pytest.raises(ThetaError, match="corrupt|does not match|payload|frames"):
+        smudge_checkpoint(meta, store, tmp_path / "o.safetensors")
+    assert not (tmp_path / "o.safetensors").exists()

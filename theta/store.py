@@ -7,13 +7,15 @@ renamed, so a reader never sees half an object; writing an object that exists is
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import mmap
 import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .errors import BlobCorruptError, BlobMissingError, StoreError
 
@@ -179,6 +181,41 @@ class LfsStore:
             raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
                                    + (f" (group {group!r})" if group else ""))
         return data
+
+    @contextlib.contextmanager
+    def mapped(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> Iterator[memoryview]:
+        """The blob's bytes as a read-only memory map (no copy); same checks as :meth:`get`.
+
+        Nothing derived from the view may outlive the ``with`` block (decoders copy what they keep).
+        """
+        p = self.path(ref)
+        try:
+            f = open(p, "rb")
+        except FileNotFoundError:
+            raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
+        except OSError as e:
+            raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size != ref.size:
+                raise BlobCorruptError(f"blob {ref.oid} at {p} has {size} bytes, expected {ref.size}"
+                                       + (f" (group {group!r})" if group else ""))
+            if size == 0:
+                yield memoryview(b"")
+                return
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            view = memoryview(m)
+            try:
+                if self.verify and hashlib.sha256(view).hexdigest() != ref.oid:
+                    raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
+                                           + (f" (group {group!r})" if group else ""))
+                yield view
+            finally:
+                try:
+                    view.release()
+                    m.close()
+                except BufferError:
+                    pass  # a traceback still holds a slice (error path): the map closes when it is collected
 
     def missing(self, refs: Iterable[BlobRef]) -> list[BlobRef]:
         """The refs not present locally, each once, in first-seen order."""

@@ -96,7 +96,8 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     last = len(steps) - 1
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
-        parts = decode_parts(store.get(step.blob, group=group.name, file=file))
+        with store.mapped(step.blob, group=group.name, file=file) as blob:
+            parts = decode_parts(blob)  # decoded arrays are fresh memory: nothing points into the map
         if value is None and ut.incremental:
             raise MetadataError(f"group {group.name!r}: step {step.type!r} needs a previous value but is first")
         value = ut.apply(parts, step.params, value)
