@@ -177,7 +177,7 @@ def make_big(data: Path, gib: float) -> Path:
 
     srcs = [TensorSource(name=f"block.{i}.weight", dtype="float32", shape=(rows, cols), read=reader(i))
             for i in range(n)]
-    zipslice.save(out, srcs, format="torch")
+    zipslice.save(out, [(s.name, s) for s in srcs], format="torch")
     return out
 
 

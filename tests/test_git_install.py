@@ -41,6 +41,20 @@ def test_local_install_sets_drivers_and_is_idempotent(genv):
     assert (repo.git_common_dir() / "config").read_bytes() == config_before
 
 
+def test_git_lfs_force_update_over_our_hook_is_repaired(genv):
+    repo = genv.init("r", theta=False)
+    repo.theta("install", "--local")
+    hooks = repo.git_common_dir() / "hooks"
+    # git-lfs refuses to replace theta's hook (harmless: its own hook is chained) ...
+    assert repo.git("lfs", "install", "--local", check=False).returncode != 0
+    # ... unless forced; `git theta install` then restores the chain
+    repo.git("lfs", "update", "--force")
+    assert "git-theta" not in (hooks / "pre-push").read_text()
+    repo.theta("install", "--local")
+    assert "git-theta pre-push" in (hooks / "pre-push").read_text()
+    assert "git lfs pre-push" in (hooks / "pre-push.theta-chained").read_text()
+
+
 def test_global_install_writes_global_config_only(genv):
     repo = genv.init("r", theta=False)
     repo.theta("install")

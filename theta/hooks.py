@@ -58,6 +58,9 @@ def install_hooks(cwd=None) -> list[str]:
     done = []
     if hook.exists() or hook.is_symlink():
         chained = hooks / CHAINED
+        # e.g. `git lfs update --force` rewrote git-lfs's hook over ours: the chain already holds it
+        if chained.exists() and _same_content(chained, hook):
+            os.unlink(chained)
         if chained.exists():
             raise ThetaError(f"{hook} exists and so does {chained}; merge them by hand, then rerun "
                              "`git theta install`")
@@ -131,3 +134,10 @@ def run_pre_push(remote: str, url: str, stdin: bytes, cwd=None) -> int:
     if chained.exists() and os.access(chained, os.X_OK):
         return subprocess.run([str(chained), remote, url], input=stdin, cwd=cwd).returncode
     return 0
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
