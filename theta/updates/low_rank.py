@@ -16,6 +16,8 @@ inferred) and the fixes. Params: ``rank``, ``fixes``.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from theta.errors import UpdateTypeError
@@ -25,6 +27,7 @@ from theta.updates.sparse import apply_residual, residual
 
 MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
+THREAD_MIN_ELEMENTS = 1 << 18  # below this, one thread
 ROW_BLOCK_ELEMENTS = 1 << 15  # elements per row block while applying (256 KiB of float64: stays in cache)
 
 
@@ -46,26 +49,48 @@ def _product_dtype(R: np.ndarray, C: np.ndarray) -> np.dtype:
 
 
 def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """previous + R @ C in previous's dtype, computed deterministically (see module docstring)."""
+    """previous + R @ C in previous's dtype, computed deterministically (see module docstring).
+
+    Row ranges run on up to two threads (numpy releases the GIL); each element's arithmetic is the same
+    whatever the split, so the result does not depend on it."""
     rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
+    out = np.empty((rows, cols), dtype=previous.dtype)
+    RT = np.ascontiguousarray(np.asarray(R, dtype=np.float64).T)   # (r, rows): one rank's column is contiguous
+    C64 = np.asarray(C, dtype=np.float64)
+    dts = _dtypes(R, C, previous.dtype)
+    if rows * cols >= 2 * THREAD_MIN_ELEMENTS and rows >= 2:
+        half = rows // 2
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for f in [pool.submit(_add_rows, prev2, RT, C64, out, a, b, dts) for a, b in ((0, half), (half, rows))]:
+                f.result()
+    else:
+        _add_rows(prev2, RT, C64, out, 0, rows, dts)
+    return out.reshape(previous.shape)
+
+
+def _dtypes(R: np.ndarray, C: np.ndarray, group: np.dtype) -> tuple[np.dtype, np.dtype, np.dtype]:
     pdt = _product_dtype(R, C)
     acc_dt = np.dtype(np.float64) if pdt == np.float64 else np.dtype(np.float32)
-    add_dt = np.dtype(np.float64) if np.float64 in (pdt, previous.dtype) else np.dtype(np.float32)
-    R64, C64 = np.asarray(R, dtype=np.float64), np.asarray(C, dtype=np.float64)
-    out = np.empty((rows, cols), dtype=previous.dtype)
+    add_dt = np.dtype(np.float64) if np.float64 in (pdt, group) else np.dtype(np.float32)
+    return pdt, acc_dt, add_dt
+
+
+def _add_rows(prev2, RT, C64, out, first: int, last: int, dts) -> None:
+    pdt, acc_dt, add_dt = dts
+    cols = prev2.shape[1]
     step = max(1, ROW_BLOCK_ELEMENTS // max(cols, 1))
     # scratch buffers reused block after block (small enough to stay in cache)
     prod_buf = np.empty(step * cols, np.float64)
     acc_buf = np.empty(step * cols, acc_dt)
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
+    for start in range(first, last, step):
+        stop = min(last, start + step)
         prod = prod_buf[:(stop - start) * cols].reshape(stop - start, cols)
         acc = acc_buf[:(stop - start) * cols].reshape(stop - start, cols)
         acc.fill(0)
-        for k in range(R64.shape[1]):
+        for k in range(RT.shape[0]):
             # fma(r, c, acc): the float32 product is exact in float64, then one rounding to acc's dtype
-            np.multiply(R64[start:stop, k:k + 1], C64[k:k + 1, :], out=prod)
+            np.multiply(RT[k, start:stop, None], C64[k], out=prod)
             np.add(prod, acc, out=prod)
             np.copyto(acc, prod, casting="unsafe")
         if pdt == acc_dt == add_dt:
@@ -74,8 +99,7 @@ def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarr
         else:
             rc = acc.astype(pdt).astype(add_dt)
             rc += prev2[start:stop].astype(add_dt)
-            out[start:stop] = rc.astype(previous.dtype)
-    return out.reshape(previous.shape)
+            out[start:stop] = rc.astype(out.dtype)
 
 
 def truncated_svd(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
