@@ -347,3 +347,35 @@ def test_string_metadata_named_like_keras_is_not_a_keras_file(tmp_path):
     with zipslice.load(p) as lsd:
         assert lsd.layout == "plain" and list(lsd) == ["w"]
         assert lsd.metadata == {"layer_names": "w", "weight_names": "x"}
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_NAME = st.lists(st.from_regex(r"[A-Za-z0-9_.:-]{1,6}", fullmatch=True).filter(lambda s: s not in (".", "..")),
+                 min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.dictionaries(_NAME, st.tuples(st.sampled_from(sorted(dtypes.BY_NAME)),
+                                        st.lists(st.integers(0, 3), max_size=3)), max_size=5))
+def test_property_writer_round_trips_through_h5py(tmp_path_factory, specs):
+    names = sorted(specs)
+    # drop names that would need another name to be a group
+    names = [n for n in names if not any(m != n and m.startswith(n + "/") for m in names)]
+    tensors = {}
+    for i, n in enumerate(names):
+        d, shape = specs[n]
+        if 0 in shape:
+            tensors[n] = torch.empty(tuple(shape), dtype=dtypes.to_torch(d))
+            continue
+        raw = torch.from_numpy(np.ascontiguousarray(_array(d, tuple(shape), i)).reshape(-1).view(np.uint8).copy())
+        tensors[n] = raw.view(dtypes.to_torch(d)).reshape(tuple(shape))
+    p = tmp_path_factory.mktemp("h5") / "p.h5"
+    zipslice.save(p, tensors)
+    with h5py.File(p, "r") as f:
+        for n, t in tensors.items():
+            assert f[n].shape == tuple(t.shape) and f[n][()].tobytes() == _bits(t), n
+    with zipslice.load(p) as lsd:
+        assert list(lsd) == list(tensors)
+        for n, t in tensors.items():
+            assert lsd[n].dtype == t.dtype and _bits(lsd[n]) == _bits(t), n
