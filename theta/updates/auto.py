@@ -110,8 +110,9 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
     value; "sparse"/"delta"/"rows" encode the difference; "low-rank"/"ia3" are inferred and kept only
     when they reproduce ``new`` within ``options.rtol``/``options.atol`` with few exact fixes (else dense).
-    Every step rebuilds ``new`` bit for bit, so its hash is ``new_hash``. A group present in the side-loaded ``update_data``
-    is stored as that update after checking it reproduces ``new``. A chain that reached
+    Every step rebuilds ``new`` bit for bit, so its hash is ``new_hash``. A group present in the
+    side-loaded ``update_data`` is stored as that update after checking it reproduces ``new`` (the other
+    changed groups then go through "auto"). A chain that reached
     ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
     previous version of a group whose shape changed (for ``rows``).
     """
@@ -138,7 +139,8 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         step = store_step(verified.update_type, enc.parts, enc.params, new_hash, store, options)
         return chain(previous, step, True, options)
 
-    wanted = options.update_type or "auto"
+    # with side-loaded data, --update-type names the file's type: the other groups are plain changes
+    wanted = "auto" if update_data is not None else (options.update_type or "auto")
     base, base_meta = None, None
     if previous is not None and not chain_full(previous, options):
         base, base_meta = previous_value(), previous
