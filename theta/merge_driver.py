@@ -199,7 +199,8 @@ def plan_merge(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: Ch
             order = [n for n in ours.order if n in names] + [n for n in theirs.order if n not in ours.order]
         else:
             order = None
-    if order is None or len(order) != len(set(order)) or set(order) != names:
+    conflicts_so_far = bool(plan.conflicts)  # a group conflict already explains a mismatching order
+    if not conflicts_so_far and (order is None or len(order) != len(set(order)) or set(order) != names):
         plan.conflicts.append("(file) groups were added/removed on both sides in ways that cannot be combined")
     plan.header["order"] = order
     return plan
