@@ -330,9 +330,9 @@ class TorchCheckpoint(LazyCheckpoint):
                 if info.byteorder == "big":
                     swap_bytes(arr, info.dtype)
             storage, base_lo = raw.untyped_storage(), lo
+            self._prefetch_after(key)
         itemsize = info.itemsize
         rel = (info.storage_offset * itemsize - base_lo) // itemsize if info.span_nbytes else 0
-            self._prefetch_after(key)
         t = torch.empty(0, dtype=dtypes.to_torch(info.dtype)).set_(storage, rel, info.shape, info.stride)
         if info.is_parameter:
             t = torch.nn.Parameter(t, requires_grad=info.requires_grad)
