@@ -321,10 +321,13 @@ def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
     m = clean(state, None)
     R = rng.standard_normal((96, 2)).astype(np.float32) * 0.05
     C = rng.standard_normal((2, 64)).astype(np.float32) * 0.05
-    state = {**state, "w": add_low_rank(state["w"], R, C)}
+    b = state["b"].copy()
+    b[:3] = 0.5                                          # not in the update file: a plain change (auto)
+    state = {"w": add_low_rank(state["w"], R, C), "b": b}
     lora = write(tmp_path, "lora.safetensors", {"w/R": R, "w/C": C})
     m = clean(state, m, update_type="low-rank", update_data=lora)
-    assert [s.type for s in m.groups["w"].steps] == ["dense", "low-rank"] and m.groups["b"].steps[0].type == "dense"
+    assert [s.type for s in m.groups["w"].steps] == ["dense", "low-rank"]
+    assert m.groups["b"].steps[0].type == "dense" and m.groups["b"].steps[1].type in ("sparse", "delta")
     types = []
     for i in range(3):
         w = state["w"].copy()
