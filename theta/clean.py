@@ -27,7 +27,6 @@ from . import codec, lsh, numeric
 from .errors import BlobMissingError, CheckpointError
 from .metadata import Alias, CheckpointMeta, GroupMeta, Step
 from .store import LfsStore
-from .updates import get as get_update_type
 from .updates import reconstruct
 
 
