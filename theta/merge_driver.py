@@ -261,7 +261,7 @@ def _applicable(p: Pending) -> list[str]:
 def dense_group(like: GroupMeta, value: np.ndarray, store: LfsStore, level: int = codec.DEFAULT_LEVEL) -> GroupMeta:
     """A self-contained (dense) group holding ``value``, with ``like``'s name and flags."""
     encoded = get_update("dense").encode(value, None)
-    ref = store.put_chunks(codec.encode_parts_chunks(encoded.parts, level))
+    ref = store.put_stream(codec.iter_encode_parts(encoded.parts, level))  # never the whole blob in memory
     digest = content_hash(value)
     signature = lsh.signature(value) if lsh.hashable(like.dtype) else None
     return GroupMeta(name=like.name, dtype=like.dtype, shape=tuple(value.shape), hash=digest,
