@@ -5,7 +5,6 @@ import os
 import struct
 import zipfile
 import zlib
-from collections import OrderedDict
 
 import numpy as np
 import pytest

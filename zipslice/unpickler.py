@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import dtypes
