@@ -295,3 +295,41 @@ def test_smudge_of_a_corrupt_blob_raises_codec_error(tmp_path, store, where):
     with pytest.raises(ThetaError, match="corrupt|does not match|payload|frames"):
         smudge_checkpoint(meta, store, tmp_path / "o.safetensors")
     assert not (tmp_path / "o.safetensors").exists()
+
+
+TORCH_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32,
+                torch.int64, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def test_property_random_checkpoints_round_trip(tmp_path):
+    from hypothesis import given, settings, strategies as st
+
+    tensor = st.tuples(st.sampled_from(TORCH_DTYPES), st.lists(st.integers(0, 5), max_size=3),
+                       st.integers(0, 2**32 - 1))
+    counter = iter(range(10**6))
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.dictionaries(st.text("abcxyz./_", min_size=1, max_size=6), tensor, min_size=1, max_size=5))
+    def check(spec):
+        d = tmp_path / str(next(counter))
+        d.mkdir()
+        tensors = {}
+        for name, (dt, shape, seed) in spec.items():
+            g = torch.Generator().manual_seed(seed)
+            n = int(np.prod(shape)) if shape else 1
+            raw = torch.randint(0, 256, (n * torch.empty(0, dtype=dt).element_size(),), dtype=torch.uint8, generator=g)
+            t = (raw % 2).bool() if dt == torch.bool else raw.view(dt)
+            tensors[name] = t.reshape(shape)
+        src = d / "m.safetensors"
+        safetensors.torch.save_file(tensors, src)
+        st_store = LfsStore(d / "objects")
+        meta = clean_checkpoint(src, st_store, None)
+        text = metadata.dumps(meta)
+        assert metadata.dumps(clean_checkpoint(src, st_store, metadata.loads(text))) == text
+        smudge_checkpoint(metadata.loads(text), st_store, d / "o.safetensors")
+        back = safetensors.torch.load_file(d / "o.safetensors")
+        assert set(back) == set(tensors)
+        for k, v in tensors.items():
+            assert same_bits(v, back[k]), k
+
+    check()

@@ -58,7 +58,8 @@ def _as_float32(chunk: np.ndarray) -> np.ndarray:
     if dt.itemsize == 2 and dt.name == "bfloat16":
         # bfloat16 is the top half of a float32: widen by shifting the bits, much faster than a cast
         return (chunk.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return chunk.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond float32's range -> inf: no signature
+        return chunk.astype(np.float32)
 
 
 def fold(values: np.ndarray) -> np.ndarray:
@@ -93,7 +94,8 @@ def fold(values: np.ndarray) -> np.ndarray:
 
 def signature(values: np.ndarray) -> list[int] | None:
     """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
-    proj = np.einsum("pk,p->k", _pool(), fold(values))  # not BLAS: no thread pool, same result everywhere
+    with np.errstate(over="ignore", invalid="ignore"):
+        proj = np.einsum("pk,p->k", _pool(), fold(values))  # not BLAS: no thread pool, same result everywhere
     if not np.all(np.isfinite(proj)):
         return None
     return [int(v) for v in np.rint(proj / BUCKET_WIDTH)]
