@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import resource
+
 import psutil
 
 MiB = 1 << 20
@@ -38,12 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Measure:
     seconds: float
+    cpu: float          # user + system seconds of the whole process tree (robust on a busy machine)
     tree_rss: int
     proc_rss: int
     proc_name: str
 
 
 def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = psutil.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = {"tree": 0, "proc": 0, "name": ""}
@@ -73,7 +77,9 @@ def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
     t.join()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{out.decode()}\n{err.decode()}")
-    return Measure(seconds, peak["tree"], peak["proc"], peak["name"])
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return Measure(seconds, cpu, peak["tree"], peak["proc"], peak["name"])
 
 
 def make_models(workdir: Path, layers: int) -> tuple[list[str], int, int]:
@@ -184,14 +190,14 @@ def main() -> None:
         rows.append((strategy, theta, torch_m, driver))
 
     budget = 4 * largest + 150 * MiB
-    print(f"\n{'strategy':<9} {'contender':<40} {'wall s':>7} {'tree RSS MiB':>13} {'max proc MiB':>13}")
+    print(f"\n{'strategy':<9} {'contender':<40} {'wall s':>7} {'CPU s':>7} {'tree RSS MiB':>13} {'max proc MiB':>13}")
     for strategy, theta, torch_m, driver in rows:
         for label, m in (("theta  git merge (driver + smudge)", theta), ("theta  merge driver alone", driver),
                          ("torch  load x3 + math + save", torch_m)):
-            print(f"{strategy:<9} {label:<40} {m.seconds:>7.1f} {m.tree_rss / MiB:>13.0f} {m.proc_rss / MiB:>13.0f}")
-        print(f"{'':<9} {'ratio git merge / torch':<40} {theta.seconds / torch_m.seconds:>7.2f} "
+            print(f"{strategy:<9} {label:<40} {m.seconds:>7.1f} {m.cpu:>7.1f} {m.tree_rss / MiB:>13.0f} {m.proc_rss / MiB:>13.0f}")
+        print(f"{'':<9} {'ratio git merge / torch':<40} {theta.seconds / torch_m.seconds:>7.2f} {theta.cpu / torch_m.cpu:>7.2f} "
               f"{theta.tree_rss / torch_m.tree_rss:>13.2f} {theta.proc_rss / torch_m.proc_rss:>13.2f}")
-        print(f"{'':<9} {'ratio merge driver / torch':<40} {driver.seconds / torch_m.seconds:>7.2f} "
+        print(f"{'':<9} {'ratio merge driver / torch':<40} {driver.seconds / torch_m.seconds:>7.2f} {driver.cpu / torch_m.cpu:>7.2f} "
               f"{driver.tree_rss / torch_m.tree_rss:>13.2f} {driver.proc_rss / torch_m.proc_rss:>13.2f}")
     print(f"\npeak RSS budget for the merge driver (4 x largest group + 150 MiB): {budget / MiB:.0f} MiB; measured: "
           + ", ".join(f"{s} {d.proc_rss / MiB:.0f} MiB" for s, _, _, d in rows)
