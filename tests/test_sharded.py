@@ -8,6 +8,7 @@ import safetensors.torch
 import torch
 
 import zipslice
+import zipslice.sharded
 from zipslice.errors import CorruptCheckpointError
 from zipslice.sharded import ShardedCheckpoint
 
@@ -136,3 +137,66 @@ def test_shard_that_is_an_index(tmp_path):
     outer.write_text('{"weight_map": {"a": "inner.index.json"}}')
     with zipslice.load(outer) as lsd, pytest.raises(CorruptCheckpointError, match="itself an index"):
         lsd.info("a")
+
+
+# -- writer --------------------------------------------------------------------------------------------
+
+def test_write_sharded_safetensors_like_save_pretrained(tmp_path):
+    tensors = _model(3)
+    index = tmp_path / "model.safetensors.index.json"
+    zipslice.save(index, tensors, metadata={"format": "pt"}, max_shard_bytes=200)
+    data = json.loads(index.read_text())
+    shards = sorted(set(data["weight_map"].values()))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert list(data["weight_map"]) == sorted(tensors)
+    assert data["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    for shard in shards:  # every shard is a normal safetensors file, within the size limit unless one tensor
+        loaded = safetensors.torch.load_file(str(tmp_path / shard))
+        with safetensors.safe_open(str(tmp_path / shard), framework="pt") as f:
+            assert f.metadata() == {"format": "pt"}
+        size = sum(t.numel() * t.element_size() for t in loaded.values())
+        assert size <= 200 or len(loaded) == 1
+        for name, t in loaded.items():
+            assert data["weight_map"][name] == shard and _bits(t) == _bits(tensors[name])
+    with zipslice.load(index) as lsd:
+        assert sorted(lsd) == sorted(tensors)
+        assert all(_bits(lsd[n]) == _bits(t) for n, t in tensors.items())
+
+
+def test_write_sharded_torch_keeps_ties_in_one_shard(tmp_path):
+    tensors = _model(4)
+    tensors["lm_head.weight"] = tensors["embed.weight"]  # tied, as in many language models
+    index = tmp_path / "pytorch_model.bin.index.json"
+    zipslice.save(index, tensors, max_shard_bytes=100)
+    data = json.loads(index.read_text())
+    assert data["weight_map"]["lm_head.weight"] == data["weight_map"]["embed.weight"]
+    assert data["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for n, t in tensors.items() if n != "lm_head.weight")
+    shard = torch.load(tmp_path / data["weight_map"]["embed.weight"], weights_only=True)
+    assert shard["lm_head.weight"].untyped_storage().data_ptr() == shard["embed.weight"].untyped_storage().data_ptr()
+    for name, fname in data["weight_map"].items():
+        got = torch.load(tmp_path / fname, weights_only=True)[name]
+        assert fname.startswith("pytorch_model-") and fname.endswith(".bin")
+        assert _bits(got) == _bits(tensors[name])
+
+
+def test_resharding_round_trip_is_lossless(tmp_path):
+    tensors = _model(5)
+    src = _write_sharded(tmp_path, tensors)
+    out = tmp_path / "out" / "model.safetensors.index.json"
+    out.parent.mkdir()
+    with zipslice.load(src) as lsd:
+        zipslice.save(out, lsd, max_shard_bytes=1000)
+    merged = tmp_path / "merged.safetensors"
+    with zipslice.load(out) as lsd:
+        zipslice.save(merged, lsd)
+    ref = tmp_path / "ref.safetensors"
+    safetensors.torch.save_file(tensors, str(ref))
+    assert merged.read_bytes() == ref.read_bytes()
+
+
+def test_write_sharded_refuses_unknown_names(tmp_path):
+    with pytest.raises(ValueError, match="index.json"):
+        zipslice.sharded.write(tmp_path / "model.safetensors", [])
+    with pytest.raises(ValueError, match="shard format"):
+        zipslice.save(tmp_path / "model.npz.index.json", {"a": torch.zeros(1)})

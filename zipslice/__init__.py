@@ -26,12 +26,13 @@ _FORMATS = {
     "torch": ("zipslice.torch_reader", "TorchCheckpoint", "zipslice.torch_writer", "write"),
     "safetensors": ("zipslice.safetensors_format", "SafetensorsCheckpoint", "zipslice.safetensors_format", "write"),
     "hdf5": ("zipslice.hdf5_format", "HDF5Checkpoint", "zipslice.hdf5_format", "write"),
-    "sharded": ("zipslice.sharded", "ShardedCheckpoint", None, None),
+    "sharded": ("zipslice.sharded", "ShardedCheckpoint", "zipslice.sharded", "write"),
     "torch-legacy": ("zipslice.torch_legacy", "LegacyTorchCheckpoint", None, None),
 }
 
 _EXTENSIONS = {".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch",
-               ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5", ".keras": "hdf5"}
+               ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5", ".keras": "hdf5",
+               ".index.json": "sharded"}
 
 
 def load(path: str | os.PathLike) -> LazyCheckpoint:

@@ -1,4 +1,4 @@
-"""Sharded checkpoints: one lazy map over the shards a Hugging Face ``*.index.json`` lists.
+"""Sharded checkpoints: one lazy map over the shards a Hugging Face ``*.index.json`` lists, and a writer.
 
 The index (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``) is
 ``{"metadata": {...}, "weight_map": {tensor name: shard file relative to the index}}``. Each shard is
@@ -151,3 +151,81 @@ class ShardedCheckpoint(LazyCheckpoint):
             ckpt.close()
         self._shards.clear()
         super().close()
+
+
+# -- writing -------------------------------------------------------------------------------------------
+
+DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' save_pretrained default ("5GB")
+_SHARD_FORMATS = {".safetensors": "safetensors", ".bin": "torch", ".pt": "torch", ".pth": "torch",
+                  ".h5": "hdf5", ".hdf5": "hdf5"}
+
+
+def plan_shards(sources: list[TensorSource], max_shard_bytes: int) -> list[list[TensorSource]]:
+    """Split ``sources`` in order into shards of at most ``max_shard_bytes`` (a bigger tensor gets its own
+    shard, as in transformers). Tied sources go to the shard of the first one, counted once."""
+    shards: list[list[TensorSource]] = []
+    sizes: list[int] = []
+    tie_shard: dict[Any, int] = {}
+    for s in sources:
+        if s.tie is not None and s.tie in tie_shard:
+            shards[tie_shard[s.tie]].append(s)
+            continue
+        if not shards or (sizes[-1] + s.nbytes > max_shard_bytes and shards[-1]):
+            shards.append([])
+            sizes.append(0)
+        shards[-1].append(s)
+        sizes[-1] += s.nbytes
+        if s.tie is not None:
+            tie_shard[s.tie] = len(shards) - 1
+    return shards
+
+
+def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=None,
+          metadata: dict[str, str] | None = None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+          **options) -> None:
+    """Write a sharded checkpoint the way transformers' ``save_pretrained`` lays it out.
+
+    ``path`` is the index, e.g. ``model.safetensors.index.json`` (shards ``model-00001-of-00003.safetensors``
+    ...) or ``pytorch_model.bin.index.json`` (torch shards ``pytorch_model-00001-of-00002.bin``); the
+    shard format follows the extension before ``.index.json``. Each shard is streamed by its format's
+    writer (``metadata`` and ``options`` are passed on); the index is written last, atomically, with
+    ``metadata.total_size`` and a ``weight_map`` sorted by name. Shards of an earlier write with another
+    shard count are left in place.
+    """
+    import importlib
+
+    from . import _FORMATS
+    from .fileio import atomic_output
+
+    path = os.fspath(path)
+    if not path.endswith(".index.json"):
+        raise ValueError(f"{path!r}: a sharded checkpoint is written through its index, named *.index.json")
+    base = path[: -len(".index.json")]
+    stem, ext = os.path.splitext(base)
+    fmt = _SHARD_FORMATS.get(ext)
+    if fmt is None:
+        raise ValueError(f"{path!r}: cannot tell the shard format from {ext!r}; use one of {', '.join(_SHARD_FORMATS)}")
+    if max_shard_bytes <= 0:
+        raise ValueError("max_shard_bytes must be positive")
+    _, _, module, fn = _FORMATS[fmt]
+    writer = getattr(importlib.import_module(module), fn)
+
+    shards = plan_shards(list(sources), max_shard_bytes)
+    n = max(len(shards), 1)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, part in enumerate(shards or [[]]):
+        shard_name = f"{os.path.basename(stem)}-{i + 1:05d}-of-{n:05d}{ext}"
+        kwargs = dict(options, metadata=metadata)
+        if fmt == "torch":
+            kwargs["structure"] = None  # a flat state dict per shard, as transformers writes
+        writer(os.path.join(os.path.dirname(path), shard_name), part, **kwargs)
+        ties = set()
+        for s in part:
+            weight_map[s.name] = shard_name
+            if s.tie is None or s.tie not in ties:
+                total += s.nbytes
+                ties.add(s.tie)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    with atomic_output(path) as f:
+        f.write(json.dumps(index, indent=2).encode("utf-8") + b"\n")
