@@ -13,6 +13,7 @@ See docs/zipslice-formats.md for the Keras naming rules.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import tempfile
@@ -159,8 +160,8 @@ def _keras2_names(f: h5py.File) -> tuple[str, dict[str, str]] | None:
             continue
         names: dict[str, str] = {}
         for layer in layers:
-            if layer not in group:
-                continue
+            if not isinstance(group.get(layer, getlink=True), h5py.HardLink):
+                continue  # absent, or a soft/external link: not followed
             for weight in _string_list_attr(group[layer], "weight_names") or []:
                 path = f"{root + '/' if root else ''}{layer}/{weight}"
                 short = weight[len(layer) + 1:] if weight.startswith(layer + "/") else weight
@@ -209,7 +210,7 @@ class HDF5Checkpoint(LazyCheckpoint):
 
     def _index(self, keras_names: bool) -> None:
         f = self._h5
-        for key, value in f.attrs.items():
+        for key in f.attrs:
             s = _attr_str(f, key)
             if s is not None:
                 self.metadata[key] = s
@@ -239,7 +240,7 @@ class HDF5Checkpoint(LazyCheckpoint):
             dset = item.dset
             shape = tuple(int(s) for s in dset.shape)
             itemsize = dtypes.get(dtype).itemsize
-            nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize if shape else itemsize
+            nbytes = math.prod(shape) * itemsize
             storage = storages.setdefault(item.alias_of or item.path, names[item.alias_of or item.path])
             self._infos[name] = TensorInfo(
                 name=name, dtype=dtype, shape=shape, stride=contiguous_stride(shape), storage=storage,
