@@ -22,6 +22,10 @@ from .store import LfsStore, _hasher
 from .updates import content_hash, reconstruct
 
 
+# formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
+_WRITES_AS = {"torch-legacy": "torch"}
+
+
 class _LastValue(dict):
     """A reconstruct cache holding only the most recent value (tied aliases read it twice in a row)."""
 
@@ -61,6 +65,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     name = Path(out_path).name
     check_blobs(meta, store, name)
     target = fmt or meta.format
+    target = _WRITES_AS.get(target, target)
     cache = _LastValue()
     bar = _progress(progress, meta, name)
     checker = _HashChecker(name)
