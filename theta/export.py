@@ -27,4 +27,12 @@ def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, 
     fetch_missing(cwd or ".", meta.blob_refs(), store=store)
     smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt,
                       progress=sys.stderr.isatty() if progress is None else progress)
+    _default_mode(out)
     return fmt or meta.format
+
+
+def _default_mode(path) -> None:
+    """The writers publish through mkstemp (mode 0600); give the exported file the usual 0666 & ~umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
