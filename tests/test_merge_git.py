@@ -423,3 +423,33 @@ def test_git_merge_with_epoch_counters(grepo):
     want["layers.1.weight"] = theirs["layers.1.weight"]
     assert_sd_equal(got["model"], want)
     assert grepo.status() == ""
+
+
+@pytest.mark.slow
+def test_merge_and_diff_fetch_missing_blobs_from_the_remote(tmp_path):
+    genv = GitEnv.create(tmp_path)
+    r = genv.init("work")
+    bare = genv.init("remote.git", theta=False, bare=True)
+    r.git("remote", "add", "origin", f"file://{bare.path}")
+    base = state(0)
+    torch.save(base, r / "model.pt")
+    r.commit("base", ".gitattributes", "model.pt")
+    ours, theirs = changed(base, 1, "layers.1.weight"), changed(base, 2, "layers.1.weight")
+    branches(r, ours, theirs)
+    r.git("push", "-q", "origin", "main", "other")
+    genv.run(["git", "theta", "install"], cwd=genv.home)  # global: the clone gets the filter and drivers
+    clone = genv.clone(f"file://{bare.path}", "clone")
+    assert_sd_equal(load_sd(clone / "model.pt"), ours)
+    theirs_oids = {s.blob.oid for s in loads(clone.show("origin/other:model.pt")).groups["layers.1.weight"].steps}
+    assert not theirs_oids <= clone.lfs_objects()  # their new blob is not here yet
+    text = clone.theta("diff", "main", "origin/other").stdout.decode()
+    want_l2 = np.linalg.norm(np_of(theirs["layers.1.weight"]).astype(np.float64)
+                             - np_of(ours["layers.1.weight"]).astype(np.float64))
+    assert f"modified  layers.1.weight  float32 [24, 16]" in text and f"|Δ|₂ {want_l2:.3e}" in text
+    proc = clone.git("merge", "--no-edit", "origin/other", check=False, extra_env={"GIT_THETA_MERGE_STRATEGY": "average"})
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = load_sd(clone / "model.pt")
+    want = get_strategy("average").merge("layers.1.weight", np_of(ours["layers.1.weight"]),
+                                          np_of(theirs["layers.1.weight"]), None)
+    assert np_of(got["layers.1.weight"]).tobytes() == want.tobytes()
+    assert clone.status() == ""
