@@ -2,7 +2,7 @@
 """The git-theta demo: version a small transformer-like model in git, beside plain git-lfs.
 
 In a scratch repository under a temp dir (its own HOME and git config, so yours is untouched) it:
-  1. makes a 6-layer transformer-like checkpoint (~70 MiB fp32, torch.save),
+  1. makes a 4-layer transformer-like checkpoint (~64 MiB fp32, torch.save),
   2. commits it with theta, fine-tunes two layers and commits again (only the changed groups are stored),
   3. branches: the branch tunes the output head, main tunes another layer; `git diff` shows what changed,
   4. merges the branch with theta's merge driver (groups changed on one side only are taken from that side,
@@ -108,7 +108,7 @@ def same_tensors(path: Path, expected: OrderedDict) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a new temp dir)")
-    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="theta-demo-"))

@@ -98,4 +98,4 @@ def test_missing_blob_fails_checkout_cleanly(genv):
                     check=False)
     err = proc.stderr.decode()
     assert proc.returncode != 0
-    assert "model.pt" in err and "could not download" in err
+    assert "model.pt" in err and "could not download" in err and "group 'model/" in err and "needs blob" in err

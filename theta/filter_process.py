@@ -240,7 +240,7 @@ class Filter:
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable") -> None:
         """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``."""
-        from .lfs_transfer import fetch_missing
+        from .lfs_transfer import TransferError, fetch_missing
         from .metadata import is_metadata, loads
         from .smudge import smudge_checkpoint
 
@@ -251,7 +251,10 @@ class Filter:
                     out(f)
                 return
             meta = loads(got.path.read_bytes())
-            fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
+            try:
+                fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
+            except TransferError as e:
+                raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             fmt = checkout_format(path, self.cwd)
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
@@ -264,6 +267,15 @@ class Filter:
                     os.unlink(tmp)
         finally:
             got.cleanup()
+
+
+def _first_missing_group(meta, store) -> str:
+    """'group NAME needs blob OID; ' for the first group whose blob is not local (for error messages)."""
+    for name in sorted(meta.groups):
+        for step in meta.groups[name].steps:
+            if not store.has(step.blob):
+                return f"group {name!r} needs blob {step.blob.oid}; "
+    return ""
 
 
 def _stat_key(p: Path):
