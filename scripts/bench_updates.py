@@ -181,6 +181,29 @@ def finetune(sd, rel: float, seed: int):
                         if v.is_floating_point() else v) for k, v in sd.items())
 
 
+def encode_table(n: int = 1 << 22) -> None:
+    """Pure encode sizes (no git): auto's choice vs the dense blob for fine-tune noise of several sizes."""
+    import ml_dtypes
+    import numpy as np
+
+    from theta import codec
+    from theta.updates.auto import choose
+
+    rng = np.random.default_rng(0)
+    base32 = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    print(f"\n2b. encode only ({n / 2**20:.0f} Mi elements, N(0, 0.02) weights * (1 + noise N(0,1))): auto / dense")
+    for dt in (np.float32, ml_dtypes.bfloat16, np.float16):
+        row = []
+        for rel in (1e-4, 1e-3, 1e-2):
+            prev = base32.astype(dt)
+            new = (prev.astype(np.float32) * (1 + rel * rng.standard_normal(n).astype(np.float32))).astype(dt)
+            changed = float(np.mean(prev.view(f"u{prev.itemsize}") != new.view(f"u{new.itemsize}")))
+            c = choose(new, prev)
+            dense = len(codec.encode_array(new))
+            row.append(f"noise {rel:g}: {c.size / dense:5.3f} {c.update_type} ({changed:4.0%} changed)")
+        print(f"  {np.dtype(dt).name:9s} " + " | ".join(row))
+
+
 def fmt(res: dict) -> str:
     filt = f" (filter {res['filter_mib']:5.1f})" if res.get("filter_mib") else ""
     return f"{res['wall']:6.2f}s wall {res['cpu']:6.2f}s cpu {res['rss_mib']:6.1f} MiB peak{filt}"
@@ -195,7 +218,7 @@ def main() -> None:
     ap.add_argument("--chain", type=int, default=8)
     ap.add_argument("--workdir", default="/tmp/theta-bench-updates")
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: lora,finetune,bf16,chain")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: lora,finetune,bf16,encode,chain")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
@@ -272,6 +295,9 @@ def main() -> None:
               f"   (target <= 0.7; types used: {', '.join(rows['theta auto'].get('types', []))})")
         print(f"  auto stored / git-lfs           {rows['theta auto']['stored'] / rows['git-lfs']['stored']:6.3f}")
         results[part] = rows
+
+    if "encode" not in skip:
+        encode_table()
 
     if "chain" not in skip:
         repo = env.repo("theta-chain", "theta")
