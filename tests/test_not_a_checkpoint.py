@@ -68,3 +68,11 @@ def test_truncated_safetensors_is_called_truncated(tmp_path):
     p.write_bytes(full.read_bytes()[:-10])  # cut inside the data
     with pytest.raises(CorruptCheckpointError, match="past the end"):
         zipslice.load(p)
+
+
+def test_json_text_with_a_brace_at_byte_8_is_not_safetensors(tmp_path):
+    p = tmp_path / "meta.json"
+    p.write_bytes(b'{"tens":{"a": 1}}\n')
+    assert p.read_bytes()[8:9] == b"{"
+    with pytest.raises(NotACheckpointError, match="unrecognised"):
+        zipslice.load(p)
