@@ -99,3 +99,25 @@ def test_missing_blob_fails_checkout_cleanly(genv):
     err = proc.stderr.decode()
     assert proc.returncode != 0
     assert "model.pt" in err and "could not download" in err and "group 'model/" in err and "needs blob" in err
+
+
+def test_clone_fetches_all_files_in_one_git_lfs_run(genv):
+    """git's delay capability: every smudge of the checkout is set aside, then one git-lfs run fetches all."""
+    repo = genv.init("work")
+    bare = genv.init("remote.git", theta=False, bare=True)
+    repo.git("remote", "add", "origin", f"file://{bare.path}")
+    states = {}
+    for i, name in enumerate(("a.pt", "b.pt", "sub/c.pt")):
+        (repo / name).parent.mkdir(exist_ok=True)
+        states[name] = make_state(20 + i, n_layers=1)
+        save_pt(repo / name, states[name])
+    repo.commit("three models", ".gitattributes", "a.pt", "b.pt", "sub/c.pt")
+    repo.git("push", "-q", "origin", "main")
+    genv.run(["git", "theta", "install"], cwd=genv.home)
+    proc = genv.run(["git", "clone", f"file://{bare.path}", str(genv.home.parent / "clone")], cwd=genv.home,
+                    extra_env={"GIT_THETA_TIMING": "1"})
+    err = proc.stderr.decode()
+    assert "for 3 file(s) in one git-lfs run" in err, err
+    clone_path = genv.home.parent / "clone"
+    for name, sd in states.items():
+        assert_same_checkpoint(clone_path / name, sd)

@@ -198,6 +198,8 @@ class Filter:
         self.cwd = Path(cwd).resolve()
         self.store = LfsStore.for_repo(self.cwd)
         self.spool_dir = gitutil.theta_dir(self.cwd)
+        self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
+        self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -238,19 +240,34 @@ class Filter:
         finally:
             got.cleanup()
 
-    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable") -> None:
-        """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``."""
+    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False) -> bool:
+        """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        With ``can_delay`` (git's delay capability) a file whose blobs are not all local is set aside and True
+        is returned: :meth:`available` later fetches the blobs of every delayed file in one git-lfs run.
+        """
         from .lfs_transfer import TransferError, fetch_missing
         from .metadata import is_metadata, loads
         from .smudge import smudge_checkpoint
 
-        got = receive(chunks, self.spool_dir, None)
+        if path in self.ready:  # a delayed file git asks for again (its content section is empty)
+            for _ in chunks:
+                pass
+            text = self.ready.pop(path)
+            got = None
+        else:
+            got = receive(chunks, self.spool_dir, None)
         try:
-            if not is_metadata(got.head):  # committed before theta tracked it: pass through
+            if got is not None and not is_metadata(got.head):  # committed before theta tracked it: pass through
                 with open(got.path, "rb") as f:
                     out(f)
-                return
-            meta = loads(got.path.read_bytes())
+                return False
+            if got is not None:
+                text = got.path.read_bytes()
+            meta = loads(text)
+            if can_delay and self.store.missing(meta.blob_refs()):
+                self.delayed[path] = text
+                return True
             try:
                 fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
             except TransferError as e:
@@ -265,8 +282,35 @@ class Filter:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+            return False
         finally:
-            got.cleanup()
+            if got is not None:
+                got.cleanup()
+
+    def available(self) -> list[str]:
+        """Answer git's list_available_blobs: fetch the blobs of all delayed files at once, return their paths.
+
+        A failed download is not reported here: git asks for each file again and its smudge reports the
+        error naming the file, the group and the blob.
+        """
+        from .lfs_transfer import TransferError, fetch_missing
+        from .metadata import loads
+
+        if not self.delayed:
+            return []
+        refs = [r for text in self.delayed.values() for r in loads(text).blob_refs()]
+        t0 = time.perf_counter()
+        try:
+            n = fetch_missing(self.cwd, refs, store=self.store)
+            if os.environ.get(ENV_PREFIX + "TIMING"):
+                log(f"fetched {n} blob(s) for {len(self.delayed)} file(s) in one git-lfs run "
+                    f"({time.perf_counter() - t0:.2f}s)")
+        except TransferError:
+            pass
+        paths = list(self.delayed)
+        self.ready.update(self.delayed)
+        self.delayed.clear()
+        return paths
 
 
 def _first_missing_group(meta, store) -> str:
@@ -291,7 +335,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         raise ProtocolError(f"filter protocol: unexpected greeting {hello!r}")
     w.text_list(["git-filter-server", "version=2"])
     caps = r.read_text_list()
-    w.text_list([c for c in ("capability=clean", "capability=smudge") if c in caps])
+    offered = ["capability=clean", "capability=smudge"]
+    if os.environ.get(ENV_PREFIX + "DELAY", "1") != "0":
+        offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
+    w.text_list([c for c in offered if c in caps])
 
     from .hooks import ensure_installed_quietly
 
@@ -303,6 +350,15 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         except EOFError:
             return 0
         command, path = header.get("command"), header.get("pathname", "")
+        if command == "list_available_blobs":  # no content section
+            try:
+                paths = filt.available()
+            except Exception as e:  # answer git rather than die: it then reports the files as missing
+                _report("", command, e)
+                paths = []
+            w.text_list([f"pathname={p}" for p in paths])
+            w.text_list(["status=success"])
+            continue
         chunks = r.iter_content()
         try:
             if command == "clean":
@@ -316,7 +372,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                 def send(f):
                     w.text_list(["status=success"])
                     w.content_from(f)
-                filt.smudge(path, chunks, send)
+                if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1"):
+                    w.text_list(["status=delayed"])
+                    continue
             else:
                 for _ in chunks:
                     pass
