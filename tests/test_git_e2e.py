@@ -228,3 +228,19 @@ def test_ls_files_and_theta_add_options(repo):
     save_pt(repo / "model.pt", make_state(7))  # new content, so git runs the filter again
     proc = repo.theta("add", "model.pt", "--option", "level=notanumber", check=False)
     assert proc.returncode != 0 and b"GIT_THETA_LEVEL" in proc.stderr
+
+
+def test_single_file_filter_fallbacks(repo):
+    """Without filter.theta.process git runs `git-theta clean %f` / `git-theta smudge %f` per file."""
+    repo.git("config", "--local", "--unset", "filter.theta.process")
+    sd = make_state(8)
+    save_pt(repo / "model.pt", sd)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    assert is_metadata(repo.show("HEAD:model.pt"))
+    os.unlink(repo / "model.pt")
+    repo.git("checkout", "--", "model.pt")
+    assert_same_checkpoint(repo / "model.pt", sd)
+    assert repo.status() == ""
+    (repo / "model.pt").write_bytes(b"not a checkpoint")
+    proc = repo.git("add", "model.pt", check=False)
+    assert proc.returncode != 0 and b"error: " in proc.stderr
