@@ -6,6 +6,7 @@ Contenders, each in its own subprocess (peak RSS = that process's ru_maxrss):
   zipslice        `zipslice convert SRC DST.safetensors`               (streams one tensor at a time)
   torch+st        torch.load(SRC, weights_only=True) + safetensors.torch.save_file
   torch-mmap+st   torch.load(SRC, mmap=True, weights_only=True) + save_file  (the memory-frugal variant)
+  torch+st+fsync  torch+st, then fsync of the output: the durability zipslice's atomic publication gives
   interpreter     python importing torch, safetensors and zipslice, doing nothing (the floor)
 
 The checkpoint is made by torch.save: N GiB of 64 MiB float32 tensors (default 8 GiB; --quick: 1 GiB).
@@ -49,6 +50,11 @@ CONTENDERS = {
     "torch-mmap+st": "import torch, safetensors.torch\n"
                      "sd = torch.load(sys.argv[1], weights_only=True, mmap=True)\n"
                      "safetensors.torch.save_file(sd, sys.argv[2])\n",
+    # the same durability zipslice gives (it fsyncs before publishing): save_file, then fsync the file
+    "torch+st+fsync": "import os, torch, safetensors.torch\n"
+                      "sd = torch.load(sys.argv[1], weights_only=True)\n"
+                      "safetensors.torch.save_file(sd, sys.argv[2])\n"
+                      "fd = os.open(sys.argv[2], os.O_RDONLY)\nos.fsync(fd)\nos.close(fd)\n",
 }
 
 _MAKE = """
@@ -93,50 +99,69 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp", help="where the big files go (default /tmp)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per contender; the fastest is kept")
     ap.add_argument("--skip", action="append", default=[], help="contender to skip (repeatable)")
+    ap.add_argument("--src", help="use this existing torch checkpoint instead of generating one (kept)")
     args = ap.parse_args()
     gib = 1.0 if args.quick else args.gib
     tensor_bytes = args.tensor_mib << 20
     n = max(1, int(gib * 2 ** 30) // tensor_bytes)
     work = Path(tempfile.mkdtemp(prefix="zipslice-bench-", dir=args.dir))
     try:
-        src = work / "model.pt"
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", _MAKE, str(src), str(n), str(tensor_bytes // 4)], check=True)
-        print(f"checkpoint: {n} x {args.tensor_mib} MiB float32 = {mib(src.stat().st_size)} "
-              f"(torch.save, {time.perf_counter() - t0:.1f} s) in {work}")
+        if args.src:
+            src = Path(args.src)
+            print(f"checkpoint: {src} ({mib(src.stat().st_size)})")
+        else:
+            src = work / "model.pt"
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", _MAKE, str(src), str(n), str(tensor_bytes // 4)], check=True)
+            print(f"checkpoint: {n} x {args.tensor_mib} MiB float32 = {mib(src.stat().st_size)} "
+                  f"(torch.save, {time.perf_counter() - t0:.1f} s) in {work}")
+        names = [n for n in CONTENDERS if n not in args.skip]
+        walls: dict[str, list[float]] = {n: [] for n in names}
         results: dict[str, dict] = {}
-        outputs: dict[str, Path] = {}
-        for name in CONTENDERS:
-            if name in args.skip:
-                continue
-            dst = work / f"{name.replace('+', '_')}.safetensors"
-            best = None
-            for _ in range(args.repeat):
+        zs_out = work / "zipslice.safetensors"
+        for rnd in range(args.repeat):  # round-robin, so slow drifts of the disk hit every contender alike
+            for name in names:
+                dst = work / f"{name.replace('+', '_')}.safetensors"
                 warm(src)
                 os.sync()  # no contender pays for another's (or the generator's) write-back
                 r = run(name, src, dst)
-                best = r if best is None or r["wall"] < best["wall"] else best
-            results[name] = best
-            if name != "interpreter":
-                outputs[name] = dst
-                print(f"  {name:14s} wall {best['wall']:7.2f} s   peak RSS {mib(best['peak']):>10s}", flush=True)
-                if name != "zipslice" and "zipslice" in outputs:
-                    ok = same_tensors(outputs["zipslice"], dst)
-                    print(f"  {'':14s} same tensors as zipslice's output: {ok}")
-                    if not ok:
+                walls[name].append(r["wall"])
+                if name not in results or r["wall"] < results[name]["wall"]:
+                    results[name] = r
+                if name == "interpreter":
+                    continue
+                print(f"  round {rnd + 1} {name:14s} wall {r['wall']:7.2f} s   peak RSS {mib(r['peak']):>10s}",
+                      flush=True)
+                if name != "zipslice" and zs_out.exists():
+                    if not same_tensors(zs_out, dst):
+                        print(f"  {name}: output differs from zipslice's!")
                         return 1
                     dst.unlink()
+        print("\nbest of", args.repeat, "(median in brackets):")
+        for name in names:
+            if name != "interpreter":
+                w = sorted(walls[name])
+                print(f"  {name:14s} wall {results[name]['wall']:7.2f} s [{w[len(w) // 2]:.2f}]   "
+                      f"peak RSS {mib(results[name]['peak']):>10s}")
+        if "zipslice" in names and len(names) > 2:
+            print("  every contender's output holds the same tensors as zipslice's (checked with zipslice.diff)")
         floor = results.get("interpreter", {}).get("peak", 0)
         print(f"  {'interpreter':14s} peak RSS {mib(floor)} (imports only)")
         if "zipslice" in results:
             z = results["zipslice"]
+            if args.src:
+                sys.path.insert(0, str(ROOT))
+                import zipslice
+
+                with zipslice.load(src) as lsd:
+                    tensor_bytes = max(i.nbytes for i in lsd.infos())
             budget = floor + 2 * tensor_bytes + (100 << 20)
-            print(f"\nzipslice peak RSS {mib(z['peak'])}; budget interpreter + 2 x tensor + 100 MiB = {mib(budget)}: "
+            print(f"zipslice peak RSS {mib(z['peak'])}; budget interpreter + 2 x tensor + 100 MiB = {mib(budget)}: "
                   f"{'OK' if z['peak'] <= budget else 'OVER'}")
-            for name in ("torch+st", "torch-mmap+st"):
+            for name in ("torch+st", "torch-mmap+st", "torch+st+fsync"):
                 if name in results:
                     b = results[name]
-                    print(f"vs {name:14s}: time ratio {z['wall'] / b['wall']:.2f}x "
+                    print(f"vs {name:14s}: best-time ratio {z['wall'] / b['wall']:.2f}x "
                           f"({'no worse' if z['wall'] <= b['wall'] * 1.05 else 'SLOWER'}), "
                           f"peak RSS ratio {z['peak'] / b['peak']:.3f}x ({mib(b['peak'])} -> {mib(z['peak'])})")
         return 0
