@@ -74,7 +74,7 @@ def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default
         print("no theta-tracked checkpoints", file=sys.stderr)
         return
     width = max(len(f.path) for f in files)
-    print(f"{'path':<{width}}  {'format':<11} {'groups':>6} {'size':>10} {'stored':>10}  local")
+    print(f"{'path':<{width}}  {'format':<11} {'groups':>6} {'size':>10} {'blobs':>10}  local")
     for f in files:
         print(f"{f.path:<{width}}  {f.format:<11} {f.groups:>6} {human(f.size):>10} {human(f.stored):>10}  "
               f"{'yes' if f.local else 'no'}")
