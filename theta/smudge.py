@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +25,6 @@ from .updates import content_hash, reconstruct
 
 # formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
 _WRITES_AS = {"torch-legacy": "torch"}
-
-
-class _LastValue(dict):
-    """A reconstruct cache holding only the most recent value (tied aliases read it twice in a row)."""
-
-    def __setitem__(self, key, value):
-        self.clear()
-        super().__setitem__(key, value)
 
 
 def _le_bytes(arr: np.ndarray) -> memoryview:
@@ -66,28 +59,30 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     check_blobs(meta, store, name)
     target = fmt or meta.format
     target = _WRITES_AS.get(target, target)
-    cache = _LastValue()
     bar = _progress(progress, meta, name)
     checker = _HashChecker(name)
-
-    def reader(group_name: str):
-        def read():
-            group = meta.groups[group_name]
-            value = reconstruct(group, store, cache, file=name, verify=False)
-            checker.submit(group, value)  # verified on another thread while the writer writes it
-            if bar is not None:
-                bar.advance(bar.task_ids[0], value.nbytes)
-            return _le_bytes(value)
-        return read
-
     sources = []
     for tname in meta.order:
         alias = meta.aliases.get(tname)
         g = meta.group_for(tname)
         owner = alias or g
-        sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=reader(g.name),
+        sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=None,
                                     tie=("theta", g.name), is_parameter=owner.is_parameter,
                                     requires_grad=owner.requires_grad))
+    rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta))
+
+    def reader(group_name: str):
+        def read():
+            value, fresh = rebuild.get(group_name, before_new=checker.finish)
+            if fresh:
+                checker.submit(meta.groups[group_name], value)  # verified on another thread while written
+                if bar is not None:
+                    bar.advance(bar.task_ids[0], value.nbytes)
+            return _le_bytes(value)
+        return read
+
+    for src in sources:
+        src.read = reader(meta.group_for(src.name).name)
     options: dict = {}
     if target == "torch" and meta.structure is not None:
         options["structure"] = meta.structure
@@ -104,11 +99,76 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     except ValueError as e:
         raise ThetaError(f"cannot write {out_path} as {target}: {e}") from e
     finally:
+        rebuild.close()
         checker.finish(raise_errors=False)
         if os.path.exists(tmp):
             os.unlink(tmp)
         if bar is not None:
             bar.stop()
+
+
+def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta) -> list[str]:
+    """Group names in the order the writer will most likely read them (a wrong guess only costs CPU)."""
+    ordered = sources
+    if target == "safetensors":
+        from zipslice.safetensors_format import library_order  # that writer sorts like the library
+
+        ordered = library_order(sources)
+    return [meta.group_for(s.name).name for s in ordered]
+
+
+class _Rebuilder:
+    """Rebuilds groups for the writer, the next expected one on a background thread (one ahead).
+
+    Holds at most the value just handed to the writer and the one being rebuilt ahead.
+    """
+
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, order: list[str]):
+        self.meta, self.store, self.file = meta, store, file
+        self.next_of: dict[str, str] = {}
+        for a, b in zip(order, order[1:]):
+            if a != b:
+                self.next_of.setdefault(a, b)
+        self.last: tuple[str, np.ndarray] | None = None
+        self.ahead: tuple[str, Future] | None = None
+
+    def _rebuild(self, group_name: str) -> np.ndarray:
+        return reconstruct(self.meta.groups[group_name], self.store, None, file=self.file, verify=False)
+
+    def get(self, group_name: str, before_new=None) -> tuple[np.ndarray, bool]:
+        """(value, fresh): fresh is False when the same group is read again (a tied alias)."""
+        if self.last is not None and self.last[0] == group_name:
+            return self.last[1], False
+        self.last = None
+        if before_new is not None:
+            before_new()  # e.g. finish checking the previous value, so it can be freed first
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == group_name:
+            value = ahead[1].result()
+        else:
+            if ahead is not None:
+                ahead[1].cancel() or ahead[1].exception()  # guessed wrong: drop it
+            value = self._rebuild(group_name)
+        nxt = self.next_of.get(group_name)
+        if nxt is not None:
+            self.ahead = (nxt, _ahead_pool().submit(self._rebuild, nxt))
+        self.last = (group_name, value)
+        return value, True
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead[1].cancel() or self.ahead[1].exception()
+        self.ahead = self.last = None
+
+
+_pool = None
+
+
+def _ahead_pool():
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-smudge")
+    return _pool
 
 
 class _HashChecker:
