@@ -91,8 +91,7 @@ def _add_rows(prev2, RT, C64, out, first: int, last: int, dts) -> None:
         for k in range(RT.shape[0]):
             # fma(r, c, acc): the float32 product is exact in float64, then one rounding to acc's dtype
             np.multiply(RT[k, start:stop, None], C64[k], out=prod)
-            np.add(prod, acc, out=prod)
-            np.copyto(acc, prod, casting="unsafe")
+            np.add(prod, acc, out=acc, casting="unsafe")  # summed in float64, rounded once into acc
         if pdt == acc_dt == add_dt:
             np.add(acc, prev2[start:stop], out=acc)
             out[start:stop] = acc
