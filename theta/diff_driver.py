@@ -49,7 +49,7 @@ def group_line(g: GroupDiff) -> str:
         return (f"{head}  {_shape(g.new)}{update}  |Δ|₂ {_num(s.l2)}  rel {_num(s.relative)}  "
                 f"max|Δ| {_num(s.max_abs)}  changed {100 * s.fraction:.2f}% ({s.changed:,}/{s.numel:,})")
     if g.estimate is not None:
-        return f"{head}  {_shape(g.new)}{update}  |Δ|₂ ≈ {_num(g.estimate)} (LSH estimate, no data read)"
+        return f"{head}  {_shape(g.new)}{update}  |Δ|₂ ≈ {_num(g.estimate)} (LSH estimate)"
     return f"{head}  {_shape(g.new)}{update}  (no LSH signature to estimate from)"
 
 
