@@ -274,3 +274,11 @@ def test_direct_read_names_a_truncated_file(tmp_path):
         os.truncate(tmp_path / "t.pt", info.offset + 100)
         with pytest.raises(ZipsliceError, match=r"t\.pt \[x\].*truncated"):
             read()
+
+
+def test_diff_progress_covers_common_tensors(tmp_path):
+    torch.save({"a": torch.ones(10), "b": torch.ones(3, dtype=torch.int16)}, tmp_path / "x.pt")
+    torch.save({"a": torch.zeros(10), "c": torch.ones(1)}, tmp_path / "y.pt")
+    seen = []
+    diff(tmp_path / "x.pt", tmp_path / "y.pt", progress=lambda n, total: seen.append((n, total)))
+    assert seen == [(40, 40)]

@@ -242,7 +242,8 @@ def diff_cmd(a: Path = typer.Argument(..., help="first checkpoint"),
     """Per tensor: added / removed / changed (dtype, shape, elements changed, max abs diff). Exit 1 if they differ."""
     from .diff import diff
 
-    report = diff(a, b)
+    with _progress_bar(f"{a.name} ↔ {b.name}") as progress:
+        report = diff(a, b, progress=progress)
     if as_json:
         print(json.dumps(report.to_json(), indent=1))
     else:

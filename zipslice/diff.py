@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -180,8 +180,12 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def diff(a: str | os.PathLike | LazyCheckpoint, b: str | os.PathLike | LazyCheckpoint) -> DiffReport:
-    """Compare two checkpoints; tensors in ``a``'s order, then those only in ``b``."""
+def diff(a: str | os.PathLike | LazyCheckpoint, b: str | os.PathLike | LazyCheckpoint,
+         progress: Callable[[int, int], None] | None = None) -> DiffReport:
+    """Compare two checkpoints; tensors in ``a``'s order, then those only in ``b``.
+
+    ``progress(nbytes, total)`` is called after each tensor present in both is compared.
+    """
     import zipslice
 
     la = a if isinstance(a, LazyCheckpoint) else zipslice.load(a)
@@ -189,6 +193,7 @@ def diff(a: str | os.PathLike | LazyCheckpoint, b: str | os.PathLike | LazyCheck
         lb = b if isinstance(b, LazyCheckpoint) else zipslice.load(b)
         try:
             report = DiffReport(a=la.path, b=lb.path)
+            total = sum(la.info(n).nbytes for n in la if n in lb)
             for name in la:
                 if name not in lb:
                     ia: TensorInfo = la.info(name)
@@ -196,6 +201,8 @@ def diff(a: str | os.PathLike | LazyCheckpoint, b: str | os.PathLike | LazyCheck
                                                      ia.numel))
                 else:
                     report.tensors.append(compare_tensor(la, lb, name))
+                    if progress is not None:
+                        progress(la.info(name).nbytes, total)
             for name in lb:
                 if name not in la:
                     ib = lb.info(name)
