@@ -248,13 +248,15 @@ def main() -> None:
         for name, kind in (("git-lfs", "lfs"), ("theta dense", "theta"), ("theta low-rank", "theta")):
             repo = env.repo(name.replace(" ", "-") + "-lora", kind)
             commit(env, repo, files / "base.pt", "base")
+            # both theta contenders go through `git theta add` (same wrapper start-up cost)
             if name == "theta low-rank":
                 cmd = ["git", "theta", "add", "model.pt", "--update-type", "low-rank",
                        "--update-data", str(files / "lora.safetensors")]
-                res = commit(env, repo, files / "lora.pt", "lora", cmd)
+            elif name == "theta dense":
+                cmd = ["git", "theta", "add", "model.pt", "--update-type", "dense"]
             else:
-                res = commit(env, repo, files / "lora.pt", "lora",
-                             extra={"GIT_THETA_UPDATE_TYPE": "dense"} if kind == "theta" else None)
+                cmd = None
+            res = commit(env, repo, files / "lora.pt", "lora", cmd)
             res["checkout"] = checkout(env, repo)
             rows[name] = res
             shutil.rmtree(repo)
