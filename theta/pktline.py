@@ -73,8 +73,9 @@ class PktWriter:
     def packet(self, payload: bytes) -> None:
         if not payload:
             raise ValueError("empty packets are not allowed; use flush()")
-        for i in range(0, len(payload), MAX_PAYLOAD):
-            chunk = payload[i:i + MAX_PAYLOAD]
+        view = memoryview(payload)
+        for i in range(0, len(view), MAX_PAYLOAD):
+            chunk = view[i:i + MAX_PAYLOAD]
             self.stream.write(b"%04x" % (len(chunk) + 4))
             self.stream.write(chunk)
 
