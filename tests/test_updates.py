@@ -244,6 +244,24 @@ def test_sideload_low_rank(tmp_path, base):
         data.verify("layer.q.weight", new + 0.5, prev, rtol=1e-5, atol=1e-6)
 
 
+def test_sideload_low_rank_bf16_rounded_elsewhere(tmp_path):
+    """A bf16 model whose producer rounded the product differently: fixes, not a refusal; exact result."""
+    rng = np.random.default_rng(13)
+    prev = weights(rng, (64, 32), BF16)
+    R = rng.standard_normal((64, 4)).astype(np.float32) * 0.05
+    C = rng.standard_normal((4, 32)).astype(np.float32) * 0.05
+    # the producer rounded R @ C to bf16 before adding (we round it to the factors' float32): ulps differ
+    rc = (R.astype(np.float64) @ C.astype(np.float64)).astype(BF16)
+    new = (prev.astype(np.float32) + rc.astype(np.float32)).astype(BF16)
+    path = tmp_path / "lora.safetensors"
+    safetensors.numpy.save_file({"w/R": R, "w/C": C}, str(path))
+    data = UpdateData.open(path, "low-rank")
+    v = data.verify("w", new, prev, rtol=1e-5, atol=1e-8)
+    assert raw(LowRankUpdate().apply(codec.decode_parts(codec.encode_parts(v.encoded.parts)), v.encoded.params,
+                                     prev)) == raw(new)
+    assert 0 < v.encoded.params["fixes"] < new.size // 4
+
+
 def test_sideload_sparse_git_theta_layout(tmp_path, base):
     prev = base["layer.q.weight"]
     flat_idx = np.array([3, 17, 400, 2047], np.int32)
