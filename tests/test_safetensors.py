@@ -298,3 +298,25 @@ def test_file_truncated_after_opening(tmp_path):
         with pytest.raises(CorruptCheckpointError, match="truncated") as exc:
             lsd[last.name]
         assert exc.value.entry == last.name
+
+
+def test_opening_reads_only_the_header_of_a_huge_sparse_file(tmp_path):
+    """A 12 GiB file (sparse: no disk used) opens instantly; reading its last tensor is one positioned read."""
+    big = 4 << 30
+    header = {f"huge.{i}": {"dtype": "F32", "shape": [big // 4], "data_offsets": [i * big, (i + 1) * big]}
+              for i in range(3)}
+    header["small"] = {"dtype": "I64", "shape": [3], "data_offsets": [3 * big, 3 * big + 24]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    p = tmp_path / "sparse.safetensors"
+    with open(p, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + 3 * big)
+        f.seek(0, 2)
+        f.write(np.array([7, -8, 9], dtype="<i8").tobytes())
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with zipslice.load(p) as lsd:
+        assert lsd.info("huge.2").nbytes == big
+        assert lsd["small"].tolist() == [7, -8, 9]
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: far below 12 GiB

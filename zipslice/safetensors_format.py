@@ -72,6 +72,8 @@ def parse_header(raw: bytes, path: str) -> tuple[list[_Entry], dict[str, str]]:
         raise CorruptCheckpointError(path, "safetensors header has a duplicate key", str(e)) from None
     except json.JSONDecodeError as e:
         raise CorruptCheckpointError(path, f"safetensors header is not valid JSON: {e}") from None
+    except RecursionError:
+        raise CorruptCheckpointError(path, "safetensors header nests JSON too deeply to be a header") from None
     if not isinstance(header, dict):
         raise CorruptCheckpointError(path, f"safetensors header is a JSON {type(header).__name__}, not an object")
 

@@ -56,6 +56,8 @@ class ShardedCheckpoint(LazyCheckpoint):
             raise CorruptCheckpointError(self.path, "index has a duplicate key", str(e)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CorruptCheckpointError(self.path, f"index is not valid UTF-8 JSON: {e}") from None
+        except RecursionError:
+            raise CorruptCheckpointError(self.path, "index nests JSON too deeply to be an index") from None
         if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
             raise CorruptCheckpointError(self.path, "index has no \"weight_map\" object (name -> shard file)")
         meta = index.get("metadata", {})
