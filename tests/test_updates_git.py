@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file

@@ -26,7 +26,7 @@ import numpy as np
 
 from theta import codec
 from theta.updates import Encoded, get
-from theta.updates.delta import changed_mask, raw_words, same_layout
+from theta.updates.delta import changed_mask, same_layout
 
 SAMPLE_SLICES = 16
 SAMPLE_ELEMENTS = 1 << 16

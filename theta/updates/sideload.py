@@ -31,7 +31,7 @@ import numpy as np
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.ia3 import check_vector, compute_dtype, scale
-from theta.updates.low_rank import check_factors, close_enough, exact_encoding
+from theta.updates.low_rank import check_factors, exact_encoding
 from theta.updates.sparse import SparseUpdate, residual
 
 PARTS: dict[str, tuple[str, ...]] = {
@@ -163,11 +163,8 @@ class UpdateData:
             fix_parts, fixes = residual(value, new)
             encoded = Encoded(parts={"ia3": vec, **fix_parts}, params={"fixes": fixes})
         # no fixes: the update gives the file exactly. Otherwise the check is for a wrong base or wrong
-        # factors, not for rounding: a couple of ulps of the group's dtype always pass.
-        import ml_dtypes
-
-        rtol = max(rtol, 4 * float(ml_dtypes.finfo(new.dtype).eps))
-        if fixes and not close_enough(value, new, rtol, atol):
+        # factors (errors the size of the update), not for rounding: a few ulps of the operands pass.
+        if fixes and not _agrees(value, new, previous, rtol, atol):
             err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
             raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
                                   f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
@@ -216,6 +213,18 @@ class UpdateData:
                                   f"reproduce it exactly")
         encoded = SparseUpdate().encode(new, previous)  # stores the changed elements themselves: exact
         return Verified(encoded, "sparse", new)
+
+
+def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> bool:
+    """|value - new| <= atol + rtol |new| + 4 eps (|previous| + |value - previous|), NaN equal to NaN."""
+    import ml_dtypes
+
+    eps = float(ml_dtypes.finfo(new.dtype).eps)
+    v, n, p = (np.asarray(a, dtype=np.float64) for a in (value, new, previous))
+    with np.errstate(invalid="ignore"):
+        tol = atol + rtol * np.abs(n) + 4 * eps * (np.abs(p) + np.abs(v - p))
+        ok = (np.abs(v - n) <= tol) | (np.isnan(v) & np.isnan(n)) | (v == n)
+    return bool(np.all(ok))
 
 
 def open_for_clean(options, lsd, previous) -> UpdateData | None:
