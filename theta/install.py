@@ -63,7 +63,7 @@ def _install_git_lfs(cwd, local: bool, report: InstallReport) -> None:
         msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         report.warnings.append(f"`{' '.join(args)}` failed ({msg[0] if msg else proc.returncode}); "
                                "theta works without git-lfs's hooks, plain LFS files may not push")
-    elif "lfs" not in " ".join(report.changed):
+    else:
         report.changed.append("ran " + " ".join(args))
 
 
