@@ -401,6 +401,7 @@ def test_structure_values_merge_leaf_by_leaf():
     assert conflicts == ["(file) (root): the checkpoint structure changed on both sides"]
 
 
+@pytest.mark.slow  # the leaf-by-leaf logic is covered above without git
 def test_git_merge_with_epoch_counters(grepo):
     base = state(0)
     ours, theirs = changed(base, 1, "layers.0.weight"), changed(base, 2, "layers.1.weight")
