@@ -35,7 +35,7 @@ def ref_ties(A, B, O, density=0.2, lam=1.0):
     a, b, o = A.astype(F32).ravel(), B.astype(F32).ravel(), O.astype(F32).ravel()
     trimmed = []
     for tau in (a - o, b - o):
-        k = int(round(density * tau.size))
+        k = max(1, int(round(density * tau.size)))
         keep = np.ones(tau.size, bool) if k >= tau.size else np.abs(tau) >= np.sort(np.abs(tau))[-k]
         trimmed.append(np.where(keep, tau, F32(0)))
     stack = np.stack(trimmed)
@@ -303,3 +303,24 @@ def test_config_errors(tmp_path, monkeypatch):
     (repo / ".thetamerge").unlink()
     with pytest.raises(MergeError, match="GIT_THETA_MERGE_DENSITY: expected a number, got 'lots'"):
         MergeConfig.load(repo, environ={"GIT_THETA_MERGE_DENSITY": "lots"})
+
+
+# ---------- property: exact selection and TIES on arbitrary float32 data -------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 300),
+                  elements=st.floats(-1e3, 1e3, width=32, allow_nan=False, allow_subnormal=True)),
+       st.floats(0.01, 1.0))
+def test_kth_largest_and_ties_properties(x, density):
+    srt = np.sort(np.abs(x))
+    k = max(1, int(round(density * x.size)))
+    got = strategies.kth_largest_magnitude(lambda: iter(np.array_split(x, 3)), k, np.dtype(np.float32))
+    assert got == srt[-k]
+    O = np.zeros_like(x)
+    B = x[::-1].copy()
+    merged = merges.get("ties").merge("p", x, B, O, density=density)
+    np.testing.assert_array_equal(merged, ref_ties(x, B, O, density, 1.0))

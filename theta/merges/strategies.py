@@ -165,12 +165,10 @@ def kth_largest_magnitude(chunks: Callable[[], Iterator[np.ndarray]], k: int, wd
 
 
 def _trim_threshold(delta: Callable[[slice], np.ndarray], n: int, density: float, wd: np.dtype) -> float:
-    """Magnitude threshold keeping the k = round(density·n) largest |τ| (ties at the threshold are kept)."""
-    k = int(round(density * n))
+    """Magnitude threshold keeping the k = max(1, round(density·n)) largest |τ| (ties at the threshold are kept)."""
+    k = max(1, int(round(density * n)))
     if k >= n:
         return 0.0
-    if k <= 0:
-        return math.inf
 
     def chunks():
         for sl in _slices(n):
