@@ -74,3 +74,15 @@ def test_atomic_output_leaves_nothing_on_failure(tmp_path):
     with atomic_output(dest) as f:
         f.write(b"new")
     assert dest.read_bytes() == b"new"
+
+
+def test_atomic_output_publishes_with_the_usual_mode(tmp_path):
+    import os
+    dest = tmp_path / "m.bin"
+    old = os.umask(0o022)
+    try:
+        with atomic_output(dest) as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert dest.stat().st_mode & 0o777 == 0o644

@@ -55,6 +55,12 @@ def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
     return buf
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.
@@ -64,6 +70,7 @@ def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a published file gets the usual mode
         with os.fdopen(fd, "w+b") as f:
             yield f
             f.flush()
