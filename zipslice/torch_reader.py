@@ -11,6 +11,7 @@ The returned tensor has the saved dtype, shape, strides, requires_grad and Param
 """
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import sys
@@ -199,7 +200,15 @@ class TorchCheckpoint(LazyCheckpoint):
         self._last_read = -2
         self.prefix = ""
         self.byteorder = "little"
-        self._open()
+        # opening builds one small object per pickle opcode; the cyclic GC re-scanning them all again and
+        # again made open time grow faster than the tensor count (there are no cycles to collect here)
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            self._open()
+        finally:
+            if gc_was_on:
+                gc.enable()
 
     # -- opening -----------------------------------------------------------------------------------
     def _open(self) -> None:

@@ -133,6 +133,7 @@ class ZipIndex:
             raise self._corrupt(f"central directory of {cd_size} bytes cannot hold {n_total} entries")
         cd = self._pread(cd_size, cd_off)
         pos = 0
+        entries = []
         for _ in range(n_total):
             if pos + CENTRAL.size > len(cd):
                 raise self._corrupt("central directory entry runs past the directory")
@@ -151,6 +152,13 @@ class ZipIndex:
             if need:
                 _zip64_extra(extra, need, values, self.path, name)
             pos = start + nlen + xlen + clen
+            entries.append((name, flags, method, crc, values))
+        # local headers are spread over the whole file: ask for all of them at once so a cold cache
+        # serves them in one batch of parallel reads instead of one disk seek after another
+        if hasattr(os, "posix_fadvise"):
+            for e in entries:
+                os.posix_fadvise(self.fd, e[4]["header_offset"], 4096, os.POSIX_FADV_WILLNEED)
+        for name, flags, method, crc, values in entries:
             if name in self.members:
                 raise self._corrupt("the archive lists this member twice", name)
             self.members[name] = self._member(name, flags, method, crc, values, cd_off)
