@@ -351,3 +351,51 @@ def test_update_registry_and_reconstruct_cache(tmp_path, store):
     assert updates.reconstruct(g, store, cache) is v  # served from the cache, no blob needed
     with pytest.raises(BlobMissingError):
         updates.reconstruct(g, store)
+
+
+RSS_SCRIPT = r"""
+import sys, json
+
+
+def hwm():  # peak RSS of this process image in MiB (VmHWM resets at exec, unlike ru_maxrss)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+
+from theta.clean import clean_checkpoint
+from theta.metadata import dumps, loads
+from theta.smudge import smudge_checkpoint
+from theta.store import LfsStore
+import numpy, zipslice, zipslice.safetensors_format  # imported before the baseline is taken
+base = hwm()
+store = LfsStore(sys.argv[2])
+if sys.argv[1] == "clean":
+    open(sys.argv[4], "w").write(dumps(clean_checkpoint(sys.argv[3], store, None)))
+else:
+    smudge_checkpoint(loads(open(sys.argv[4]).read()), store, sys.argv[3])
+print(json.dumps({"base": base, "peak": hwm()}))
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_is_about_two_groups(tmp_path):
+    """Two 192 MiB groups (above the read-ahead limit): clean and smudge each stay within 2 groups + 64 MiB
+    above the interpreter (clean: the group and its frames in flight; smudge: the value and its mapped blob)."""
+    import json
+    import subprocess
+    import sys
+    group = 192 << 20
+    arrs = {f"g{i}": (np.random.default_rng(i).standard_normal(group // 4) * 0.02).astype(np.float32) for i in range(2)}
+    src = tmp_path / "big.safetensors"
+    safetensors.numpy.save_file(arrs, src)
+    del arrs
+    objs, meta = tmp_path / "objects", tmp_path / "meta.txt"
+    for step, path in (("clean", src), ("smudge", tmp_path / "out.safetensors")):
+        out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, step, str(objs), str(path), str(meta)],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        grew = r["peak"] - r["base"]
+        print(step, r)
+        assert grew <= 2 * (group >> 20) + 64, f"{step} grew {grew:.0f} MiB for a {group >> 20} MiB group"
+    assert (tmp_path / "out.safetensors").read_bytes() == src.read_bytes()

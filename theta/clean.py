@@ -151,15 +151,15 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
         if tie is not None:
             tie_owner[tie] = key
         group_keys.append(key)
-    # Pipeline: a reader thread reads and hashes group i+1 while this thread encodes and stores group i.
+    # Pipeline: a reader thread reads and hashes group i+1 while this thread encodes and stores group i,
+    # when group i+1 is at most READ_AHEAD_BYTES (so read-ahead never adds more than that to peak memory).
     pending = None
     try:
-        if group_keys:
-            pending = _reader().submit(_read_group, lsd, group_keys[0], previous)
         for i, key in enumerate(group_keys):
-            got = pending.result()
-            pending = _reader().submit(_read_group, lsd, group_keys[i + 1], previous) \
-                if i + 1 < len(group_keys) else None
+            got = pending.result() if pending is not None else _read_group(lsd, key, previous)
+            pending = None
+            if i + 1 < len(group_keys) and lsd.info(group_keys[i + 1]).nbytes <= READ_AHEAD_BYTES:
+                pending = _reader().submit(_read_group, lsd, group_keys[i + 1], previous)
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
             del got
             if bar is not None:
@@ -175,6 +175,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
 
 
+READ_AHEAD_BYTES = 64 << 20  # clean reads, and smudge rebuilds, the next group ahead only up to this size
 _reader_pool = None
 
 

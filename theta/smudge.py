@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 
 import zipslice
-from zipslice import TensorSource
+from zipslice import TensorSource, dtypes
 from zipslice.errors import ZipsliceError
 
+from .clean import READ_AHEAD_BYTES
 from .errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
 from .metadata import CheckpointMeta
 from .store import LfsStore, _hasher
@@ -71,14 +72,30 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
                                     requires_grad=owner.requires_grad))
     rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta))
 
+    handed: list[memoryview] = []
+
+    def before_new() -> None:
+        checker.finish()
+        # The writer keeps its last buffer in a variable until its next read() returns; releasing the view
+        # lets the previous value be freed before the next one is decoded (a writer that used the buffer
+        # later would fail loudly on the released view, never write wrong bytes).
+        while handed:
+            view = handed.pop()
+            try:
+                view.release()
+            except BufferError:
+                pass  # the writer still holds a view of it: it is freed when the writer lets go
+
     def reader(group_name: str):
         def read():
-            value, fresh = rebuild.get(group_name, before_new=checker.finish)
+            value, fresh = rebuild.get(group_name, before_new=before_new)
             if fresh:
                 checker.submit(meta.groups[group_name], value)  # verified on another thread while written
                 if bar is not None:
                     bar.advance(bar.task_ids[0], value.nbytes)
-            return _le_bytes(value)
+            view = _le_bytes(value)
+            handed.append(view)
+            return view
         return read
 
     for src in sources:
@@ -150,7 +167,7 @@ class _Rebuilder:
                 ahead[1].cancel() or ahead[1].exception()  # guessed wrong: drop it
             value = self._rebuild(group_name)
         nxt = self.next_of.get(group_name)
-        if nxt is not None:
+        if nxt is not None and _nbytes(self.meta.groups[nxt]) <= READ_AHEAD_BYTES:
             self.ahead = (nxt, _ahead_pool().submit(self._rebuild, nxt))
         self.last = (group_name, value)
         return value, True
@@ -162,6 +179,10 @@ class _Rebuilder:
 
 
 _pool = None
+
+
+def _nbytes(group) -> int:
+    return group.numel * dtypes.get(group.dtype).itemsize
 
 
 def _ahead_pool():
