@@ -368,7 +368,65 @@ class RestrictedUnpickler:
                 raise NeedMoreData("pickle ends before STOP")
             op = data[self.pos]
             self.pos += 1
-            if op == 0x80:  # PROTO
+            # the opcodes torch pickles use most come first: this if-chain is the hot loop
+            if op in (0x71, 0x68, 0x4B):  # BINPUT, BINGET, BININT1: one argument byte, inlined for speed
+                if self.pos >= len(data):
+                    raise NeedMoreData("pickle ends inside an opcode")
+                arg = data[self.pos]
+                self.pos += 1
+                if op == 0x71:
+                    memo[arg] = stack[-1]
+                elif op == 0x68:
+                    stack.append(self._memo(memo, arg))
+                else:
+                    stack.append(arg)
+            elif op == 0x58:  # BINUNICODE
+                stack.append(self._take(self._length("<I", 4)).decode("utf-8", "surrogatepass"))
+            elif op == 0x28:  # MARK
+                marks.append(len(stack))
+            elif op == 0x74:  # TUPLE
+                stack.append(tuple(self._pop_mark()))
+            elif op == 0x85:  # TUPLE1
+                stack[-1] = (stack[-1],)
+            elif op == 0x86:  # TUPLE2
+                stack[-2:] = [(stack[-2], stack[-1])]
+            elif op == 0x52:  # REDUCE
+                args = stack.pop()
+                stack[-1] = self._call(stack[-1], args)
+            elif op == 0x51:  # BINPERSID
+                stack[-1] = self._persistent(stack[-1])
+            elif op == 0x89:
+                stack.append(False)
+            elif op == 0x29:  # EMPTY_TUPLE
+                stack.append(())
+            elif op == 0x63:  # GLOBAL
+                module = self._line().decode("utf-8")
+                name = self._line().decode("utf-8")
+                stack.append(self._find(module, name))
+            elif op == 0x94:  # MEMOIZE
+                memo[len(memo)] = stack[-1]
+            elif op == 0x8C:  # SHORT_BINUNICODE
+                stack.append(self._take(self._length("<B", 1)).decode("utf-8", "surrogatepass"))
+            elif op == 0x88:
+                stack.append(True)
+            elif op == 0x87:  # TUPLE3
+                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+            elif op == 0x75:  # SETITEMS
+                items = self._pop_mark()
+                if len(items) % 2:
+                    raise self._corrupt("SETITEMS with an odd number of items")
+                d = self._dict(stack[-1])
+                for i in range(0, len(items), 2):
+                    d[items[i]] = items[i + 1]
+            elif op == 0x7D:  # EMPTY_DICT
+                stack.append({})
+            elif op == 0x73:  # SETITEM
+                v = stack.pop()
+                k = stack.pop()
+                self._dict(stack[-1])[k] = v
+            elif op == 0x4E:  # NONE
+                stack.append(None)
+            elif op == 0x80:  # PROTO
                 proto = self._take(1)[0]
                 if proto > _MAX_PROTO:
                     raise self._corrupt(f"unsupported pickle protocol {proto}")
@@ -379,8 +437,6 @@ class RestrictedUnpickler:
                 if len(stack) != 1 or marks:
                     raise self._corrupt(f"STOP with {len(stack)} items on the stack")
                 return stack.pop()
-            elif op == 0x28:  # MARK
-                marks.append(len(stack))
             elif op == 0x30:  # POP: pops the last MARK if nothing was pushed after it
                 if marks and marks[-1] == len(stack):
                     marks.pop()
@@ -390,15 +446,6 @@ class RestrictedUnpickler:
                 self._pop_mark()
             elif op == 0x32:  # DUP
                 stack.append(stack[-1])
-            # -- constants
-            elif op == 0x4E:  # NONE
-                stack.append(None)
-            elif op == 0x88:
-                stack.append(True)
-            elif op == 0x89:
-                stack.append(False)
-            elif op == 0x4B:  # BININT1
-                stack.append(self._take(1)[0])
             elif op == 0x4D:  # BININT2
                 stack.append(struct.unpack("<H", self._take(2))[0])
             elif op == 0x4A:  # BININT
@@ -419,11 +466,6 @@ class RestrictedUnpickler:
                 stack.append(float(self._line()))
             elif op == 0x47:  # BINFLOAT
                 stack.append(struct.unpack(">d", self._take(8))[0])
-            # -- strings and bytes
-            elif op == 0x58:  # BINUNICODE
-                stack.append(self._take(self._length("<I", 4)).decode("utf-8", "surrogatepass"))
-            elif op == 0x8C:  # SHORT_BINUNICODE
-                stack.append(self._take(self._length("<B", 1)).decode("utf-8", "surrogatepass"))
             elif op == 0x8D:  # BINUNICODE8
                 stack.append(self._take(self._length("<Q", 8)).decode("utf-8", "surrogatepass"))
             elif op == 0x56:  # UNICODE (raw-unicode-escape line)
@@ -445,23 +487,10 @@ class RestrictedUnpickler:
                 if len(s) < 2 or s[:1] != s[-1:] or s[:1] not in (b"'", b'"'):
                     raise self._corrupt("STRING opcode argument is not quoted")
                 stack.append(codecs.escape_decode(s[1:-1])[0].decode("latin1"))
-            # -- containers
             elif op == 0x5D:  # EMPTY_LIST
                 stack.append([])
-            elif op == 0x7D:  # EMPTY_DICT
-                stack.append({})
-            elif op == 0x29:  # EMPTY_TUPLE
-                stack.append(())
             elif op == 0x8F:  # EMPTY_SET
                 stack.append(set())
-            elif op == 0x85:  # TUPLE1
-                stack[-1] = (stack[-1],)
-            elif op == 0x86:  # TUPLE2
-                stack[-2:] = [(stack[-2], stack[-1])]
-            elif op == 0x87:  # TUPLE3
-                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
-            elif op == 0x74:  # TUPLE
-                stack.append(tuple(self._pop_mark()))
             elif op == 0x6C:  # LIST
                 stack.append(self._pop_mark())
             elif op == 0x64:  # DICT
@@ -475,52 +504,26 @@ class RestrictedUnpickler:
             elif op == 0x65:  # APPENDS
                 items = self._pop_mark()
                 self._list(stack[-1]).extend(items)
-            elif op == 0x73:  # SETITEM
-                v = stack.pop()
-                k = stack.pop()
-                self._dict(stack[-1])[k] = v
-            elif op == 0x75:  # SETITEMS
-                items = self._pop_mark()
-                if len(items) % 2:
-                    raise self._corrupt("SETITEMS with an odd number of items")
-                d = self._dict(stack[-1])
-                for i in range(0, len(items), 2):
-                    d[items[i]] = items[i + 1]
             elif op == 0x90:  # ADDITEMS
                 items = self._pop_mark()
                 s = stack[-1]
                 if not isinstance(s, set):
                     raise self._corrupt("ADDITEMS on a non-set")
                 s.update(items)
-            # -- memo
-            elif op == 0x71:  # BINPUT
-                memo[self._take(1)[0]] = stack[-1]
             elif op == 0x72:  # LONG_BINPUT
                 memo[struct.unpack("<I", self._take(4))[0]] = stack[-1]
             elif op == 0x70:  # PUT
                 memo[int(self._line())] = stack[-1]
-            elif op == 0x94:  # MEMOIZE
-                memo[len(memo)] = stack[-1]
-            elif op == 0x68:  # BINGET
-                stack.append(self._memo(memo, self._take(1)[0]))
             elif op == 0x6A:  # LONG_BINGET
                 stack.append(self._memo(memo, struct.unpack("<I", self._take(4))[0]))
             elif op == 0x67:  # GET
                 stack.append(self._memo(memo, int(self._line())))
-            # -- globals and calls (allowlist only)
-            elif op == 0x63:  # GLOBAL
-                module = self._line().decode("utf-8")
-                name = self._line().decode("utf-8")
-                stack.append(self._find(module, name))
             elif op == 0x93:  # STACK_GLOBAL
                 name = stack.pop()
                 module = stack.pop()
                 if not isinstance(module, str) or not isinstance(name, str):
                     raise self._corrupt("STACK_GLOBAL needs two strings")
                 stack.append(self._find(module, name))
-            elif op == 0x52:  # REDUCE
-                args = stack.pop()
-                stack[-1] = self._call(stack[-1], args)
             elif op == 0x81:  # NEWOBJ: cls(*args) through the same handlers
                 args = stack.pop()
                 stack[-1] = self._call(stack[-1], args)
@@ -543,8 +546,6 @@ class RestrictedUnpickler:
             elif op == 0x62:  # BUILD
                 state = stack.pop()
                 self._build(stack[-1], state)
-            elif op == 0x51:  # BINPERSID
-                stack[-1] = self._persistent(stack[-1])
             elif op == 0x50:  # PERSID
                 stack.append(self._persistent(self._line().decode("ascii")))
             elif op in (0x82, 0x83, 0x84):
