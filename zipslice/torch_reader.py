@@ -206,6 +206,9 @@ class TorchCheckpoint(LazyCheckpoint):
         gc.disable()
         try:
             self._open()
+        except BaseException:
+            self.close()  # do not leave the file open behind a refused checkpoint
+            raise
         finally:
             if gc_was_on:
                 gc.enable()
