@@ -13,6 +13,7 @@ sum over the tree, and the largest single process):
 
     python3 scripts/bench_merge.py                 # ~310 MiB
     python3 scripts/bench_merge.py --layers 2      # quick look (~80 MiB)
+    python3 scripts/bench_merge.py --big-group-mib 256   # one 256 MiB group: the driver's memory bound
 
 Large files go under --workdir (default /tmp/theta-bench-merge), never into the repository.
 """
@@ -82,13 +83,16 @@ def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
     return Measure(seconds, cpu, peak["tree"], peak["proc"], peak["name"])
 
 
-def make_models(workdir: Path, layers: int) -> tuple[list[str], int, int]:
+def make_models(workdir: Path, layers: int, big_mib: int = 0) -> tuple[list[str], int, int]:
     """base/ours/theirs .pt files; returns (group names, total bytes, largest group bytes)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    base = {"embed.weight": torch.randn(8192, 768, generator=g) * 0.02}
-    for i in range(layers):
+    if big_mib:  # one large group: checks the memory bound of the merge driver
+        base = {"big.weight": torch.randn(big_mib * MiB // 4 // 1024, 1024, generator=g) * 0.02}
+    else:
+        base = {"embed.weight": torch.randn(8192, 768, generator=g) * 0.02}
+    for i in range(0 if big_mib else layers):
         for m in ("q", "k", "v", "o"):
             base[f"layers.{i}.attn.{m}.weight"] = torch.randn(768, 768, generator=g) * 0.02
         base[f"layers.{i}.mlp.fc1.weight"] = torch.randn(3072, 768, generator=g) * 0.02
@@ -138,6 +142,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench-merge"))
     ap.add_argument("--strategies", default="average,ties")
+    ap.add_argument("--big-group-mib", type=int, default=0,
+                    help="instead of the layered model, one group of this many MiB (memory bound check)")
     args = ap.parse_args()
 
     work = args.workdir
@@ -151,7 +157,7 @@ def main() -> None:
     for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
         git(["config", "--global", k, v], home, env)
 
-    names, total, largest = make_models(work, args.layers)
+    names, total, largest = make_models(work, args.layers, args.big_group_mib)
     print(f"model: {len(names)} groups, {total / MiB:.0f} MiB fp32, largest group {largest / MiB:.1f} MiB; "
           f"every group changed on both branches")
 
