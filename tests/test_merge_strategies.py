@@ -324,3 +324,16 @@ def test_kth_largest_and_ties_properties(x, density):
     B = x[::-1].copy()
     merged = merges.get("ties").merge("p", x, B, O, density=density)
     np.testing.assert_array_equal(merged, ref_ties(x, B, O, density, 1.0))
+
+
+def test_unknown_parameter_names_are_refused(tmp_path, monkeypatch):
+    from theta.merges.config import MergeConfig
+
+    repo = _repo(tmp_path, monkeypatch)
+    known = {k for n in merges.names() for k in merges.get(n).defaults}
+    MergeConfig.load(repo, environ={"GIT_THETA_MERGE_DENSITY": "0.3"}).check_parameters(known)
+    with pytest.raises(MergeError, match="unknown merge parameter environment GIT_THETA_MERGE_DENSTY; parameters"):
+        MergeConfig.load(repo, environ={"GIT_THETA_MERGE_DENSTY": "0.3"}).check_parameters(known)
+    _git_config(repo, "theta.merge.alfa", "0.3")
+    with pytest.raises(MergeError, match="unknown merge parameter git config theta.merge.alfa"):
+        MergeConfig.load(repo, environ={}).check_parameters(known)

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import codec, lsh
 from .errors import ThetaError
-from .merges import MergeConflict, get as get_strategy
+from .merges import MergeConflict, get as get_strategy, names as strategy_names
 from .merges.config import RULES_FILE, MergeConfig
 from .merges.menu import MANUAL, ask
 from .metadata import Alias, CheckpointMeta, GroupMeta, Step, dumps, is_metadata, loads
@@ -349,6 +349,7 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     ours = read_meta(ours_file, "our", path)
     theirs = read_meta(theirs_file, "their", path)
     config = config or MergeConfig.load(repo_dir)
+    config.check_parameters({k for n in strategy_names() for k in get_strategy(n).defaults})
     plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
     if not plan.conflicts:
         choose_strategies(plan, config, stdin, err)

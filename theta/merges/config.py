@@ -138,6 +138,18 @@ class MergeConfig:
         params.update(self.env_params)
         return Choice(strategy, params, source)
 
+    def check_parameters(self, known: set[str]) -> None:
+        """Refuse parameter names no installed strategy knows (a typo must not silently use a default)."""
+        sources = [("environment GIT_THETA_MERGE_", self.env_params), ("git config theta.merge.", self.git_params),
+                   (f"{RULES_FILE} [default] ", self.file_params)]
+        sources += [(f"{r.label} ", r.params) for r in self.rules]
+        for where, params in sources:
+            for name in params:
+                if name not in known:
+                    shown = name.upper() if where.startswith("environment") else name
+                    raise MergeError(f"unknown merge parameter {where}{shown}; parameters of the installed "
+                                     f"strategies: {', '.join(sorted(known))}")
+
     @classmethod
     def load(cls, repo_dir: str | os.PathLike = ".", environ: Mapping[str, str] | None = None) -> "MergeConfig":
         environ = os.environ if environ is None else environ
