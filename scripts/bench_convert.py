@@ -137,11 +137,11 @@ def main() -> int:
                         print(f"  {name}: output differs from zipslice's!")
                         return 1
                     dst.unlink()
-        print("\nbest of", args.repeat, "(median in brackets):")
+        print("\nbest of", args.repeat, "(every run in brackets):")
         for name in names:
             if name != "interpreter":
-                w = sorted(walls[name])
-                print(f"  {name:14s} wall {results[name]['wall']:7.2f} s [{w[len(w) // 2]:.2f}]   "
+                runs = ", ".join(f"{w:.1f}" for w in walls[name])
+                print(f"  {name:14s} wall {results[name]['wall']:7.2f} s [{runs}]   "
                       f"peak RSS {mib(results[name]['peak']):>10s}")
         if "zipslice" in names and len(names) > 2:
             print("  every contender's output holds the same tensors as zipslice's (checked with zipslice.diff)")
