@@ -379,3 +379,16 @@ def test_property_writer_round_trips_through_h5py(tmp_path_factory, specs):
         assert list(lsd) == list(tensors)
         for n, t in tensors.items():
             assert lsd[n].dtype == t.dtype and _bits(lsd[n]) == _bits(t), n
+
+
+def test_damaged_object_header_is_corrupt_naming_the_dataset(tmp_path):
+    p = tmp_path / "damaged.h5"
+    zipslice.save(p, {"good": np.arange(4.0), "bad/w": np.arange(6.0)})
+    with h5py.File(p, "r") as f:
+        addr = h5py.h5o.get_info(f["bad/w"].id).addr  # where the dataset's object header starts
+    blob = bytearray(p.read_bytes())
+    blob[addr + 4: addr + 20] = b"\xff" * 16
+    p.write_bytes(bytes(blob))
+    with pytest.raises(CorruptCheckpointError, match="damaged") as exc:
+        zipslice.load(p)
+    assert exc.value.entry == "bad/w"

@@ -35,6 +35,19 @@ KERAS3_DTYPE_ATTR = "dtype"          # Keras 3 .weights.h5 marks bfloat16 datase
 SMALL_EXTRA_BYTES = 1 << 20          # non-numeric datasets up to this size are read into ``extras``
 
 _KERAS3_VAR = re.compile(r"(?:^|/)vars/\d+$")
+# what h5py raises on damaged object headers, heaps and attributes (KeyError for objects it cannot open)
+_H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError, TypeError)
+
+
+@contextlib.contextmanager
+def _h5_errors(file: str, entry: str | None = None) -> Iterator[None]:
+    """Turn h5py's errors on a damaged file into CorruptCheckpointError naming the object."""
+    try:
+        yield
+    except ZipsliceError:
+        raise
+    except _H5_ERRORS as e:
+        raise CorruptCheckpointError(file, f"HDF5 object is damaged or unreadable: {e}", entry) from None
 
 
 # -- reading -------------------------------------------------------------------------------------------
@@ -46,24 +59,27 @@ class _Found:
     alias_of: str | None  # first path of the same dataset when it is hard-linked twice
 
 
-def _walk(group: h5py.Group, prefix: str, seen: dict, skipped: dict[str, str]) -> Iterator[_Found]:
+def _walk(group: h5py.Group, prefix: str, seen: dict, skipped: dict[str, str], file: str) -> Iterator[_Found]:
     """Datasets under ``group`` in the group's iteration order (creation order when the file tracks it).
 
     Only hard links are followed; soft and external links are reported in ``skipped`` (an external
     link would open another file). A dataset or group reached twice is yielded as an alias / not re-walked.
     """
-    for name in group:
+    with _h5_errors(file, prefix.rstrip("/") or "/"):
+        names = list(group)
+    for name in names:
         path = f"{prefix}{name}"
-        link = group.get(name, getlink=True)
-        if not isinstance(link, h5py.HardLink):
-            skipped[path] = f"{type(link).__name__} not followed"
-            continue
-        obj = group[name]
-        first = seen.get(obj.id)
+        with _h5_errors(file, path):
+            link = group.get(name, getlink=True)
+            if not isinstance(link, h5py.HardLink):
+                skipped[path] = f"{type(link).__name__} not followed"
+                continue
+            obj = group[name]
+            first = seen.get(obj.id)
         if isinstance(obj, h5py.Group):
             if first is None:
                 seen[obj.id] = path
-                yield from _walk(obj, path + "/", seen, skipped)
+                yield from _walk(obj, path + "/", seen, skipped, file)
             else:
                 skipped[path] = f"group already read at {first!r}"
         elif isinstance(obj, h5py.Dataset):
@@ -210,21 +226,24 @@ class HDF5Checkpoint(LazyCheckpoint):
 
     def _index(self, keras_names: bool) -> None:
         f = self._h5
-        for key in f.attrs:
-            s = _attr_str(f, key)
-            if s is not None:
-                self.metadata[key] = s
+        with _h5_errors(self.path, "/"):
+            for key in f.attrs:
+                s = _attr_str(f, key)
+                if s is not None:
+                    self.metadata[key] = s
 
         found: list[tuple[_Found, tuple[str, str]]] = []
-        for item in _walk(f, "", {}, self.skipped):
-            kind = _tensor_dtype(item.dset, item.path, self.path)
-            if kind is None:
-                self._non_tensor(item)
-            else:
-                found.append((item, kind))
+        for item in _walk(f, "", {}, self.skipped, self.path):
+            with _h5_errors(self.path, item.path):
+                kind = _tensor_dtype(item.dset, item.path, self.path)
+                if kind is None:
+                    self._non_tensor(item)
+                else:
+                    found.append((item, kind))
 
         names = {item.path: item.path for item, _ in found}
-        layout = (_keras2_names(f) or _keras3_names(list(names))) if keras_names else None
+        with _h5_errors(self.path, "Keras layer_names/weight_names attributes"):
+            layout = (_keras2_names(f) or _keras3_names(list(names))) if keras_names else None
         if layout is not None:
             kind, mapped = layout
             renamed = {p: mapped.get(p, p) for p in names}
@@ -242,9 +261,11 @@ class HDF5Checkpoint(LazyCheckpoint):
             itemsize = dtypes.get(dtype).itemsize
             nbytes = math.prod(shape) * itemsize
             storage = storages.setdefault(item.alias_of or item.path, names[item.alias_of or item.path])
+            with _h5_errors(self.path, item.path):
+                offset = _positioned_offset(dset, self.path, item.path)
             self._infos[name] = TensorInfo(
                 name=name, dtype=dtype, shape=shape, stride=contiguous_stride(shape), storage=storage,
-                storage_offset=0, offset=_positioned_offset(dset, self.path, item.path), span_nbytes=nbytes,
+                storage_offset=0, offset=offset, span_nbytes=nbytes,
                 file=self.path, storage_nbytes=nbytes, byteorder=byteorder,
             )
             self.hdf5_paths[name] = item.path
@@ -270,10 +291,8 @@ class HDF5Checkpoint(LazyCheckpoint):
         if info.numel == 0:
             return b""
         arr = np.empty(info.shape, dtype=dset.dtype)
-        try:
+        with _h5_errors(self.path, info.name):
             dset.read_direct(arr)
-        except (OSError, ValueError, TypeError) as e:
-            raise CorruptCheckpointError(self.path, f"h5py cannot read the dataset: {e}", info.name) from None
         return memoryview(arr.reshape(-1).view(np.uint8))
 
     def close(self) -> None:
