@@ -299,6 +299,18 @@ def test_git_merge_without_strategy_or_terminal_explains(grepo):
     assert out == ["model.ours.pt", "model.theirs.pt", "model.ancestor.pt"]
     assert_sd_equal(load_sd(grepo / "model.theirs.pt"), changed(base, 2, "layers.1.weight"))
     assert_sd_equal(load_sd(grepo / "model.ancestor.pt"), base)
+    for role in ("ours", "theirs", "ancestor"):
+        (grepo / f"model.{role}.pt").unlink()
+    # or resolve the conflict after the fact with a strategy, then commit
+    grepo.theta("merge-resolve", "model.pt", "--strategy", "average", "-p", "alpha=0.75")
+    grepo.git("commit", "-q", "--no-edit")
+    ours, theirs = changed(base, 1, "layers.1.weight"), changed(base, 2, "layers.1.weight")
+    want = get_strategy("average").merge("layers.1.weight", np_of(ours["layers.1.weight"]),
+                                         np_of(theirs["layers.1.weight"]), None, alpha=0.75)
+    got = load_sd(grepo / "model.pt")
+    assert np_of(got["layers.1.weight"]).tobytes() == want.tobytes()
+    assert grepo.status() == ""
+    assert grepo.out("log", "-1", "--format=%P").count(" ") == 1
 
 
 def test_interactive_menu_in_a_terminal(grepo):

@@ -100,6 +100,28 @@ def register(app: typer.Typer) -> None:
             print(w)
         print(f"Merge them into {path}, then `git add {path}` and commit.", file=sys.stderr)
 
+    @app.command("merge-resolve")
+    def merge_resolve(path: str = typer.Argument(..., help="A checkpoint left in conflict by `git merge`."),
+                      strategy: str = typer.Option(..., "--strategy", "-s", help="e.g. average, ties, ours."),
+                      param: List[str] = typer.Option([], "--param", "-p", help="NAME=VALUE, e.g. density=0.3."),
+                      ) -> None:
+        """Resolve a conflicted checkpoint with a merge strategy: write the result and stage it (then commit)."""
+        from .errors import ThetaError
+        from .merge_driver import resolve_conflicted
+        from .merges import MergeConflict
+
+        params = {}
+        for kv in param:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise ThetaError(f"--param {kv!r}: expected NAME=VALUE")
+            params[key.strip().replace("-", "_")] = value
+        try:
+            resolve_conflicted(path, strategy, params)
+        except MergeConflict as e:
+            raise ThetaError(str(e)) from None
+        print(f"Resolved {path} with {strategy}; staged. Commit to conclude the merge.", file=sys.stderr)
+
     @app.command("merge-strategies")
     def merge_strategies() -> None:
         """List the installed merge strategies and their parameters."""

@@ -378,3 +378,41 @@ def main(ancestor_file: str, ours_file: str, theirs_file: str, marker_size: str,
         sys.stderr.write(f"theta: merge of {path} failed: {e}\n")
         return 1
     return 0
+
+
+def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None = None,
+                       cwd: str | os.PathLike = ".", err: TextIO | None = None) -> CheckpointMeta:
+    """After a conflicted `git merge`: merge the index stages of ``path`` with ``strategy``, write the result to
+    the working tree (atomically, through the normal smudge path) and stage it with `git add`.
+
+    Groups changed on one side only follow git's rules as in the merge driver; ``strategy`` merges the groups
+    changed on both sides. Shape/dtype and delete/modify conflicts still refuse (MergeConflict).
+    """
+    from . import gitutil
+    from .smudge import smudge_checkpoint
+
+    repo = gitutil.toplevel(cwd)
+    listed = gitutil.run_text(["ls-files", "--full-name", "--", str(path)], cwd).splitlines()
+    if not listed:
+        raise ThetaError(f"{path}: not in the index (is it a conflicted, theta-tracked checkpoint?)")
+    rel = listed[0]
+    stages = {n: gitutil.read_blob(f":{n}:{rel}", repo) for n in (1, 2, 3)}
+    if stages[2] is None or stages[3] is None:
+        raise ThetaError(f"{rel}: no ours/theirs stages in the index; is the file in conflict?")
+    config = MergeConfig.load(repo)
+    config.env_strategy, config.interactive = strategy, False
+    for key, value in (params or {}).items():
+        try:
+            config.env_params[key] = float(value)
+        except (TypeError, ValueError):
+            raise ThetaError(f"merge parameter {key}={value!r} is not a number") from None
+    with tempfile.TemporaryDirectory(dir=gitutil.theta_dir(repo)) as d:
+        files = []
+        for n, role in ((1, "ancestor"), (2, "ours"), (3, "theirs")):
+            f = Path(d) / role
+            f.write_bytes(stages[n] or b"")
+            files.append(str(f))
+        meta = merge_files(*files, rel, repo_dir=repo, config=config, err=err)
+    smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel)
+    gitutil.run(["add", "--", rel], cwd=repo)
+    return meta
