@@ -191,6 +191,43 @@ def lazy_sources(lsd) -> list[TensorSource]:
 
 # -- convert ---------------------------------------------------------------------------------------
 
+@dataclass
+class WritePlan:
+    """What to hand a format's ``write``: sources, structure (torch only) and string metadata."""
+
+    sources: list[TensorSource]
+    structure: dict | None
+    metadata: dict[str, str]
+    cast: int = 0
+
+
+def plan_write(lsd, fmt: str, dtype: str | None = None, keep_layout: bool = True) -> WritePlan:
+    """Prepare an open checkpoint for writing as ``fmt``: the layout rules of this module, applied.
+
+    For torch, a layout stored in a flat file's metadata is restored (structure, Parameter-ness, ties
+    re-checked byte for byte); for flat formats, the source's layout is stored under :data:`LAYOUT_KEY`.
+    """
+    sources = lazy_sources(lsd)
+    metadata = dict(lsd.metadata or {})
+    stored = metadata.pop(LAYOUT_KEY, None)
+    structure = lsd.structure
+    if keep_layout and stored is not None and structure is None:
+        sources, structure = apply_layout(sources, Layout.from_json(stored, lsd.path), lsd.path)
+    if not keep_layout:
+        structure = None
+    n_cast = 0
+    if dtype is not None:
+        casted = [cast_source(s, dtype) for s in sources]
+        n_cast = sum(a is not b for a, b in zip(casted, sources))
+        sources = casted
+    if fmt != "torch" and keep_layout:
+        layout = layout_of(sources, structure)
+        if layout.structure is not None or layout.ties or layout.parameters or layout.requires_grad:
+            metadata[LAYOUT_KEY] = layout.to_json()
+    return WritePlan(sources=sources, structure=structure if fmt == "torch" else None, metadata=metadata,
+                     cast=n_cast)
+
+
 def _reporting(src: TensorSource, progress: Callable[[int, int], None], total: int) -> TensorSource:
     def read(s=src):
         data = s.read()
@@ -230,29 +267,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise ZipsliceError(dst, "source and destination are the same file")
     with zipslice.load(src) as lsd:
-        sources = lazy_sources(lsd)
-        metadata = dict(lsd.metadata or {})
-        stored = metadata.pop(LAYOUT_KEY, None)
-        structure = lsd.structure
-        if keep_layout and stored is not None and structure is None:
-            sources, structure = apply_layout(sources, Layout.from_json(stored, src), src)
-        if not keep_layout:
-            structure = None
-        n_cast = 0
-        if dtype is not None:
-            casted = [cast_source(s, dtype) for s in sources]
-            n_cast = sum(a is not b for a, b in zip(casted, sources))
-            sources = casted
-        if fmt != "torch" and keep_layout:
-            layout = layout_of(sources, structure)
-            if layout.structure is not None or layout.ties or layout.parameters or layout.requires_grad:
-                metadata[LAYOUT_KEY] = layout.to_json()
-        written = sources
+        plan = plan_write(lsd, fmt, dtype=dtype, keep_layout=keep_layout)
+        written = plan.sources
         if progress is not None:
-            total = bytes_to_write(sources, shares_storage=fmt == "torch")
-            written = [_reporting(s, progress, total) for s in sources]
-        options = {"structure": structure} if fmt == "torch" else {}
+            total = bytes_to_write(plan.sources, shares_storage=fmt == "torch")
+            written = [_reporting(s, progress, total) for s in plan.sources]
+        options = {"structure": plan.structure} if fmt == "torch" else {}
         _, _, module, fn = zipslice._FORMATS[fmt]
-        getattr(importlib.import_module(module), fn)(dst, written, metadata=metadata or None, **options)
+        getattr(importlib.import_module(module), fn)(dst, written, metadata=plan.metadata or None, **options)
+    sources, n_cast = plan.sources, plan.cast
     return ConvertResult(src=src, dst=dst, format=fmt, tensors=len(sources), cast=n_cast,
                          nbytes=bytes_to_write(sources, shares_storage=fmt == "torch"))
