@@ -88,21 +88,36 @@ def make_checkpoint(path: str, scale: float, dtype) -> int:
     return sum(v.numel() * v.element_size() for v in sd.values())
 
 
+# Each child also writes the seconds it spent after its imports to <last argument>.t: what a long-running
+# filter process (which pays Python's start-up once per git command) spends per file.
 CLEAN = r"""
-import sys
+import sys, time
+import zipslice.torch_reader
 from theta.clean import clean_checkpoint
 from theta.metadata import dumps
 from theta.store import LfsStore
+t = time.perf_counter()
 meta = clean_checkpoint(sys.argv[1], LfsStore(sys.argv[2]), None)
 open(sys.argv[3], "w").write(dumps(meta))
+open(sys.argv[3] + ".t", "w").write(str(time.perf_counter() - t))
 """
 SMUDGE = r"""
-import sys
+import sys, time
+import zipslice.torch_writer
 from theta.metadata import loads
 from theta.smudge import smudge_checkpoint
 from theta.store import LfsStore
+t = time.perf_counter()
 smudge_checkpoint(loads(open(sys.argv[1]).read()), LfsStore(sys.argv[2]), sys.argv[3])
+open(sys.argv[3] + ".t", "w").write(str(time.perf_counter() - t))
 """
+
+
+def inproc(path: str) -> float:
+    with open(path + ".t") as f:
+        value = float(f.read())
+    os.unlink(path + ".t")
+    return value
 
 
 def du(path: str) -> int:
@@ -110,7 +125,8 @@ def du(path: str) -> int:
 
 
 def row(name: str, step: str, th: dict, lf: dict, extra: str) -> None:
-    print(f"{name:18} {step:6} {th['wall']:10.2f} {lf['wall']:8.2f} {th['wall'] / lf['wall']:6.2f} "
+    print(f"{name:18} {step:6} {th['wall']:10.2f} {th['inproc']:7.2f} {lf['wall']:8.2f} {th['wall'] / lf['wall']:6.2f} "
+          f"{th['inproc'] / lf['wall']:6.2f} "
           f"{th['cpu']:9.2f} {lf['cpu']:7.2f} {th['cpu'] / max(lf['cpu'], 1e-3):6.2f} "
           f"{th['rss_mib']:8.0f}M {lf['rss_mib']:7.0f}M {extra}")
 
@@ -122,8 +138,9 @@ def file_table(work: str, scale: float) -> None:
     subprocess.run(["git", "init", "-q", repo], check=True)
     subprocess.run(["git", "lfs", "install", "--local"], cwd=repo, check=True, capture_output=True)
     print("\n## clean / smudge vs git-lfs (each in its own subprocess)")
-    print("wall = elapsed seconds, cpu = user+sys CPU seconds of the subprocess tree (less sensitive to load)")
-    print(f"{'checkpoint':18} {'step':6} {'theta wall':>10} {'lfs wall':>8} {'ratio':>6} {'theta cpu':>9} "
+    print("wall = elapsed seconds of the subprocess; in-proc = theta's seconds after its imports (what a long-running\n"
+          "filter process spends per file); cpu = user+sys CPU seconds of the subprocess tree")
+    print(f"{'checkpoint':18} {'step':6} {'theta wall':>10} {'in-proc':>7} {'lfs wall':>8} {'ratio':>6} {'ratio*':>6} {'theta cpu':>9} "
           f"{'lfs cpu':>7} {'ratio':>6} {'theta RSS':>9} {'lfs RSS':>8} {'stored/raw':>10}")
     for label, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         ckpt = os.path.join(work, f"model-{label}.pt")
@@ -132,12 +149,14 @@ def file_table(work: str, scale: float) -> None:
         meta = os.path.join(work, f"meta-{label}.txt")
         pointer = os.path.join(work, f"pointer-{label}.txt")
         th = measure([sys.executable, "-c", CLEAN, ckpt, objs, meta], cwd=ROOT)
+        th["inproc"] = inproc(meta)
         lf = measure(["git", "lfs", "clean", "model.pt"], cwd=repo, stdin=ckpt, stdout=pointer)
         stored = du(objs)
         name = f"{label} {raw / 2**20:.0f} MiB"
         row(name, "clean", th, lf, f"{stored / raw:10.3f}")
         out = os.path.join(work, f"out-{label}.pt")
         th = measure([sys.executable, "-c", SMUDGE, meta, objs, out], cwd=ROOT)
+        th["inproc"] = inproc(out)
         lf = measure(["git", "lfs", "smudge", "model.pt"], cwd=repo, stdin=pointer, stdout=os.path.join(work, "lfs-out"))
         row(name, "smudge", th, lf, "")
         a, b = torch.load(ckpt, weights_only=True), torch.load(out, weights_only=True)
@@ -145,7 +164,7 @@ def file_table(work: str, scale: float) -> None:
         for p in (ckpt, out, os.path.join(work, "lfs-out")):
             os.unlink(p)
         shutil.rmtree(objs)
-    print("(largest group: the embedding, %.0f MiB fp32)" % (30522 * scale * 768 * 4 / 2**20))
+    print("(ratio* = in-proc / git-lfs wall; largest group: the embedding, %.0f MiB fp32)" % (30522 * scale * 768 * 4 / 2**20))
 
 
 def main() -> None:
