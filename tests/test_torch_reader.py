@@ -376,6 +376,27 @@ def test_legacy_format(tmp_path):
         assert g.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("protocol", [1, 2, 3, 4, 5])
+def test_legacy_any_pickle_protocol(tmp_path, protocol):
+    sd = {"w": torch.randn(3, 4), "b": torch.arange(5), "n": 7}
+    path = tmp_path / "legacy.pt"
+    torch.save(sd, path, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+    assert zipslice.sniff(path) == "torch-legacy"
+    # torch's weights_only unpickler refuses some of these protocols; the file is our own, so trust it
+    want = torch.load(path, weights_only=False)
+    with zipslice.load(path) as lsd:
+        assert_tree_same(structure.build(lsd.structure, lsd.__getitem__), want)
+
+
+def test_legacy_protocol_0_recognised_and_refused(tmp_path):
+    # protocol 0 pickles persistent ids as text; torch.load itself cannot read such a file
+    path = tmp_path / "legacy0.pt"
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False, pickle_protocol=0)
+    assert zipslice.sniff(path) == "torch-legacy"
+    with pytest.raises(UnsupportedCheckpointError, match="protocol 0"):
+        zipslice.load(path)
+
+
 def test_legacy_truncated(tmp_path):
     path = tmp_path / "legacy.pt"
     torch.save({"w": torch.randn(100)}, path, _use_new_zipfile_serialization=False)

@@ -9,8 +9,24 @@ from .errors import NotACheckpointError, UnsupportedCheckpointError
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
-# torch.save before 1.6 wrote a bare pickle stream starting with this magic number as a pickled long.
-LEGACY_TORCH_PREFIXES = (b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19",)
+# torch.save before 1.6 (and later with _use_new_zipfile_serialization=False) writes a bare pickle
+# stream starting with its magic number 0x1950a86a20f9469cfc6c as a pickled long. Its opcodes depend
+# on the pickle protocol: LONG1 after PROTO (2, 3) or after PROTO + FRAME (4, 5); text LONG for 0 and 1.
+_LEGACY_LONG1 = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+_LEGACY_TEXT = b"L119547037146038801333356L\n"
+_FRAME = 0x95
+
+
+def is_legacy_torch(head: bytes) -> bool:
+    """Does ``head`` start with the legacy torch magic number, pickled with any protocol 0-5?"""
+    if head.startswith(_LEGACY_TEXT):
+        return True
+    if len(head) < 2 or head[0] != 0x80 or not 2 <= head[1] <= 5:
+        return False
+    body = head[2:]
+    if head[1] >= 4 and body[:1] == bytes([_FRAME]):
+        body = body[9:]  # FRAME + 8-byte frame length
+    return body.startswith(_LEGACY_LONG1)
 
 
 def sniff(path: str | os.PathLike) -> str:
@@ -37,7 +53,7 @@ def sniff(path: str | os.PathLike) -> str:
         raise NotACheckpointError(
             path, "this is a Git LFS pointer file, not the checkpoint; run `git lfs pull` (or `git lfs install`) "
                   "to fetch its content")
-    if head.startswith(LEGACY_TORCH_PREFIXES):
+    if is_legacy_torch(head):
         return "torch-legacy"
     if len(head) >= 9:
         (n,) = struct.unpack("<Q", head[:8])

@@ -66,8 +66,15 @@ class LegacyTorchCheckpoint(TorchCheckpoint):
             raise CorruptCheckpointError(self.path, "sys_info is not a dict", "sys_info")
         self.byteorder = "little" if sys_info.get("little_endian", True) else "big"
         storages: dict[str, StorageRef] = {}
-        u = RestrictedUnpickler(head, self.path, "pickle", lambda pid: _storage_from_pid(pid, storages, legacy=True),
-                                start=pos, source_size=self._size)
+
+        def persistent_load(pid: Any) -> StorageRef:
+            if isinstance(pid, str):  # protocol 0 writes a persistent id as text: torch.load cannot read it either
+                raise UnsupportedCheckpointError(
+                    self.path, "storage ids are pickled as text (pickle protocol 0); neither torch.load nor "
+                               "zipslice can read them -- re-save with pickle_protocol >= 1", "pickle")
+            return _storage_from_pid(pid, storages, legacy=True)
+
+        u = RestrictedUnpickler(head, self.path, "pickle", persistent_load, start=pos, source_size=self._size)
         obj = u.load()
         u = RestrictedUnpickler(head, self.path, "storage keys", no_pid, start=u.end, source_size=self._size)
         keys = u.load()
