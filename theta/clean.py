@@ -56,7 +56,8 @@ class CleanStats:
 
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
                          previous_value: Callable[[], np.ndarray | None], store: LfsStore,
-                         options: CleanOptions, update_data=None) -> list[Step]:
+                         options: CleanOptions, update_data=None, *,
+                         reshaped_previous: GroupMeta | None = None) -> list[Step]:
     """THE SEAM: store a group whose value changed and return its new step chain.
 
     ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
@@ -64,10 +65,13 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
     there is none or its blobs are not in the local store). Use :func:`store_step` to store parts and
     :func:`chain` to append to the previous chain within ``options.max_chain``.
     The policy (auto/sparse/low-rank/ia3/delta, side-loaded ``update_data``) is theta.updates.auto's.
+    ``reshaped_previous``: the previous version of a group whose dtype or shape changed (``previous`` is
+    then None), a base for updates that change the shape (``rows``).
     """
     from .updates.auto import encode_change
 
-    return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data)
+    return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data,
+                         reshaped_previous=reshaped_previous)
 
 
 def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
@@ -210,6 +214,7 @@ class _Read:
     digest: str
     prev: GroupMeta | None
     sig: list[int] | None
+    reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
 
 
 def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
@@ -220,7 +225,9 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
     digest = _sha256(raw)
     # a new group always needs its signature; a group with a previous version only when its bytes changed
     sig = lsh.signature(arr) if prev is None and lsh.hashable(info.dtype) else None
-    return _Read(key, info, raw, arr, digest, prev, sig)
+    reshaped = previous.group_for(key) if prev is None and previous is not None and (
+        key in previous.groups or key in previous.aliases) else None
+    return _Read(key, info, raw, arr, digest, prev, sig, reshaped)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -264,7 +271,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                 return keep(prev)
 
     before = store.written_bytes
-    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data)
+    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
+                                 reshaped_previous=got.reshaped)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
