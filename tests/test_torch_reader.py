@@ -430,3 +430,58 @@ def test_zip64_over_4gib(tmp_path):
         finally:
             os.close(fd)
         assert head == bytes(range(16)) and tail == bytes(range(16, 32))
+
+
+# -- file-level metadata and layout round trips --------------------------------------------------------
+
+def test_metadata_record_round_trip(tmp_path):
+    from zipslice import torch_writer
+    from zipslice.sources import as_sources
+
+    p = tmp_path / "m.pt"
+    meta = {"format": "pt", "note": "ünïcode", "empty": ""}
+    torch_writer.write(p, as_sources({"x": torch.arange(3.0)}), metadata=meta)
+    with zipslice.load(p) as lsd:
+        assert lsd.metadata == meta
+        assert "x" in lsd and ".data/zipslice_metadata.json" not in lsd.extras
+        again = tmp_path / "again.pt"
+        zipslice.save(again, lsd)
+    with zipslice.load(again) as lsd:
+        assert lsd.metadata == meta
+    torch.save({"x": torch.ones(1)}, tmp_path / "plain.pt")
+    with zipslice.load(tmp_path / "plain.pt") as lsd:
+        assert lsd.metadata == {}
+
+
+@pytest.mark.parametrize("payload", [b"[1, 2]", b'{"a": 1}', b"{not json", b"\xff\xfe", b'{"a": ["b"]}'])
+def test_bad_metadata_record_is_corrupt(tmp_path, payload):
+    p = tmp_path / "bad.pt"
+    torch.save({"x": torch.ones(2)}, p)
+    with zipfile.ZipFile(p, "a") as z:
+        z.writestr("bad/.data/zipslice_metadata.json", payload)
+    with pytest.raises(CorruptCheckpointError, match="metadata") as e:
+        zipslice.load(p)
+    assert "zipslice_metadata.json" in str(e.value)
+
+
+@pytest.mark.parametrize("flat", ["safetensors", "h5"])
+def test_save_through_a_flat_format_restores_the_layout(tmp_path, flat):
+    emb = torch.nn.Parameter(random_tensor("float32", (4, 3)))
+    sd = {"model": {"embed.weight": emb, "head.weight": emb, "bias": torch.arange(3.0)},
+          "step": 12, "opt": [{"lr": 0.5}]}
+    src = tmp_path / "src.pt"
+    torch.save(sd, src)
+    mid = tmp_path / f"mid.{flat}"
+    back = tmp_path / "back.pt"
+    with zipslice.load(src) as lsd:
+        zipslice.save(mid, lsd)
+    with zipslice.load(mid) as lsd:
+        assert lsd.structure is None and "zipslice.layout" in lsd.metadata
+        zipslice.save(back, lsd)
+    got = torch.load(back, weights_only=True)
+    assert_tree_same(got, torch.load(src, weights_only=True))
+    m = got["model"]
+    assert isinstance(m["embed.weight"], torch.nn.Parameter)
+    assert m["embed.weight"].untyped_storage().data_ptr() == m["head.weight"].untyped_storage().data_ptr()
+    with zipslice.load(back) as lsd:
+        assert "zipslice.layout" not in lsd.metadata

@@ -55,7 +55,9 @@ def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheck
     """Write ``tensors`` to ``path`` one tensor at a time, published atomically.
 
     ``tensors`` is a LazyCheckpoint or an iterable of (name, torch.Tensor | numpy.ndarray | TensorSource);
-    a lazy source streams through without being materialised whole.
+    a lazy source streams through without being materialised whole. A LazyCheckpoint is written like
+    :func:`zipslice.convert.convert` writes it (:func:`zipslice.convert.plan_write`): its container
+    layout survives a round trip through safetensors or HDF5.
     """
     from .sources import as_sources
 
@@ -64,9 +66,14 @@ def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheck
         raise ValueError(f"cannot write format {fmt!r}; choose torch, safetensors or hdf5")
     _, _, module, fn = _FORMATS[fmt]
     if isinstance(tensors, LazyCheckpoint):
-        options.setdefault("structure", tensors.structure)
-        options.setdefault("metadata", tensors.metadata or None)
-        srcs = list(tensors.sources())
+        # the same layout rules as zipslice.convert: a layout kept in a flat file's metadata is restored
+        # when writing torch, and a torch file's layout is kept in the metadata of a flat format
+        from .convert import plan_write
+
+        plan = plan_write(tensors, fmt)
+        options.setdefault("structure", plan.structure)
+        options.setdefault("metadata", plan.metadata or None)
+        srcs = plan.sources
     else:
         srcs = as_sources(tensors)
     getattr(importlib.import_module(module), fn)(path, srcs, **options)

@@ -12,6 +12,7 @@ The returned tensor has the saved dtype, shape, strides, requires_grad and Param
 from __future__ import annotations
 
 import gc
+import json
 import mmap
 import os
 import sys
@@ -32,6 +33,10 @@ from .zipfmt import STORED, ZipIndex, ZipMember
 # data.pkl holds only metadata (a few hundred bytes per tensor); anything past this is not a checkpoint.
 MAX_PICKLE_BYTES = 256 << 20
 MAX_DEPTH = 200
+# zipslice's writer keeps file-level string metadata here (torch.load ignores the record); it may hold
+# a container layout (zipslice.convert), so allow far more than a safetensors header's usual few KiB
+METADATA_RECORD = ".data/zipslice_metadata.json"
+MAX_METADATA_BYTES = 64 << 20
 _UNION_ALIGN = 16  # the widest element (complex128): keeps every tied view's offset a whole element
 _HUGE_BUFFER = 4 << 20  # from this size, read into transparent-huge-page memory
 
@@ -232,6 +237,18 @@ class TorchCheckpoint(LazyCheckpoint):
 
         obj = RestrictedUnpickler(pickle, self.path, entry, persistent_load).load()
         self._index(obj, entry, len(pickle), self._zip_record)
+        if prefix + METADATA_RECORD in zi.members:
+            self.metadata = self._read_metadata(prefix + METADATA_RECORD)
+
+    def _read_metadata(self, entry: str) -> dict[str, str]:
+        raw = self._zip.read_member(entry, MAX_METADATA_BYTES)
+        try:
+            meta = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CorruptCheckpointError(self.path, f"metadata is not UTF-8 JSON: {e}", entry) from None
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise CorruptCheckpointError(self.path, "metadata must be a JSON object of string to string", entry)
+        return meta
 
     def _find_prefix(self, zi: ZipIndex) -> str:
         # torch names records "<archive>/..."; the archive name is whatever the file was saved as.
