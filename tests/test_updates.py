@@ -385,3 +385,89 @@ def test_squash_meta_makes_every_group_self_contained(tmp_path):
     squashed, report = squash_meta(m, store)
     assert report.rewritten == 1 and [s.type for s in squashed.groups["w"].steps] == ["dense"]
     assert raw(reconstruct(squashed.groups["w"], store)) == raw(w)
+
+
+# ---------------------------------------------------------------- chains that change shape (rows)
+
+
+def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
+    """Trim / append / edit an embedding in turn through clean + smudge: each trim or append is a small
+    ``rows`` step on the previous value, earlier steps record their own shape, the chain stays within
+    max_chain (then a self-contained step), and every version rebuilds bit for bit, also after a
+    round trip through the metadata text and with a fresh cache."""
+    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.metadata import dumps, loads
+    from theta.smudge import smudge_checkpoint
+    from theta.store import LfsStore
+    from theta.updates import reconstruct, step_layout
+
+    store = LfsStore(tmp_path / "objects")
+    rng = np.random.default_rng(21)
+    path = tmp_path / "m.safetensors"
+    emb = weights(rng, (400, 32), np.float32)
+    other = weights(rng, (32, 32), np.float32)
+    metas, values, types = [], [], []
+
+    def clean(e, previous):
+        safetensors.numpy.save_file({"emb": e, "other": other}, str(path))
+        meta = loads(dumps(clean_checkpoint(path, store, previous, CleanOptions(max_chain=5))))
+        smudge_checkpoint(meta, store, tmp_path / "out.safetensors")
+        out = safetensors.numpy.load_file(str(tmp_path / "out.safetensors"))
+        assert raw(out["emb"]) == raw(e) and out["emb"].shape == e.shape and raw(out["other"]) == raw(other)
+        metas.append(meta)
+        values.append(e)
+        types.append([s.type for s in meta.groups["emb"].steps])
+        return meta
+
+    m = clean(emb, None)
+    edits = [lambda e: e[:360],                                               # trim the vocabulary
+             lambda e: np.concatenate([e, weights(rng, (8, 32), np.float32)]),  # add tokens
+             lambda e: np.where(np.arange(e.shape[0])[:, None] == 5, np.float32(1), e),  # edit a row
+             lambda e: np.delete(e, [3, 50, 77], axis=0),                     # remove rows in the middle
+             lambda e: e[:300],
+             lambda e: np.concatenate([e, weights(rng, (4, 32), np.float32)]),
+             lambda e: e[:290]]
+    before = store.written_bytes
+    sizes = []
+    for edit in edits:
+        m = clean(np.ascontiguousarray(edit(values[-1])), m)
+        sizes.append(store.written_bytes - before)
+        before = store.written_bytes
+    assert types[1] == ["dense", "rows"] and types[2] == ["dense", "rows", "rows"]
+    assert types[3][-1] in ("sparse", "delta") and types[4][-1] == "rows"
+    assert types[5] == ["dense"]                       # max_chain (5) reached: self-contained
+    assert types[6] == ["dense", "rows"] and types[7] == ["dense", "rows", "rows"]
+    assert sizes[0] < 1000 and sizes[3] < 1000 and sizes[6] < 1000   # a trim stores (almost) nothing
+    assert sizes[1] < 8 * 32 * 4 + 1000                # an append stores the new rows only
+    assert sizes[4] > 200 * 32 * 4 // 2                # the self-contained value (compressed)
+    # earlier steps record the shape of their own value; the last has the group's
+    g = metas[4].groups["emb"]
+    assert [step_layout(s, g)[1] for s in g.steps] == [(400, 32), (360, 32), (368, 32), (368, 32), (365, 32)]
+    assert "shape" not in g.steps[-1].params and "shape" in g.steps[0].params
+    for meta, want in zip(metas, values):
+        for cache in (None, {}):
+            got = reconstruct(meta.groups["emb"], store, cache)
+            assert got.shape == want.shape and raw(got) == raw(want)
+    # a cache holding the earlier versions serves them (no blob needed for the chain's start)
+    cache = {}
+    reconstruct(metas[3].groups["emb"], store, cache)
+    assert raw(reconstruct(metas[4].groups["emb"], store, cache)) == raw(values[4])
+
+
+def test_rows_not_tried_when_it_cannot_apply(tmp_path):
+    """A change of row width or dtype stores the value itself (no rebuild of the previous value)."""
+    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.store import LfsStore
+
+    store = LfsStore(tmp_path / "objects")
+    path = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(22)
+    e = weights(rng, (50, 8), np.float32)
+    safetensors.numpy.save_file({"emb": e}, str(path))
+    m = clean_checkpoint(path, store, None, CleanOptions())
+    for new in (e[:, :4].copy(), e.astype(np.float16), e.reshape(-1).copy()):
+        safetensors.numpy.save_file({"emb": new}, str(path))
+        m2 = clean_checkpoint(path, store, m, CleanOptions())
+        assert [s.type for s in m2.groups["emb"].steps] == ["dense"]
+    # old metadata (no recorded shapes) still reads: a step without "shape" has its group's
+    assert all("shape" not in s.params for s in m.groups["emb"].steps)

@@ -90,9 +90,12 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
         for i in range(len(steps) - 1, -1, -1):
             hit = cache.get(steps[i].hash)
             if hit is not None:
-                start, value = i + 1, hit
+                # equal bytes may be cached under another group's dtype/shape: take this step's own
+                dtype_name, shape = step_layout(steps[i], group)
+                if hit.dtype != dtypes.get(dtype_name).to_numpy() or hit.size != int(np.prod(shape, dtype=np.int64)):
+                    continue
+                start, value = i + 1, hit if tuple(hit.shape) == shape else hit.reshape(shape)
                 break
-    want = dtypes.get(group.dtype).to_numpy()
     last = len(steps) - 1
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
@@ -102,8 +105,10 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
             raise MetadataError(f"group {group.name!r}: step {step.type!r} needs a previous value but is first")
         value = ut.apply(parts, step.params, value)
         del parts
-        if value.dtype != want or tuple(value.shape) != tuple(group.shape):
-            value = _coerce(value, want, group)
+        dtype_name, shape = step_layout(step, group)
+        want = dtypes.get(dtype_name).to_numpy()
+        if value.dtype != want or tuple(value.shape) != shape:
+            value = _coerce(value, want, shape, group)
         if step.hash and (verify or i < last) and content_hash(value) != step.hash:
             raise UpdateTypeError(f"group {group.name!r}: step {step.type!r} (blob {step.blob.oid[:12]}) rebuilt "
                                   f"a value whose hash differs from the recorded one")
@@ -112,9 +117,46 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     return value
 
 
-def _coerce(value: np.ndarray, want: np.dtype, group: "GroupMeta") -> np.ndarray:
-    if value.size != group.numel:
-        raise UpdateTypeError(f"group {group.name!r}: rebuilt {value.size} values, expected shape {group.shape}")
+def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta") -> np.ndarray:
+    if value.size != int(np.prod(shape, dtype=np.int64)):
+        raise UpdateTypeError(f"group {group.name!r}: rebuilt {value.size} values, expected shape {list(shape)}")
     if value.dtype != want:
         value = value.astype(want)
-    return value.reshape(group.shape)
+    return value.reshape(shape)
+
+
+# ---------------------------------------------------------------- steps whose value has another layout
+# A chain may cross a change of shape (``rows``: an embedding trimmed or extended) or dtype. A step whose
+# value has another dtype/shape than its group records it in its params under these keys; a step without
+# them produces the group's dtype and shape (so metadata written before reads as it always did).
+SHAPE_KEY = "shape"
+DTYPE_KEY = "dtype"
+
+
+def step_layout(step, group: "GroupMeta") -> tuple[str, tuple[int, ...]]:
+    """(dtype name, shape) of the value ``step`` of ``group``'s chain produces."""
+    p = step.params
+    try:
+        shape = tuple(int(s) for s in p[SHAPE_KEY]) if SHAPE_KEY in p else tuple(group.shape)
+    except (TypeError, ValueError):
+        raise MetadataError(f"group {group.name!r}: step {step.type!r} has a bad {SHAPE_KEY!r} "
+                            f"{p[SHAPE_KEY]!r}") from None
+    return str(p.get(DTYPE_KEY, group.dtype)), shape
+
+
+def relayout_steps(base: "GroupMeta", dtype: str, shape: tuple[int, ...]) -> list:
+    """``base``'s steps, for a chain continued by a group of ``dtype``/``shape``: every step records its own
+    layout where it differs from that one (and drops a record equal to it), so the text stays canonical.
+    Only params change: blobs and hashes (the content the chain refers to) are the same."""
+    from dataclasses import replace
+
+    out = []
+    for step in base.steps:
+        d, s = step_layout(step, base)
+        params = {k: v for k, v in step.params.items() if k not in (SHAPE_KEY, DTYPE_KEY)}
+        if tuple(s) != tuple(shape):
+            params[SHAPE_KEY] = list(s)
+        if d != dtype:
+            params[DTYPE_KEY] = d
+        out.append(replace(step, params=params))
+    return out

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zipslice import dtypes
+
 from theta import codec
 from theta.updates import Encoded, get
 from theta.updates.delta import changed_mask, same_layout
@@ -103,6 +105,14 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
 
 # ---------------------------------------------------------------- the clean filter's policy
 
+def rows_may_apply(previous_meta, new: np.ndarray) -> bool:
+    """Can ``rows`` derive ``new`` from this previous version of another shape? (Checked before rebuilding
+    the previous value: same dtype and number of dims, same trailing dims, at least one dim.)"""
+    prev_shape = tuple(previous_meta.shape)
+    return (new.ndim >= 1 and len(prev_shape) == new.ndim and prev_shape[1:] == tuple(new.shape[1:])
+            and dtypes.get(previous_meta.dtype).to_numpy() == new.dtype)
+
+
 def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
                   reshaped_previous=None, update_data=None) -> list:
     """The step chain of a changed group (what ``theta.clean.encode_changed_group`` returns).
@@ -144,14 +154,22 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     base, base_meta = None, None
     if previous is not None and not chain_full(previous, options):
         base, base_meta = previous_value(), previous
-    elif reshaped_previous is not None and not chain_full(reshaped_previous, options) and wanted in ("auto", "rows"):
+    elif (reshaped_previous is not None and not chain_full(reshaped_previous, options)
+          and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
+        from dataclasses import replace
+
         from theta.errors import BlobMissingError
-        from theta.updates import reconstruct
+        from theta.updates import reconstruct, relayout_steps
 
         try:
-            base, base_meta = reconstruct(reshaped_previous, store), reshaped_previous
+            base = reconstruct(reshaped_previous, store)
         except BlobMissingError:
-            base = None
+            base = None  # not fetched locally: store the value itself
+        if base is not None:
+            # the chain continues across the change of shape: its earlier steps record their own shape
+            # (same dtype: rows_may_apply checked it)
+            base_meta = replace(reshaped_previous,
+                                steps=relayout_steps(reshaped_previous, reshaped_previous.dtype, new.shape))
     if base is None:
         if wanted not in ("auto", "dense"):
             get(wanted)  # an unknown name still fails clearly
