@@ -266,3 +266,71 @@ def test_bad_update_file_stages_nothing(repo, tmp_path, case):
     assert expected in err, err
     assert repo.out("ls-files", "-s", "model.pt") == before
     assert repo.out("diff", "--cached", "--name-only") == ""
+
+
+# ---------------------------------------------------------------- rows: trimming / extending an embedding
+
+E = "model/embed.weight"
+
+
+def new_objects_bytes(repo, before: set[str]) -> int:
+    d = repo.git_common_dir() / "lfs" / "objects"
+    return sum((d / o[:2] / o[2:4] / o).stat().st_size for o in repo.lfs_objects() - before)
+
+
+def test_rows_trim_and_append_through_git(repo):
+    """Trim an embedding's vocabulary, then append tokens: each commit stores only what is needed (the
+    row map, and the new rows), checks out bit for bit, and merges/rebases across it still work."""
+    v0 = load_pt(repo / "model.pt")
+    # trimmed: the last 28 tokens removed from the embedding and the output bias
+    v1 = OrderedDict(v0)
+    v1["embed.weight"], v1["head.bias"] = v0["embed.weight"][:100].clone(), v0["head.bias"][:100].clone()
+    save_pt(repo / "model.pt", v1)
+    before = repo.lfs_objects()
+    repo.commit("trim vocabulary", "model.pt")
+    trimmed = loads(repo.show("HEAD:model.pt")).groups
+    assert [s.type for s in trimmed[E].steps] == ["dense", "rows"]
+    assert trimmed[E].steps[0].params["shape"] == [128, 48] and "shape" not in trimmed[E].steps[1].params
+    assert new_objects_bytes(repo, before) < 600      # two row maps; the dense embedding is 24 KiB
+    # appended: 6 new tokens
+    g = torch.Generator().manual_seed(5)
+    v2 = OrderedDict(v1)
+    v2["embed.weight"] = torch.cat([v1["embed.weight"], torch.randn(6, 48, generator=g)])
+    v2["head.bias"] = torch.cat([v1["head.bias"], torch.full((6,), 0.5)])
+    save_pt(repo / "model.pt", v2)
+    before = repo.lfs_objects()
+    repo.commit("add tokens", "model.pt")
+    assert steps(repo) == steps(repo, "HEAD~1")        # the attention weight is untouched
+    groups = loads(repo.show("HEAD:model.pt")).groups
+    assert [s.type for s in groups[E].steps] == ["dense", "rows", "rows"]
+    assert new_objects_bytes(repo, before) < 6 * 48 * 4 + 600   # ~ the new rows only (1152 bytes raw)
+    for rev, want in (("main~2", v0), ("main~1", v1), ("main", v2)):
+        repo.git("checkout", "-q", rev)
+        assert_bits(load_pt(repo / "model.pt"), want)
+        assert repo.status() == "", rev
+    repo.git("checkout", "-q", "main")
+    # a branch from the base edits another group; merge it into the trimmed+extended main
+    repo.git("checkout", "-q", "-b", "feat", "main~2")
+    v_feat = OrderedDict(load_pt(repo / "model.pt"))
+    v_feat[W] = v_feat[W].clone()
+    v_feat[W][3, :5] = 2.0
+    save_pt(repo / "model.pt", v_feat)
+    edit = repo.commit("edit attention", "model.pt")
+    want = OrderedDict(v2)
+    want[W] = v_feat[W]
+    repo.git("checkout", "-q", "-b", "merged", "main")
+    repo.git("merge", "-q", "--no-edit", "feat")
+    assert_bits(load_pt(repo / "model.pt"), want)
+    assert repo.status() == ""
+    # rebase the feature onto main: the replayed commit keeps main's reshaped embedding
+    repo.git("checkout", "-q", "feat")
+    repo.git("rebase", "-q", "main")
+    assert_bits(load_pt(repo / "model.pt"), want)
+    assert repo.status() == ""
+    # and rebase main's trim/append commits onto the feature's edit (the chains resolve by content)
+    repo.git("checkout", "-q", "-b", "vocab", "main")
+    repo.git("rebase", "-q", edit)
+    for rev, w in (("vocab~1", OrderedDict(v1, **{W: v_feat[W]})), ("vocab", want)):
+        repo.git("checkout", "-q", rev)
+        assert_bits(load_pt(repo / "model.pt"), w)
+        assert repo.status() == "", rev
