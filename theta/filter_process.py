@@ -10,13 +10,16 @@ copied. At the first difference (or when there is no such file, e.g. `git hash-o
 is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
 Content that already is theta metadata passes through unchanged.
 
-Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, rebuild the
-checkpoint group by group into a temporary file, then stream it to git. The output format is the committed
+Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, then rebuild the
+checkpoint group by group. A torch checkpoint streams to git while it is rebuilt (its writer never seeks);
+other formats are written to a temporary file first, then sent. The output format is the committed
 one unless the path has the attribute ``theta-format=<torch|safetensors|hdf5>`` or
 ``git config theta.checkoutFormat`` is set.
 
-Any failure answers ``status=error`` before a single content byte is sent, so git leaves the index and the
-working tree untouched (``filter.theta.required=true`` makes git stop).
+Any failure answers ``status=error``: before any content byte when it can (missing blobs, bad metadata),
+else after the partial content, which the protocol allows and which makes git discard that content (a group
+whose rebuilt value does not match its content hash is found while the next is written). Either way git
+leaves the index and the working tree file untouched (``filter.theta.required=true`` makes git stop).
 """
 from __future__ import annotations
 
@@ -240,15 +243,19 @@ class Filter:
         finally:
             got.cleanup()
 
-    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False) -> bool:
+    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
+               stream: "callable | None" = None) -> bool:
         """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        With ``stream`` (a callable returning a writable stream, called at most once, just before the first
+        byte), formats that can be written without seeking go straight to that stream, with no temp file.
 
         With ``can_delay`` (git's delay capability) a file whose blobs are not all local is set aside and True
         is returned: :meth:`available` later fetches the blobs of every delayed file in one git-lfs run.
         """
         from .lfs_transfer import TransferError, fetch_missing
         from .metadata import is_metadata, loads
-        from .smudge import smudge_checkpoint
+        from .smudge import smudge_checkpoint, smudge_to_stream, streams
 
         if path in self.ready:  # a delayed file git asks for again (its content section is empty)
             for _ in chunks:
@@ -273,6 +280,10 @@ class Filter:
             except TransferError as e:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             fmt = checkout_format(path, self.cwd)
+            if stream is not None and streams(meta, fmt):
+                smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
+                                 progress=stderr_is_terminal())
+                return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
             try:
@@ -311,6 +322,18 @@ class Filter:
         self.ready.update(self.delayed)
         self.delayed.clear()
         return paths
+
+
+class _Lazy:
+    """A writable stream opened by its first write (so nothing is announced to git before there is data)."""
+
+    def __init__(self, opener):
+        self.opener, self.out = opener, None
+
+    def write(self, data) -> int:
+        if self.out is None:
+            self.out = self.opener()
+        return self.out.write(data)
 
 
 def _first_missing_group(meta, store) -> str:
@@ -360,6 +383,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             w.text_list(["status=success"])
             continue
         chunks = r.iter_content()
+        content = None  # the content section being streamed to git, if one was started
         try:
             if command == "clean":
                 data = filt.clean(path, chunks)
@@ -368,13 +392,22 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                     w.packet(data)
                 w.flush()
             elif command == "smudge":
-                # Everything is in the temp file before status=success goes out: no half answers.
-                def send(f):
+                def send(f):  # a file rebuilt completely (and checked) before status=success goes out
                     w.text_list(["status=success"])
                     w.content_from(f)
-                if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1"):
+
+                def open_content():  # streamed: content packets go out while the file is rebuilt
+                    nonlocal content
+                    w.text_list(["status=success"])
+                    content = w.content()
+                    return content
+                if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1",
+                               stream=open_content):
                     w.text_list(["status=delayed"])
                     continue
+                if content is not None:
+                    content.close()
+                    content = None
             else:
                 for _ in chunks:
                     pass
@@ -386,6 +419,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             for _ in chunks:  # drain whatever git still sends for this file
                 pass
             _report(path, command, e)
+            if content is not None:  # content (partly) sent: end it; the error then makes git drop it
+                content.close()
             w.text_list(["status=error"])
 
 

@@ -4,6 +4,7 @@ A packet is a 4-hex-digit length (counting those 4 bytes) followed by the payloa
 """
 from __future__ import annotations
 
+import os
 from typing import BinaryIO, Iterator
 
 from .errors import ThetaError
@@ -93,6 +94,86 @@ class PktWriter:
 
     def content_from(self, f: BinaryIO, bufsize: int = MAX_PAYLOAD * 16) -> None:
         """Send a file's bytes as content packets followed by a flush."""
+        out = self.content()
         while chunk := f.read(bufsize):
-            self.packet(chunk)
-        self.flush()
+            out.write(chunk)
+        out.close()
+
+    def content(self) -> "ContentWriter":
+        """A file-like writer whose bytes go out as content packets; its close() sends the flush."""
+        return ContentWriter(self.stream)
+
+
+_IOV_BATCH = 512  # packets per writev (header + payload each: 1024 iovecs, Linux's IOV_MAX)
+
+
+class ContentWriter:
+    """Turns arbitrary writes into full-size content packets.
+
+    Small writes (zip headers) are gathered into one packet; a large write is cut into packets through
+    memoryview slices (no copies) that go out with os.writev, up to 512 packets (32 MiB) per system call.
+    """
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.pending = bytearray()
+        self.sent = 0  # payload bytes handed to the stream
+        try:
+            self.fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            self.fd = None  # e.g. BytesIO in tests: plain writes
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if len(self.pending) + n < MAX_PAYLOAD:
+            self.pending += view
+            return n
+        packets = []
+        if self.pending:
+            take = MAX_PAYLOAD - len(self.pending)
+            self.pending += view[:take]
+            packets.append(bytes(self.pending))
+            self.pending.clear()
+            view = view[take:]
+        full = view.nbytes - view.nbytes % MAX_PAYLOAD
+        packets.extend(view[i:i + MAX_PAYLOAD] for i in range(0, full, MAX_PAYLOAD))
+        self.pending += view[full:]
+        self._send(packets)
+        return n
+
+    def _send(self, packets: list) -> None:
+        head = b"%04x" % (MAX_PAYLOAD + 4)
+        if self.fd is None:
+            for p in packets:
+                self.stream.write(b"%04x" % (len(p) + 4))
+                self.stream.write(p)
+                self.sent += len(p)
+            return
+        self.stream.flush()  # what the buffered stream holds goes first
+        for i in range(0, len(packets), _IOV_BATCH):
+            iov = []
+            for p in packets[i:i + _IOV_BATCH]:
+                iov.append(head if len(p) == MAX_PAYLOAD else b"%04x" % (len(p) + 4))
+                iov.append(p)
+            _writev_all(self.fd, iov)
+            self.sent += sum(len(p) for p in packets[i:i + _IOV_BATCH])
+
+    def close(self) -> None:
+        """Send what is gathered and the flush packet that ends the content."""
+        if self.pending:
+            self._send([bytes(self.pending)])
+            self.pending.clear()
+        self.stream.write(b"0000")
+        self.stream.flush()
+
+
+def _writev_all(fd: int, iov: list) -> None:
+    views = [memoryview(b).cast("B") for b in iov]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]

@@ -10,11 +10,12 @@ import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 import zipslice
-from zipslice import TensorSource, dtypes
+from zipslice import TensorSource, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 
 from .clean import READ_AHEAD_BYTES
@@ -58,48 +59,8 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     out_path = os.fspath(out_path)
     name = Path(out_path).name
     check_blobs(meta, store, name)
-    target = fmt or meta.format
-    target = _WRITES_AS.get(target, target)
-    bar = _progress(progress, meta, name)
-    checker = _HashChecker(name)
-    sources = []
-    for tname in meta.order:
-        alias = meta.aliases.get(tname)
-        g = meta.group_for(tname)
-        owner = alias or g
-        sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=None,
-                                    tie=("theta", g.name), is_parameter=owner.is_parameter,
-                                    requires_grad=owner.requires_grad))
-    rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta))
-
-    handed: list[memoryview] = []
-
-    def before_new() -> None:
-        checker.finish()
-        # The writer keeps its last buffer in a variable until its next read() returns; releasing the view
-        # lets the previous value be freed before the next one is decoded (a writer that used the buffer
-        # later would fail loudly on the released view, never write wrong bytes).
-        while handed:
-            view = handed.pop()
-            try:
-                view.release()
-            except BufferError:
-                pass  # the writer still holds a view of it: it is freed when the writer lets go
-
-    def reader(group_name: str):
-        def read():
-            value, fresh = rebuild.get(group_name, before_new=before_new)
-            if fresh:
-                checker.submit(meta.groups[group_name], value)  # verified on another thread while written
-                if bar is not None:
-                    bar.advance(bar.task_ids[0], value.nbytes)
-            view = _le_bytes(value)
-            handed.append(view)
-            return view
-        return read
-
-    for src in sources:
-        src.read = reader(meta.group_for(src.name).name)
+    target = _target(meta, fmt)
+    job = _Job(meta, store, name, target, progress)
     options: dict = {}
     if target == "torch" and meta.structure is not None:
         options["structure"] = meta.structure
@@ -107,21 +68,110 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
         options["metadata"] = dict(meta.metadata)
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
     tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
+    if target == "torch":
+        options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
     try:
-        zipslice.save(tmp, [(s.name, s) for s in sources], format=target, **options)
-        checker.finish()
+        zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
+        job.checker.finish()
         os.replace(tmp, out_path)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot write {out_path}: {e}") from e
     except ValueError as e:
         raise ThetaError(f"cannot write {out_path} as {target}: {e}") from e
     finally:
-        rebuild.close()
-        checker.finish(raise_errors=False)
+        job.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if bar is not None:
-            bar.stop()
+
+
+def streams(meta: CheckpointMeta, fmt: str | None = None) -> bool:
+    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch)."""
+    return _target(meta, fmt) == "torch"
+
+
+def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str, fmt: str | None = None,
+                     progress: bool = False) -> None:
+    """Write the checkpoint to the stream ``out`` (e.g. git's pipe) while it is rebuilt: no temp file.
+
+    Only for formats where :func:`streams` is True. Every group is still checked against its content hash
+    (on another thread, while it is written), but bytes of a bad group may already be in ``out`` when the
+    error is raised: the caller must discard the output (the filter answers git ``status=error``, and git
+    then drops it). ``name`` names the file in errors and gives the torch record prefix.
+    """
+    check_blobs(meta, store, name)
+    target = _target(meta, fmt)
+    if target != "torch":
+        raise ThetaError(f"{name}: {target} output cannot be streamed; use smudge_checkpoint")
+    job = _Job(meta, store, name, target, progress)
+    try:
+        torch_writer.write_to(out, job.sources, structure=meta.structure,
+                              metadata=dict(meta.metadata) if meta.metadata else None,
+                              record_prefix=torch_writer.default_prefix(name), path=name)
+        job.checker.finish()
+    except ZipsliceError as e:
+        raise CheckpointError(f"cannot write {name}: {e}") from e
+    except ValueError as e:
+        raise ThetaError(f"cannot write {name} as {target}: {e}") from e
+    finally:
+        job.close()
+
+
+def _target(meta: CheckpointMeta, fmt: str | None) -> str:
+    target = fmt or meta.format
+    return _WRITES_AS.get(target, target)
+
+
+class _Job:
+    """The sources of one smudge: each read() rebuilds its group (the next one ahead on a thread) and hands
+    it to the hash checker; the previous value is released before the next is decoded."""
+
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, name: str, target: str, progress: bool):
+        self.bar = bar = _progress(progress, meta, name)
+        self.checker = checker = _HashChecker(name)
+        sources = []
+        for tname in meta.order:
+            alias = meta.aliases.get(tname)
+            g = meta.group_for(tname)
+            owner = alias or g
+            sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=None,
+                                        tie=("theta", g.name), is_parameter=owner.is_parameter,
+                                        requires_grad=owner.requires_grad))
+        self.rebuild = rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta))
+        handed: list[memoryview] = []
+
+        def before_new() -> None:
+            checker.finish()
+            # The writer keeps its last buffer in a variable until its next read() returns; releasing the
+            # view lets the previous value be freed before the next one is decoded (a writer that used the
+            # buffer later would fail loudly on the released view, never write wrong bytes).
+            while handed:
+                view = handed.pop()
+                try:
+                    view.release()
+                except BufferError:
+                    pass  # the writer still holds a view of it: it is freed when the writer lets go
+
+        def reader(group_name: str):
+            def read():
+                value, fresh = rebuild.get(group_name, before_new=before_new)
+                if fresh:
+                    checker.submit(meta.groups[group_name], value)  # verified on another thread while written
+                    if bar is not None:
+                        bar.advance(bar.task_ids[0], value.nbytes)
+                view = _le_bytes(value)
+                handed.append(view)
+                return view
+            return read
+
+        for src in sources:
+            src.read = reader(meta.group_for(src.name).name)
+        self.sources = sources
+
+    def close(self) -> None:
+        self.rebuild.close()
+        self.checker.finish(raise_errors=False)
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta) -> list[str]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
-from typing import Callable, Hashable, Sequence
+from typing import BinaryIO, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -98,6 +99,20 @@ def write(path: str | os.PathLike, sources: Sequence[TensorSource], *, structure
     file holds a flat ``dict`` of the sources in order. ``progress(nbytes)`` is called as data is written.
     """
     path = os.fspath(path)
+    prefix = record_prefix if record_prefix is not None else default_prefix(path)
+    with atomic_output(path) as f:
+        write_to(f, sources, structure=structure, metadata=metadata, record_prefix=prefix,
+                 force_zip64=force_zip64, progress=progress, path=path)
+
+
+def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str = "archive",
+             structure: dict | None = None, metadata: dict[str, str] | None = None, force_zip64: bool = False,
+             progress: Callable[[int], None] | None = None, path: str | None = None) -> None:
+    """Write the checkpoint to ``f``, any binary stream with ``write()`` (a pipe is fine: nothing seeks).
+
+    Each tensor's CRC-32 is computed from its bytes before its header is written. ``path`` only names the
+    output in error messages. Bytes already written are not taken back on error: the caller discards them.
+    """
     sources = list(sources)
     if structure is None:
         structure = st.flat([s.name for s in sources])
@@ -106,32 +121,22 @@ def write(path: str | os.PathLike, sources: Sequence[TensorSource], *, structure
     unused = [s.name for s in sources if s.name not in plan.used]
     if unused:
         raise ZipsliceError(path, f"{len(unused)} source(s) do not appear in the structure, e.g. {unused[0]!r}")
-    prefix = record_prefix if record_prefix is not None else default_prefix(path)
+    prefix = record_prefix
     ident = hashlib.blake2b(pkl, digest_size=16)
-    with atomic_output(path) as f:
-        z = ZipWriter(f, force_zip64=force_zip64, path=path)
-        z.write_record(f"{prefix}/data.pkl", pkl)
-        z.write_record(f"{prefix}/.format_version", _FORMAT_VERSION)
-        z.write_record(f"{prefix}/.storage_alignment", b"64")
-        z.write_record(f"{prefix}/byteorder", _BYTEORDER)
-        for key, src in plan.storages:
-            data = source_bytes(src, path)
-            chunks = (data[i:i + CHUNK] for i in range(0, data.nbytes, CHUNK))
-            if progress is not None:
-                chunks = _reporting(chunks, progress)
-            crc = z.write_stream(f"{prefix}/data/{key}", data.nbytes, chunks)
-            ident.update(f"{key}:{data.nbytes}:{crc};".encode())
-            del data  # drop this tensor's bytes before reading the next
-        if metadata:
-            z.write_record(f"{prefix}/{METADATA_RECORD}", json.dumps(metadata, sort_keys=True).encode())
-        z.write_record(f"{prefix}/version", _VERSION)
-        # torch writes a 40-digit decimal id; ours is derived from the content so equal input gives equal bytes
-        serial = str(int.from_bytes(ident.digest(), "big") % 10 ** 40).zfill(40)
-        z.write_record(f"{prefix}/.data/serialization_id", serial.encode())
-        z.close()
-
-
-def _reporting(chunks, progress: Callable[[int], None]):
-    for c in chunks:
-        yield c
-        progress(c.nbytes)
+    z = ZipWriter(f, force_zip64=force_zip64, path=path)
+    z.write_record(f"{prefix}/data.pkl", pkl)
+    z.write_record(f"{prefix}/.format_version", _FORMAT_VERSION)
+    z.write_record(f"{prefix}/.storage_alignment", b"64")
+    z.write_record(f"{prefix}/byteorder", _BYTEORDER)
+    for key, src in plan.storages:
+        data = source_bytes(src, path)
+        crc = z.write_known(f"{prefix}/data/{key}", data, zlib.crc32(data), CHUNK, progress)
+        ident.update(f"{key}:{data.nbytes}:{crc};".encode())
+        del data  # drop this tensor's bytes before reading the next
+    if metadata:
+        z.write_record(f"{prefix}/{METADATA_RECORD}", json.dumps(metadata, sort_keys=True).encode())
+    z.write_record(f"{prefix}/version", _VERSION)
+    # torch writes a 40-digit decimal id; ours is derived from the content so equal input gives equal bytes
+    serial = str(int.from_bytes(ident.digest(), "big") % 10 ** 40).zfill(40)
+    z.write_record(f"{prefix}/.data/serialization_id", serial.encode())
+    z.close()

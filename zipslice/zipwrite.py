@@ -4,8 +4,11 @@ The layout follows what ``torch.save`` (PyTorchStreamWriter) produces: no compre
 aligned to ``alignment`` bytes by padding the local header's extra field with a ``FB`` block of ``Z`` bytes,
 UTF-8 names. Sizes are known before the data, so the local header carries them directly (no data
 descriptor); its CRC field is patched in place once the record's bytes have streamed through
-``zlib.crc32``. Zip64 fields are written only where a size, an offset or the entry count needs them
-(or everywhere with ``force_zip64=True``, which tests use to exercise that path on small files).
+``zlib.crc32``. When the caller has the whole record in memory (:meth:`ZipWriter.write_record`,
+:meth:`ZipWriter.write_known`) its CRC is computed first and the writer never seeks: the output may then be a
+pipe (theta streams a checkout straight to git). The writer counts its own offsets instead of calling
+``tell()`` (which flushes a buffered file every time). Zip64 fields are written only where a size, an
+offset or the entry count needs them (or everywhere with ``force_zip64=True``, which tests use to exercise that path on small files).
 """
 from __future__ import annotations
 
@@ -44,47 +47,77 @@ class ZipWriter:
         self._path = path
         self._entries: list[_Entry] = []
         self._closed = False
+        try:
+            self._pos = f.tell()
+        except (OSError, AttributeError, ValueError):
+            self._pos = 0  # a pipe: offsets count from where we start writing
 
     def _error(self, problem: str, entry: str | None = None) -> ZipsliceError:
         return ZipsliceError(self._path, problem, entry)
 
     # -- records -----------------------------------------------------------------------------------
-    def write_record(self, name: str, data: bytes | bytearray | memoryview) -> None:
+    def write_record(self, name: str, data: bytes | bytearray | memoryview) -> int:
+        """Write a record whose bytes are all in memory (CRC first, no seek); return its CRC32."""
         data = memoryview(data).cast("B")
-        self.write_stream(name, data.nbytes, [data])
+        return self.write_known(name, data, zlib.crc32(data))
 
-    def write_stream(self, name: str, size: int, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
-        """Write a record of exactly ``size`` bytes from ``chunks``; return its CRC32."""
+    def write_known(self, name: str, data: bytes | bytearray | memoryview, crc: int,
+                    chunk: int = 64 << 20, progress=None) -> int:
+        """Write a record of ``data`` whose CRC32 is already known; never seeks (works on a pipe)."""
+        data = memoryview(data).cast("B")
+        size = data.nbytes
+        self._header(name, size, crc)
+        for i in range(0, size, chunk):
+            piece = data[i:i + chunk]
+            self._write(piece)
+            if progress is not None:
+                progress(piece.nbytes)
+        self._entries[-1].crc = crc
+        return crc
+
+    def _write(self, b) -> None:
+        self._f.write(b)
+        self._pos += memoryview(b).nbytes
+
+    def _header(self, name: str, size: int, crc: int) -> None:
         if self._closed:
             raise self._error("zip writer already closed", name)
-        f = self._f
         bname = name.encode("utf-8")
-        offset = f.tell()
+        offset = self._pos
         zip64_local = self._force64 or size >= _U32_MAX
         extra = struct.pack("<HHQQ", _ZIP64_EXTRA_ID, 16, size, size) if zip64_local else b""
         base = offset + 30 + len(bname) + len(extra) + 4
         pad = (-base) % self._alignment
         extra += struct.pack("<HH", _PAD_EXTRA_ID, pad) + b"Z" * pad
         size32 = _U32_MAX if zip64_local else size
-        f.write(struct.pack("<IHHHHHIIIHH", _LOCAL_SIG, 45 if zip64_local else 20, _FLAG_UTF8, 0, 0,
-                            _DOS_DATE_1980_01_01, 0, size32, size32, len(bname), len(extra)))
-        f.write(bname)
-        f.write(extra)
+        # one write for the whole header (the file may be a pipe: fewer, larger writes)
+        self._write(struct.pack("<IHHHHHIIIHH", _LOCAL_SIG, 45 if zip64_local else 20, _FLAG_UTF8, 0, 0,
+                                _DOS_DATE_1980_01_01, crc, size32, size32, len(bname), len(extra)) + bname + extra)
+        self._entries.append(_Entry(bname, offset, size, crc, zip64_local))
+
+    def write_stream(self, name: str, size: int, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+        """Write a record of exactly ``size`` bytes from ``chunks``; return its CRC32.
+
+        The CRC is only known at the end, so the local header's CRC field is patched by seeking back:
+        this needs a seekable file.
+        """
+        offset = self._pos
+        self._header(name, size, 0)
         crc, written = 0, 0
         for chunk in chunks:
             n = memoryview(chunk).nbytes
             if written + n > size:
                 raise self._error(f"record is longer than the {size} bytes announced", name)
             crc = zlib.crc32(chunk, crc)
-            f.write(chunk)
+            self._write(chunk)
             written += n
         if written != size:
             raise self._error(f"record has {written} bytes, {size} were announced", name)
-        end = f.tell()
+        f = self._f
         f.seek(offset + _CRC_FIELD_OFFSET)
         f.write(struct.pack("<I", crc))
-        f.seek(end)
-        self._entries.append(_Entry(bname, offset, size, crc, zip64_local))
+        f.seek(self._pos)
+        self._entries[-1].crc = crc
         return crc
 
     # -- directory ---------------------------------------------------------------------------------
@@ -92,8 +125,8 @@ class ZipWriter:
         if self._closed:
             return
         self._closed = True
-        f = self._f
-        cd_offset = f.tell()
+        cd_offset = self._pos
+        parts = []
         for e in self._entries:
             big_size = self._force64 or e.size >= _U32_MAX
             big_off = self._force64 or e.header_offset >= _U32_MAX
@@ -102,18 +135,19 @@ class ZipWriter:
             size32 = _U32_MAX if big_size else e.size
             off32 = _U32_MAX if big_off else e.header_offset
             version = 45 if fields else 20
-            f.write(struct.pack("<IHHHHHHIIIHHHHHII", _CENTRAL_SIG, version, version, _FLAG_UTF8, 0, 0,
-                                _DOS_DATE_1980_01_01, e.crc, size32, size32, len(e.name), len(extra), 0, 0, 0,
-                                0, off32))
-            f.write(e.name)
-            f.write(extra)
-        cd_end = f.tell()
+            parts.append(struct.pack("<IHHHHHHIIIHHHHHII", _CENTRAL_SIG, version, version, _FLAG_UTF8, 0, 0,
+                                     _DOS_DATE_1980_01_01, e.crc, size32, size32, len(e.name), len(extra), 0, 0,
+                                     0, 0, off32))
+            parts.append(e.name)
+            parts.append(extra)
+        self._write(b"".join(parts))
+        cd_end = self._pos
         cd_size = cd_end - cd_offset
         count = len(self._entries)
         if self._force64 or count >= _U16_MAX or cd_offset >= _U32_MAX or cd_size >= _U32_MAX:
-            f.write(struct.pack("<IQHHIIQQQQ", _ZIP64_EOCD_SIG, 44, 45, 45, 0, 0, count, count, cd_size, cd_offset))
-            f.write(struct.pack("<IIQI", _ZIP64_LOCATOR_SIG, 0, cd_end, 1))
-            f.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, min(count, _U16_MAX), min(count, _U16_MAX),
+            self._write(struct.pack("<IQHHIIQQQQ", _ZIP64_EOCD_SIG, 44, 45, 45, 0, 0, count, count, cd_size, cd_offset))
+            self._write(struct.pack("<IIQI", _ZIP64_LOCATOR_SIG, 0, cd_end, 1))
+            self._write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, min(count, _U16_MAX), min(count, _U16_MAX),
                                 min(cd_size, _U32_MAX), min(cd_offset, _U32_MAX), 0))
         else:
-            f.write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, count, count, cd_size, cd_offset, 0))
+            self._write(struct.pack("<IHHHHIIH", _EOCD_SIG, 0, 0, count, count, cd_size, cd_offset, 0))
