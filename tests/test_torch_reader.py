@@ -485,3 +485,70 @@ def test_save_through_a_flat_format_restores_the_layout(tmp_path, flat):
     assert m["embed.weight"].untyped_storage().data_ptr() == m["head.weight"].untyped_storage().data_ptr()
     with zipslice.load(back) as lsd:
         assert "zipslice.layout" not in lsd.metadata
+
+
+# -- read-ahead while streaming -----------------------------------------------------------------------
+
+def _big_checkpoint(tmp_path, n=5):
+    # each tensor above the read-ahead threshold (4 MiB), distinct contents and sizes
+    sd = {f"layer{i}.weight": random_tensor("float32", (1024 * 1024 + 4096 * i,), seed=i) for i in range(n)}
+    sd["small"] = torch.arange(10)
+    sd["after"] = random_tensor("float16", (3 * 1024 * 1024,), seed=99)
+    path = tmp_path / "big.pt"
+    torch.save(sd, path)
+    return path, sd
+
+
+def test_streaming_in_order_reads_ahead_and_is_exact(tmp_path):
+    path, sd = _big_checkpoint(tmp_path)
+    with zipslice.load(path) as lsd:
+        used = 0
+        for k in lsd:
+            t = lsd[k]
+            assert_same(t, sd[k], k)
+            used += lsd._read_ahead is not None
+            del t
+        assert used >= 3  # the read-ahead really ran: this test covers it
+        for k, t in lsd.items():  # the Mapping view keeps the previous tensor alive while fetching the next
+            assert_same(t, sd[k], k)
+
+
+def test_read_ahead_never_reuses_a_buffer_still_in_use(tmp_path):
+    path, sd = _big_checkpoint(tmp_path)
+    with zipslice.load(path) as lsd:
+        held = list(lsd.values())  # every tensor kept: the pool must hand out fresh memory
+        for k, t in zip(lsd, held):
+            assert_same(t, sd[k], k)
+        ptrs = [t.untyped_storage().data_ptr() for t in held]
+        assert len(set(ptrs)) == len(ptrs)
+        held[0].add_(1)  # writing one must not change another
+        for k, t in list(zip(lsd, held))[1:]:
+            assert_same(t, sd[k], k)
+
+
+def test_read_ahead_cancelled_by_random_access_and_close(tmp_path):
+    path, sd = _big_checkpoint(tmp_path)
+    keys = list(sd)
+    lsd = zipslice.load(path)
+    assert_same(lsd[keys[0]], sd[keys[0]])
+    assert_same(lsd[keys[1]], sd[keys[1]])  # in order: keys[2] is being read ahead
+    assert lsd._read_ahead is not None and lsd._read_ahead.key == keys[2]
+    assert_same(lsd[keys[4]], sd[keys[4]])  # elsewhere: the read-ahead is dropped
+    assert_same(lsd[keys[2]], sd[keys[2]])
+    assert_same(lsd[keys[3]], sd[keys[3]])
+    lsd.close()  # with a read-ahead of keys[4] possibly in flight
+    with pytest.raises(ZipsliceError, match="closed"):
+        lsd[keys[4]]
+
+
+def test_read_ahead_failure_surfaces_in_the_callers_read(tmp_path):
+    path, sd = _big_checkpoint(tmp_path, n=3)
+    keys = list(sd)
+    lsd = zipslice.load(path)
+    last = lsd.info(keys[2])
+    lsd[keys[0]]
+    os.truncate(path, last.offset + 100)  # the third tensor is now cut short, while it is read ahead
+    lsd[keys[1]]
+    with pytest.raises(CorruptCheckpointError, match="truncated|end of file"):
+        lsd[keys[2]]
+    lsd.close()

@@ -16,6 +16,8 @@ import json
 import mmap
 import os
 import sys
+import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,35 +48,108 @@ class ReadBuffers:
 
     Large buffers come from an anonymous mapping advised MADV_HUGEPAGE: filling fresh 4 KiB pages costs
     a page fault each, which made reading from the page cache several times slower than the copy itself.
-    The last mapping is kept as a spare and reused once no tensor uses it any more (its buffer export
-    is gone): streaming tensor after tensor then fills already-mapped memory. At most one spare is held,
-    so memory stays within two buffers of the largest tensor read.
+    Up to two mappings are pooled and reused once no tensor uses them any more (their buffer export is
+    gone): streaming tensor after tensor -- one held by the caller, the next one read ahead -- then fills
+    already-mapped memory, and memory stays within two buffers of the largest tensor read.
+    Thread-safe: the read-ahead thread claims buffers too.
     """
 
-    def __init__(self) -> None:
-        self._spare: mmap.mmap | None = None
+    POOL = 2
 
-    def get(self, n: int):
+    def __init__(self) -> None:
+        self._pool: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def _free(self, i: int) -> bool:
+        mm = self._pool[i]
+        # references: the pool list, the local name, getrefcount's argument; more means a tensor still uses it
+        return sys.getrefcount(mm) == 3
+
+    def get(self, n: int, allocate: bool = True):
+        """A buffer of ``n`` bytes; with ``allocate=False``, None rather than a third large mapping."""
         import torch
 
         if n < _HUGE_BUFFER:
             return torch.empty(n, dtype=torch.uint8)
-        spare = self._spare
-        # references: self._spare, the local name, getrefcount's argument; more means a tensor still uses it
-        if spare is not None and n <= len(spare) <= 2 * n and sys.getrefcount(spare) == 3:
-            return torch.frombuffer(spare, dtype=torch.uint8, count=n)
-        del spare
-        mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                mm.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # THP disabled in this kernel: plain pages, same result
-                pass
-        self._spare = mm
-        return torch.frombuffer(mm, dtype=torch.uint8)
+        with self._lock:
+            free = [i for i in range(len(self._pool)) if self._free(i)]
+            for i in free:
+                if n <= len(self._pool[i]) <= 2 * n:
+                    return torch.frombuffer(self._pool[i], dtype=torch.uint8, count=n)
+            if not allocate and len(self._pool) - len(free) >= self.POOL:
+                return None
+            mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                try:
+                    mm.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:  # THP disabled in this kernel: plain pages, same result
+                    pass
+            # keep the newest POOL mappings, dropping a free (wrong-sized) one first
+            self._pool.append(mm)
+            if len(self._pool) > self.POOL:
+                del self._pool[free[0] if free else 0]
+            return torch.frombuffer(mm, dtype=torch.uint8)
 
     def clear(self) -> None:
-        self._spare = None
+        with self._lock:
+            self._pool.clear()
+
+
+class ReadAhead:
+    """One tensor's bytes being read on a background thread while the caller works on the previous one.
+
+    ``os.preadv`` releases the GIL, so on a multi-core machine the copy from the page cache (or the disk)
+    overlaps the caller's computation. The thread waits for a pooled buffer to come free rather than map
+    a third one; if the caller asks for the key before the read has started, it is cancelled and the
+    caller reads it itself. A failed read is dropped: the caller's own read then raises the error.
+    """
+
+    _POLL_S = 0.0002
+
+    def __init__(self, key: str, span: tuple[int, int], read: Callable[[memoryview], None], buffers: ReadBuffers):
+        self.key, self.span = key, span
+        self._read, self._buffers = read, buffers
+        self._lock = threading.Lock()
+        self._started = False
+        self._cancelled = False
+        self._done = threading.Event()
+        self.raw = None
+        self._thread = threading.Thread(target=self._run, name=f"zipslice read-ahead {key[:40]}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            lo, hi = self.span
+            while True:
+                raw = self._buffers.get(hi - lo, allocate=False)
+                with self._lock:
+                    if self._cancelled:
+                        return
+                    if raw is not None:
+                        self._started = True
+                        break
+                time.sleep(self._POLL_S)
+            self._read(memoryview(raw.numpy()))
+            self.raw = raw
+        except Exception:  # noqa: BLE001 -- dropped on purpose: the caller's own read reports it
+            self.raw = None
+        finally:
+            self._done.set()
+
+    def take(self):
+        """The filled buffer, or None if the caller must read the key itself."""
+        with self._lock:
+            if not self._started:
+                self._cancelled = True
+        self._done.wait()
+        raw, self.raw = self.raw, None
+        return raw
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+        self._thread.join()
+        self.raw = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +267,8 @@ class TorchCheckpoint(LazyCheckpoint):
     """A torch zip checkpoint as a lazy, read-only ``Mapping[str, torch.Tensor]``."""
 
     format = "torch"
+    #: read the next large tensor on a background thread while keys are read in order (see ReadAhead)
+    read_ahead = True
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
@@ -203,6 +280,7 @@ class TorchCheckpoint(LazyCheckpoint):
         self._order: dict[str, int] | None = None      # for read-ahead of the next key when reading in order
         self._keys: list[str] = []
         self._last_read = -2
+        self._read_ahead: ReadAhead | None = None
         self.prefix = ""
         self.byteorder = "little"
         # opening builds one small object per pickle opcode; the cyclic GC re-scanning them all again and
@@ -343,21 +421,14 @@ class TorchCheckpoint(LazyCheckpoint):
         if shared:
             storage, base_lo = self._live_storage(info.storage)
         if storage is None:
-            members = [self._infos[k] for k in group] if shared else [info]
-            spans = [(i.storage_offset * i.itemsize, i.storage_offset * i.itemsize + i.span_nbytes)
-                     for i in members if i.span_nbytes]
-            if spans:
-                lo = min(a for a, _ in spans)
-                lo -= lo % _UNION_ALIGN if shared else 0
-                hi = max(b for _, b in spans)
-            else:
-                lo = hi = 0
-            raw = self._buffers.get(hi - lo)
-            if hi > lo:
-                arr = raw.numpy()
-                self._read_into(self._storages[info.storage], lo, memoryview(arr), key)
-                if info.byteorder == "big":
-                    swap_bytes(arr, info.dtype)
+            lo, hi = self._span([self._infos[k] for k in group] if shared else [info], shared)
+            raw = self._take_read_ahead(key, (lo, hi))
+            if raw is None:
+                raw = self._buffers.get(hi - lo)
+                if hi > lo:
+                    self._read_into(self._storages[info.storage], lo, memoryview(raw.numpy()), key)
+            if hi > lo and info.byteorder == "big":
+                swap_bytes(raw.numpy(), info.dtype)
             storage, base_lo = raw.untyped_storage(), lo
             self._prefetch_after(key)
         itemsize = info.itemsize
@@ -374,19 +445,51 @@ class TorchCheckpoint(LazyCheckpoint):
             self._live_lo[info.storage] = base_lo
         return t
 
+    @staticmethod
+    def _span(members: list[TensorInfo], shared: bool) -> tuple[int, int]:
+        """Storage byte range to read for these views (one view, or every view of a tied storage)."""
+        spans = [(i.storage_offset * i.itemsize, i.storage_offset * i.itemsize + i.span_nbytes)
+                 for i in members if i.span_nbytes]
+        if not spans:
+            return 0, 0
+        lo = min(a for a, _ in spans)
+        lo -= lo % _UNION_ALIGN if shared else 0
+        return lo, max(b for _, b in spans)
+
+    def _take_read_ahead(self, key: str, span: tuple[int, int]):
+        ra, self._read_ahead = self._read_ahead, None
+        if ra is None:
+            return None
+        if ra.key != key or ra.span != span:
+            ra.cancel()  # the caller went elsewhere: finish or drop it before anything else is read
+            return None
+        return ra.take()
+
     def _prefetch_after(self, key: str) -> None:
-        """When keys are read in order, ask the kernel to start reading the next one (overlaps disk and compute)."""
+        """When keys are read in order, start reading the next one: on a background thread when it is
+        large and a plain stored record, else by asking the kernel to fetch it (overlaps disk and compute)."""
         if self._order is None:
             self._order = {k: i for i, k in enumerate(self._infos)}
             self._keys = list(self._infos)
         i = self._order[key]
         sequential = i == self._last_read + 1
         self._last_read = i
-        if not sequential or i + 1 >= len(self._keys) or not hasattr(os, "posix_fadvise"):
+        if not sequential or i + 1 >= len(self._keys):
             return
         nxt = self._infos[self._keys[i + 1]]
-        if nxt.offset is not None and nxt.span_nbytes:
+        if nxt.offset is None or not nxt.span_nbytes:
+            return
+        if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self._fd(self.path), nxt.offset, nxt.span_nbytes, os.POSIX_FADV_WILLNEED)
+        tied = len(self._ties.get(nxt.storage, ())) > 1
+        if self.read_ahead and not tied and nxt.span_nbytes >= _HUGE_BUFFER:
+            rec = self._storages[nxt.storage]
+            span = self._span([nxt], False)
+
+            def read(out: memoryview, rec=rec, lo=span[0], name=nxt.name) -> None:
+                self._read_into(rec, lo, out, name)
+
+            self._read_ahead = ReadAhead(nxt.name, span, read, self._buffers)
 
     def _live_storage(self, storage_name: str):
         for r in self._live.get(storage_name, []):
@@ -396,6 +499,9 @@ class TorchCheckpoint(LazyCheckpoint):
         return None, 0
 
     def close(self) -> None:
+        ra, self._read_ahead = getattr(self, "_read_ahead", None), None
+        if ra is not None:
+            ra.cancel()
         self._live.clear()
         self._buffers.clear()
         super().close()
