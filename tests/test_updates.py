@@ -471,3 +471,21 @@ def test_rows_not_tried_when_it_cannot_apply(tmp_path):
         assert [s.type for s in m2.groups["emb"].steps] == ["dense"]
     # old metadata (no recorded shapes) still reads: a step without "shape" has its group's
     assert all("shape" not in s.params for s in m.groups["emb"].steps)
+
+
+def test_rows_large_trim_is_tiny_and_wide_rows_compare_by_words():
+    rng = np.random.default_rng(23)
+    prev = weights(rng, (30000, 8), np.float32)
+    enc = RowsUpdate().encode(prev[:29000], prev)
+    assert enc.parts["source_gaps"].dtype == np.int32 and len(codec.encode_parts(enc.parts)) < 300
+    # odd row widths (no wide-word view), a changed byte in the last column, int64 gaps from old blobs
+    for dtype, width in ((np.uint8, 7), (np.float16, 3), (np.float32, 5)):
+        p = (rng.integers(0, 250, (50, width))).astype(dtype)
+        n = p[::-1].copy()
+        n[0, -1] += 1
+        got = roundtrip(RowsUpdate(), n, p)
+        assert raw(got) == raw(n)
+        assert RowsUpdate().encode(n, p).parts["extra"].shape[0] == 1
+    old = RowsUpdate().encode(prev[:100], prev)
+    parts = {"source_gaps": old.parts["source_gaps"].astype(np.int64), "extra": old.parts["extra"]}
+    assert raw(RowsUpdate().apply(parts, old.params, prev)) == raw(prev[:100])

@@ -12,6 +12,7 @@ Cheap estimates first, so that only candidates that can win are encoded in full:
   a sparse element costs its full value plus an index);
 - delta and dense are compared on a sample (up to 16 slices of 64 Ki elements spread over the group);
   dense is encoded in full only when its sample is within 10 % of delta's;
+- ``rows`` (the shape changed): dense is encoded only when more than half of the rows are new;
 - every candidate that is encoded is compressed for real and the smallest blob is kept (only the
   best blob so far is held in memory). The blob is returned, so the caller stores it without
   compressing a second time.
@@ -96,9 +97,12 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
             if dense_might_win(new, previous, level):
                 consider("dense", get("dense").encode(new, None))
     else:
-        if previous is not None:
-            consider("rows", get("rows").encode(new, previous))
-        consider("dense", get("dense").encode(new, None))
+        rows = get("rows").encode(new, previous) if previous is not None else None
+        consider("rows", rows)
+        # rows stores the genuinely new rows plus a row map that compresses to almost nothing; dense stores
+        # every row: when at most half the rows are new, compressing the whole value cannot pay off
+        if rows is None or 2 * rows.parts["extra"].shape[0] > new.shape[0]:
+            consider("dense", get("dense").encode(new, None))
     assert best is not None  # dense, or sparse/delta on a same-layout group, always encodes
     return best
 

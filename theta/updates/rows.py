@@ -4,9 +4,10 @@ Trimming an embedding vocabulary keeps most rows of the previous value unchanged
 row each new row comes from needs storing, plus the rows that are genuinely new. Rows are matched by
 their raw bytes, so the result is exact bit for bit.
 
-Stored parts: ``source`` (int64 per new row: the index of the previous row it copies, or -1 for a new
-row), delta-coded as ``source_gaps`` so that runs of kept rows compress to almost nothing, and
-``extra`` (the genuinely new rows, in order, in the group's dtype). Params: ``rows`` (new row count).
+Stored parts: ``source`` (per new row: the index of the previous row it copies, or -1 for a new row),
+delta-coded as ``source_gaps`` (int32; int64 beyond 2**31 rows) so that runs of kept rows compress to
+almost nothing, and ``extra`` (the genuinely new rows, in order, in the group's dtype).
+Params: ``rows`` (new row count).
 """
 from __future__ import annotations
 
@@ -25,12 +26,34 @@ def row_bytes(arr: np.ndarray) -> np.ndarray:
         np.zeros((0, 0), np.uint8)
 
 
+COMPARE_BYTES = 16 << 20  # rows compared per chunk: bounds the temporary of the comparison
+
+
+def _words(rows: np.ndarray) -> np.ndarray:
+    """The same rows viewed as the widest unsigned ints dividing a row (8x fewer elements to compare)."""
+    width = rows.shape[1]
+    for t in (np.uint64, np.uint32, np.uint16):
+        if width and width % np.dtype(t).itemsize == 0:
+            return rows.view(t)
+    return rows
+
+
+def rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, whether two (rows, bytes) uint8 arrays of the same shape hold identical bytes."""
+    a, b = _words(a), _words(b)
+    out = np.empty(a.shape[0], dtype=bool)
+    step = max(1, COMPARE_BYTES // max(1, a.shape[1] * a.itemsize))
+    for i in range(0, a.shape[0], step):
+        np.all(a[i:i + step] == b[i:i + step], axis=1, out=out[i:i + step])
+    return out
+
+
 def find_sources(new: np.ndarray, previous: np.ndarray) -> np.ndarray:
     """For each row of ``new``, the index of a bit-identical row of ``previous`` (or -1)."""
     new_rows, prev_rows = row_bytes(new), row_bytes(previous)
     k = min(new.shape[0], previous.shape[0])
     # fast path: a kept prefix (vocabulary trimmed at the end) needs no hashing
-    same = np.all(new_rows[:k] == prev_rows[:k], axis=1) if k else np.zeros(0, bool)
+    same = rows_equal(new_rows[:k], prev_rows[:k])
     sources = np.full(new.shape[0], -1, dtype=np.int64)
     sources[:k][same] = np.flatnonzero(same)
     if same.all() and new.shape[0] <= previous.shape[0]:
@@ -50,6 +73,11 @@ def encode_sources(sources: np.ndarray) -> np.ndarray:
     if sources.size:
         gaps[0] = sources[0]
         np.subtract(sources[1:], sources[:-1], out=gaps[1:])
+    # int32 whenever it fits (any group under 2**31 rows): zstd packs runs of 32-bit words far tighter
+    # (a 30000-row trim: 120 bytes instead of 7.6 KB); apply reads any integer width
+    info = np.iinfo(np.int32)
+    if not gaps.size or (gaps.min() >= info.min and gaps.max() <= info.max):
+        return gaps.astype(np.int32)
     return gaps
 
 
