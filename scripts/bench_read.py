@@ -8,6 +8,10 @@ tensors; --quick: 256 MiB and 1 GiB), then measures, each contender in its own s
   one     -- open and read one tensor (the middle one), touch it (sum): peak RSS;
   stream  -- open and read every tensor one at a time, touch it (sum), drop it: time and peak RSS.
 
+Contenders: zipslice (default: positioned reads, the next tensor read ahead on a thread), zipslice-mmap
+(zipslice.load(path, mmap=True)), torch.load(mmap=True), and for "open" plain torch.load. Every one
+touches the same data the same way (a sum per tensor); cpu s = user + system time of the child.
+
 Baseline = RSS of the child after importing numpy, torch and zipslice (before any file access); peak =
 ru_maxrss of the child. Page cache: warm by default (each file is read once first); --cold drops it
 before every run (root only; it also slows down everything else running on the machine). Targets checked:
@@ -31,6 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 MiB = 1 << 20
+# contenders that read one tensor at a time; zipslice-mmap is zipslice.load(path, mmap=True)
+STREAMERS = ["zipslice", "zipslice-mmap", "torch-mmap"]
 
 
 # -- child: one contender, one operation, one process ------------------------------------------------
@@ -48,8 +54,9 @@ def _child(kind: str, op: str, path: str) -> None:
     base = psutil.Process().memory_info().rss
     total = 0.0
     t0 = time.perf_counter()
-    if kind == "zipslice":
-        lsd = zipslice.load(path)
+    c0 = os.times()
+    if kind.startswith("zipslice"):
+        lsd = zipslice.load(path, mmap=(kind == "zipslice-mmap"))
         t_open = time.perf_counter() - t0
         keys = list(lsd)
         if op != "open":
@@ -67,8 +74,10 @@ def _child(kind: str, op: str, path: str) -> None:
                 total += float(sd[k].sum())
         del sd
     elapsed = time.perf_counter() - t0
+    c1 = os.times()
+    cpu = c1.user - c0.user + c1.system - c0.system
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"base": base, "peak": peak, "open_s": t_open, "total_s": elapsed, "check": total}))
+    print(json.dumps({"base": base, "peak": peak, "open_s": t_open, "total_s": elapsed, "cpu_s": cpu, "check": total}))
 
 
 # -- parent ----------------------------------------------------------------------------------------
@@ -153,22 +162,23 @@ def main() -> None:
         contenders = ["zipslice", "torch-mmap"] + ([] if args.no_full_load else ["torch"])
         for kind in contenders:
             r[kind, "open"] = _median_run(kind, "open", path, cold, args.repeat)
-        for kind in ["zipslice", "torch-mmap"]:
-            r[kind, "one"] = _median_run(kind, "one", path, cold, args.repeat)
-            r[kind, "stream"] = _median_run(kind, "stream", path, cold, args.repeat)
+        for op in ("one", "stream"):
+            for kind in STREAMERS:
+                r[kind, op] = _median_run(kind, op, path, cold, args.repeat)
         assert r["zipslice", "stream"]["check"] == r["torch-mmap", "stream"]["check"], "different sums!"
+        assert r["zipslice-mmap", "stream"]["check"] == r["torch-mmap", "stream"]["check"], "different sums!"
 
     def mib(x):
         return f"{x / MiB:8.1f}"
 
     print()
     print(f"tensors of {args.tensor_mib} MiB float32; RSS figures are peak minus the child's baseline after imports")
-    print(f"{'size':>6} {'operation':<8} {'contender':<11} {'time s':>8} {'+RSS MiB':>9}  {'vs zipslice':>12}")
+    print(f"{'size':>6} {'operation':<8} {'contender':<13} {'time s':>8} {'cpu s':>6} {'+RSS MiB':>9}  {'vs zipslice':>12}")
     verdicts = []
     for gib, r in results.items():
         for op in ("open", "one", "stream"):
             z = r["zipslice", op]
-            for kind in ("zipslice", "torch-mmap", "torch"):
+            for kind in ("zipslice", "zipslice-mmap", "torch-mmap", "torch"):
                 if (kind, op) not in r:
                     continue
                 m = r[kind, op]
@@ -177,7 +187,7 @@ def main() -> None:
                 extra = max(m["peak"] - m["base"], 0)  # ru_maxrss and psutil's rss may differ by a few pages
                 zextra = max(z["peak"] - z["base"], MiB)  # ratios against at least 1 MiB: no absurd x1000000
                 ratio = "" if kind == "zipslice" else f"t x{t / zt:6.2f} rss x{extra / zextra:6.1f}"
-                print(f"{gib:>5g}G {op:<8} {kind:<11} {t:8.3f} {mib(extra)}  {ratio}")
+                print(f"{gib:>5g}G {op:<8} {kind:<13} {t:8.3f} {m['cpu_s']:6.2f} {mib(extra)}  {ratio}")
         z_open = r["zipslice", "open"]
         verdicts.append((f"{gib:g} GiB open RSS < baseline + 50 MiB",
                          z_open["peak"] - z_open["base"] < 50 * MiB, mib(z_open["peak"] - z_open["base"]).strip() + " MiB"))
@@ -187,8 +197,13 @@ def main() -> None:
         st = r["zipslice", "stream"]
         verdicts.append((f"{gib:g} GiB stream <= baseline + 2 x tensor + 32 MiB",
                          st["peak"] - st["base"] <= 2 * tensor + 32 * MiB, mib(st["peak"] - st["base"]).strip() + " MiB"))
-        ratio = st["total_s"] / r["torch-mmap", "stream"]["total_s"]
-        verdicts.append((f"{gib:g} GiB stream time <= 1.2 x torch.load(mmap=True)", ratio <= 1.2, f"x{ratio:.2f}"))
+        for kind in STREAMERS[:2]:
+            ratio = r[kind, "stream"]["total_s"] / r["torch-mmap", "stream"]["total_s"]
+            verdicts.append((f"{gib:g} GiB {kind} stream time <= 1.2 x torch.load(mmap=True)", ratio <= 1.2,
+                             f"x{ratio:.2f}"))
+        st = r["zipslice-mmap", "stream"]
+        verdicts.append((f"{gib:g} GiB zipslice-mmap stream <= baseline + 2 x tensor + 32 MiB",
+                         st["peak"] - st["base"] <= 2 * tensor + 32 * MiB, mib(st["peak"] - st["base"]).strip() + " MiB"))
     opens = [results[g]["zipslice", "open"]["open_s"] for g in sizes]
     counts = [max(int(g * (1 << 30)) // tensor, 1) for g in sizes]
     ratio = max(opens) / min(opens)

@@ -71,6 +71,8 @@ def save_and_check(obj, path, trusted=False, **save_kw):
     pickle uses opcodes torch's weights-only unpickler lacks (bytes, frames in protocols 3-5)."""
     torch.save(obj, path, **save_kw)
     want = torch.load(path, weights_only=not trusted)
+    with zipslice.load(path, mmap=True) as lsd:  # the opt-in mapping mode gives the same tensors
+        assert_tree_same(structure.build(lsd.structure, lsd.__getitem__), want)
     with zipslice.load(path) as lsd:
         got = structure.build(lsd.structure, lsd.__getitem__)
         assert_tree_same(got, want)
@@ -237,6 +239,9 @@ def test_big_endian_records(tmp_path):
 
     _rewrite(tmp_path / "le.pt", tmp_path / "be.pt", to_big)
     want = torch.load(tmp_path / "be.pt", weights_only=True)  # torch's own big-endian path
+    with zipslice.load(tmp_path / "be.pt", mmap=True) as lsd:
+        for k in sd:
+            assert_same(lsd[k], sd[k], k)
     with zipslice.load(tmp_path / "be.pt") as lsd:
         assert lsd.byteorder == "big" and lsd.info("float32").byteorder == "big"
         for k in sd:
@@ -552,3 +557,27 @@ def test_read_ahead_failure_surfaces_in_the_callers_read(tmp_path):
     with pytest.raises(CorruptCheckpointError, match="truncated|end of file"):
         lsd[keys[2]]
     lsd.close()
+
+
+def test_mmap_mode_is_private_and_outlives_close(tmp_path):
+    path, sd = _big_checkpoint(tmp_path, n=2)
+    before = path.read_bytes()
+    with zipslice.load(path, mmap=True) as lsd:
+        held = {k: lsd[k] for k in lsd}
+        for k, t in held.items():
+            assert_same(t, sd[k], k)
+        held["layer0.weight"][:1000] = 12345.0  # copy-on-write: never reaches the file
+    assert path.read_bytes() == before
+    for k in ("layer1.weight", "after", "small"):
+        assert_same(held[k], sd[k], k)  # still valid after close
+    assert bool((held["layer0.weight"][:1000] == 12345.0).all())
+    assert bits(held["layer0.weight"][1000:]) == bits(sd["layer0.weight"][1000:])
+    legacy = tmp_path / "legacy.pt"
+    torch.save(sd, legacy, _use_new_zipfile_serialization=False)
+    with zipslice.load(legacy, mmap=True) as lsd:
+        for k in lsd:
+            assert_same(lsd[k], sd[k], k)
+    st = tmp_path / "x.safetensors"
+    zipslice.save(st, {"a": torch.ones(2)})
+    with pytest.raises(ValueError, match="mmap"):
+        zipslice.load(st, mmap=True)

@@ -35,11 +35,20 @@ _EXTENSIONS = {".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch
                ".index.json": "sharded"}
 
 
-def load(path: str | os.PathLike) -> LazyCheckpoint:
-    """Open a checkpoint lazily; the format is sniffed from its bytes."""
+def load(path: str | os.PathLike, *, mmap: bool = False) -> LazyCheckpoint:
+    """Open a checkpoint lazily; the format is sniffed from its bytes.
+
+    ``mmap=True`` (torch formats only): each tensor is a private copy-on-write mapping of just its pages
+    instead of a positioned read into fresh memory -- no copy, but the file must not be truncated or
+    rewritten in place while such tensors are alive (the process would get SIGBUS, as with torch's mmap).
+    """
     fmt = sniff(path)
     module, cls, _, _ = _FORMATS[fmt]
-    return getattr(importlib.import_module(module), cls)(path)
+    if not mmap:
+        return getattr(importlib.import_module(module), cls)(path)
+    if fmt not in ("torch", "torch-legacy"):
+        raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
+    return getattr(importlib.import_module(module), cls)(path, mmap=True)
 
 
 def format_for_path(path: str | os.PathLike) -> str:

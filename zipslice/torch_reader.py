@@ -270,8 +270,9 @@ class TorchCheckpoint(LazyCheckpoint):
     #: read the next large tensor on a background thread while keys are read in order (see ReadAhead)
     read_ahead = True
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, mmap: bool = False):
         super().__init__(path)
+        self.mmap = mmap
         self._storages: dict[str, StorageRecord] = {}
         self._ties: dict[str, list[str]] = {}
         self._live: dict[str, list[weakref.ref]] = {}   # storage -> live tensors built on one read
@@ -422,11 +423,15 @@ class TorchCheckpoint(LazyCheckpoint):
             storage, base_lo = self._live_storage(info.storage)
         if storage is None:
             lo, hi = self._span([self._infos[k] for k in group] if shared else [info], shared)
-            raw = self._take_read_ahead(key, (lo, hi))
+            rec = self._storages[info.storage]
+            if self.mmap and hi > lo and rec.data_offset is not None:
+                raw = self._map_span(rec, lo, hi, key)
+            else:
+                raw = self._take_read_ahead(key, (lo, hi))
             if raw is None:
                 raw = self._buffers.get(hi - lo)
                 if hi > lo:
-                    self._read_into(self._storages[info.storage], lo, memoryview(raw.numpy()), key)
+                    self._read_into(rec, lo, memoryview(raw.numpy()), key)
             if hi > lo and info.byteorder == "big":
                 swap_bytes(raw.numpy(), info.dtype)
             storage, base_lo = raw.untyped_storage(), lo
@@ -444,6 +449,24 @@ class TorchCheckpoint(LazyCheckpoint):
             self._live[info.storage] = refs
             self._live_lo[info.storage] = base_lo
         return t
+
+    def _map_span(self, rec: StorageRecord, lo: int, hi: int, entry: str):
+        """Bytes ``lo..hi`` of a stored record as a private (copy-on-write) mapping of just those pages.
+
+        The tensor built on it keeps the mapping alive; it is unmapped when the last such tensor dies.
+        """
+        import torch
+
+        fd = self._fd(self.path)
+        start = rec.data_offset + lo
+        if rec.data_offset + hi > os.fstat(fd).st_size:
+            raise CorruptCheckpointError(self.path, "storage runs past the end of the file (truncated?)", entry)
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(fd, hi - lo + start - aligned, flags=mmap.MAP_PRIVATE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+        return torch.frombuffer(mm, dtype=torch.uint8, count=hi - lo, offset=start - aligned)
 
     @staticmethod
     def _span(members: list[TensorInfo], shared: bool) -> tuple[int, int]:
@@ -482,7 +505,7 @@ class TorchCheckpoint(LazyCheckpoint):
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self._fd(self.path), nxt.offset, nxt.span_nbytes, os.POSIX_FADV_WILLNEED)
         tied = len(self._ties.get(nxt.storage, ())) > 1
-        if self.read_ahead and not tied and nxt.span_nbytes >= _HUGE_BUFFER:
+        if self.read_ahead and not self.mmap and not tied and nxt.span_nbytes >= _HUGE_BUFFER:
             rec = self._storages[nxt.storage]
             span = self._span([nxt], False)
 
