@@ -144,7 +144,7 @@ def test_views_offsets_transposes_expands_gaps(tmp_path):
     info = lsd.info("gap")
     assert (info.storage_offset, info.stride, info.span_nbytes) == (2, (8, 1), (1 + 5 * 8 + 1) * 8)
     rec = lsd._storages[info.storage]
-    assert info.offset == rec.data_offset + 2 * 8
+    assert info.offset == lsd._data_offset(rec) + 2 * 8
 
 
 def test_strided_view_saved_without_its_base(tmp_path):
@@ -581,3 +581,30 @@ def test_mmap_mode_is_private_and_outlives_close(tmp_path):
     zipslice.save(st, {"a": torch.ones(2)})
     with pytest.raises(ValueError, match="mmap"):
         zipslice.load(st, mmap=True)
+
+
+def test_local_headers_are_read_lazily(tmp_path):
+    sd = {"a": torch.arange(6.0), "b": torch.arange(4, dtype=torch.int16)}
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    with zipfile.ZipFile(path) as z:
+        hoff = z.getinfo("m/data/0").header_offset
+        want = {k: z.getinfo(f"m/data/{i}").header_offset for i, k in enumerate(sd)}
+    with zipslice.load(path) as lsd:  # offsets from the local headers, in one batch or one by one
+        batch = {i.name: i.offset for i in lsd.infos()}
+    with zipslice.load(path) as lsd:
+        assert batch == {k: lsd.info(k).offset for k in lsd}
+        for k, off in batch.items():
+            assert off > want[k] and path.read_bytes()[off:off + 2] == bits(sd[k])[:2]
+    data = bytearray(path.read_bytes())
+    assert data[hoff:hoff + 4] == b"PK\x03\x04"
+    data[hoff:hoff + 4] = b"XXXX"  # break the first record's local header: opening does not look at it
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with zipslice.load(tmp_path / "bad.pt") as lsd:
+        assert list(lsd) == ["a", "b"]
+        assert_same(lsd["b"], sd["b"])
+        with pytest.raises(CorruptCheckpointError, match="no local file header") as e:
+            lsd.info("a")
+        assert "data/0" in str(e.value)
+        with pytest.raises(CorruptCheckpointError, match="no local file header"):
+            lsd["a"]

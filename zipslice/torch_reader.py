@@ -11,6 +11,7 @@ The returned tensor has the saved dtype, shape, strides, requires_grad and Param
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import mmap
@@ -158,8 +159,8 @@ class StorageRecord:
 
     name: str
     nbytes: int
-    data_offset: int | None   # absolute file offset of byte 0, None when compressed
-    member: ZipMember | None = None
+    data_offset: int | None   # absolute file offset of byte 0 of a raw file range (legacy format), else None
+    member: ZipMember | None = None  # the zip member; its data offset is read lazily (_data_offset)
 
 
 class Flattener:
@@ -274,6 +275,7 @@ class TorchCheckpoint(LazyCheckpoint):
         super().__init__(path)
         self.mmap = mmap
         self._storages: dict[str, StorageRecord] = {}
+        self._unresolved: set[str] = set()  # keys whose TensorInfo.offset awaits their record's local header
         self._ties: dict[str, list[str]] = {}
         self._live: dict[str, list[weakref.ref]] = {}   # storage -> live tensors built on one read
         self._live_lo: dict[str, int] = {}               # storage -> byte offset that read started at
@@ -353,7 +355,7 @@ class TorchCheckpoint(LazyCheckpoint):
         if member is None:
             raise CorruptCheckpointError(self.path, f"storage record {self.prefix + name} is missing", tensor_name)
         self._zip.check_readable(member)
-        rec = StorageRecord(name, member.size, member.data_offset if member.method == STORED else None, member)
+        rec = StorageRecord(name, member.size, None, member)
         self._storages[name] = rec
         return rec
 
@@ -369,6 +371,8 @@ class TorchCheckpoint(LazyCheckpoint):
                     self.path, f"storage record {rec.name} has {rec.nbytes} bytes but the pickle declares "
                                f"{ref.storage.numel} x {ref.storage.dtype} = {ref.storage.nbytes} bytes", name)
             start, span = validate_tensor(self.path, name, ref, rec.nbytes)
+            if rec.member is not None and rec.member.method == STORED:
+                self._unresolved.add(name)  # offset filled in from the local header by info()
             self._infos[name] = TensorInfo(
                 name=name, dtype=ref.dtype, shape=ref.shape, stride=ref.stride, storage=rec.name,
                 storage_offset=ref.storage_offset,
@@ -377,20 +381,51 @@ class TorchCheckpoint(LazyCheckpoint):
                 is_parameter=ref.is_parameter, requires_grad=ref.requires_grad)
             self._ties.setdefault(rec.name, []).append(name)
 
+    # -- metadata ----------------------------------------------------------------------------------
+    def info(self, key: str) -> TensorInfo:
+        info = super().info(key)
+        if key in self._unresolved:
+            info = self._resolve(key, self._zip.resolve(self._storages[info.storage].member))
+        return info
+
+    def infos(self) -> list[TensorInfo]:
+        if self._unresolved:  # every local header in one batch
+            keys = [k for k in self._infos if k in self._unresolved]
+            members = self._zip.resolve_many([self._storages[self._infos[k].storage].member for k in keys])
+            for k, m in zip(keys, members):
+                self._resolve(k, m)
+        return list(self._infos.values())
+
+    def _resolve(self, key: str, member: ZipMember) -> TensorInfo:
+        info = self._infos[key]
+        info = self._infos[key] = dataclasses.replace(
+            info, offset=member.data_offset + info.storage_offset * info.itemsize)
+        self._unresolved.discard(key)
+        return info
+
+    def _data_offset(self, rec: StorageRecord) -> int | None:
+        """File offset of a stored record's byte 0 (its local header is read once); None when compressed."""
+        m = rec.member
+        if m is None:
+            return rec.data_offset
+        if m.method != STORED:
+            return None
+        return self._zip.resolve(m).data_offset
+
     # -- reading -----------------------------------------------------------------------------------
     def _read_into(self, rec: StorageRecord, start: int, out: memoryview, entry: str) -> None:
         """Fill ``out`` with bytes ``start..start+len(out)`` of a storage."""
         n = len(out)
-        if rec.data_offset is not None:
+        base = self._data_offset(rec)
+        if base is not None:
             fd = self._fd(self.path)
-            if rec.data_offset + start + n > os.fstat(fd).st_size:
+            if base + start + n > os.fstat(fd).st_size:
                 raise CorruptCheckpointError(self.path, "storage runs past the end of the file (truncated?)", entry)
             got = 0
             while got < n:
-                k = os.preadv(fd, [out[got:]], rec.data_offset + start + got)
+                k = os.preadv(fd, [out[got:]], base + start + got)
                 if k == 0:
-                    raise CorruptCheckpointError(self.path, f"unexpected end of file at {rec.data_offset + start + got}",
-                                                 entry)
+                    raise CorruptCheckpointError(self.path, f"unexpected end of file at {base + start + got}", entry)
                 got += k
         else:
             self._fd(self.path)  # raises if closed
@@ -424,7 +459,7 @@ class TorchCheckpoint(LazyCheckpoint):
         if storage is None:
             lo, hi = self._span([self._infos[k] for k in group] if shared else [info], shared)
             rec = self._storages[info.storage]
-            if self.mmap and hi > lo and rec.data_offset is not None:
+            if self.mmap and hi > lo and self._data_offset(rec) is not None:
                 raw = self._map_span(rec, lo, hi, key)
             else:
                 raw = self._take_read_ahead(key, (lo, hi))
@@ -458,8 +493,9 @@ class TorchCheckpoint(LazyCheckpoint):
         import torch
 
         fd = self._fd(self.path)
-        start = rec.data_offset + lo
-        if rec.data_offset + hi > os.fstat(fd).st_size:
+        base = self._data_offset(rec)
+        start = base + lo
+        if base + hi > os.fstat(fd).st_size:
             raise CorruptCheckpointError(self.path, "storage runs past the end of the file (truncated?)", entry)
         aligned = start - start % mmap.ALLOCATIONGRANULARITY
         mm = mmap.mmap(fd, hi - lo + start - aligned, flags=mmap.MAP_PRIVATE,
@@ -499,7 +535,7 @@ class TorchCheckpoint(LazyCheckpoint):
         self._last_read = i
         if not sequential or i + 1 >= len(self._keys):
             return
-        nxt = self._infos[self._keys[i + 1]]
+        nxt = self.info(self._keys[i + 1])
         if nxt.offset is None or not nxt.span_nbytes:
             return
         if hasattr(os, "posix_fadvise"):

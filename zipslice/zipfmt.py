@@ -7,6 +7,7 @@ except :func:`ZipIndex.read_member` (bounded, for ``data.pkl``-sized members) an
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import zlib
@@ -36,7 +37,8 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class ZipMember:
-    """One central-directory record; ``data_offset`` is where its (possibly compressed) bytes start."""
+    """One central-directory record; ``data_offset`` is where its (possibly compressed) bytes start, None
+    until its local header has been read (:meth:`ZipIndex.resolve`)."""
 
     name: str
     method: int
@@ -45,7 +47,7 @@ class ZipMember:
     compressed_size: int
     size: int
     header_offset: int
-    data_offset: int
+    data_offset: int | None = None
 
     @property
     def encrypted(self) -> bool:
@@ -73,8 +75,9 @@ def _zip64_extra(extra: bytes, need: list[str], values: dict[str, int], path: st
 class ZipIndex:
     """The members of a zip archive, from its central directory and local headers.
 
-    Opening costs: one read of the archive tail, one of the central directory, one small read per
-    member's local header. All offsets are validated against the file size.
+    Opening costs one read of the archive tail and one of the central directory, whatever the number of
+    members. A member's local header (which says where its data starts) is read when it is first needed
+    (:meth:`resolve`, :meth:`resolve_many`). All offsets are validated against the file size.
     """
 
     def __init__(self, fd: int, path: str):
@@ -133,7 +136,6 @@ class ZipIndex:
             raise self._corrupt(f"central directory of {cd_size} bytes cannot hold {n_total} entries")
         cd = self._pread(cd_size, cd_off)
         pos = 0
-        entries = []
         for _ in range(n_total):
             if pos + CENTRAL.size > len(cd):
                 raise self._corrupt("central directory entry runs past the directory")
@@ -152,34 +154,50 @@ class ZipIndex:
             if need:
                 _zip64_extra(extra, need, values, self.path, name)
             pos = start + nlen + xlen + clen
-            entries.append((name, flags, method, crc, values))
-        # local headers are spread over the whole file: ask for all of them at once so a cold cache
-        # serves them in one batch of parallel reads instead of one disk seek after another
-        if hasattr(os, "posix_fadvise"):
-            for e in entries:
-                os.posix_fadvise(self.fd, e[4]["header_offset"], 4096, os.POSIX_FADV_WILLNEED)
-        for name, flags, method, crc, values in entries:
             if name in self.members:
                 raise self._corrupt("the archive lists this member twice", name)
             self.members[name] = self._member(name, flags, method, crc, values, cd_off)
             self.order.append(name)
+        self._cd_off = cd_off
 
     def _member(self, name: str, flags: int, method: int, crc: int, v: dict[str, int], cd_off: int) -> ZipMember:
         hoff = v["header_offset"]
-        if hoff + LOCAL.size > cd_off:
-            raise self._corrupt(f"local header offset {hoff} is past the central directory", name)
-        (sig, _need, _flags, _method, _t, _d, _crc, _cs, _us, nlen, xlen) = LOCAL.unpack(self._pread(LOCAL.size, hoff, name))
-        if sig != LOCAL_SIG:
-            raise self._corrupt(f"no local file header at byte {hoff}", name)
-        data_offset = hoff + LOCAL.size + nlen + xlen
-        if data_offset + v["compressed_size"] > cd_off:
-            raise self._corrupt(
-                f"data ({v['compressed_size']} bytes at {data_offset}) overlaps the central directory or "
-                f"runs past the end of the file ({self.file_size} bytes)", name)
+        if hoff + LOCAL.size + v["compressed_size"] > cd_off:
+            raise self._corrupt(f"local header offset {hoff} and data ({v['compressed_size']} bytes) run past "
+                                "the central directory", name)
         if method == STORED and v["compressed_size"] != v["size"]:
             raise self._corrupt(
                 f"stored member has compressed size {v['compressed_size']} != size {v['size']}", name)
-        return ZipMember(name, method, flags, crc, v["compressed_size"], v["size"], hoff, data_offset)
+        return ZipMember(name, method, flags, crc, v["compressed_size"], v["size"], hoff)
+
+    def resolve(self, m: ZipMember) -> ZipMember:
+        """``m`` with its ``data_offset``, from its local header (read once, then cached)."""
+        if m.data_offset is not None:
+            return m
+        m = self.members.get(m.name, m)
+        if m.data_offset is not None:
+            return m
+        hoff = m.header_offset
+        (sig, _need, _flags, _method, _t, _d, _crc, _cs, _us, nlen, xlen) = LOCAL.unpack(
+            self._pread(LOCAL.size, hoff, m.name))
+        if sig != LOCAL_SIG:
+            raise self._corrupt(f"no local file header at byte {hoff}", m.name)
+        data_offset = hoff + LOCAL.size + nlen + xlen
+        if data_offset + m.compressed_size > self._cd_off:
+            raise self._corrupt(
+                f"data ({m.compressed_size} bytes at {data_offset}) overlaps the central directory or "
+                f"runs past the end of the file ({self.file_size} bytes)", m.name)
+        m = self.members[m.name] = dataclasses.replace(m, data_offset=data_offset)
+        return m
+
+    def resolve_many(self, members: list[ZipMember]) -> list[ZipMember]:
+        """:meth:`resolve` for many members; the local headers are spread over the whole file, so ask for
+        all of them at once: a cold cache then serves them in one batch instead of one seek after another."""
+        todo = [m for m in members if self.members.get(m.name, m).data_offset is None]
+        if len(todo) > 1 and hasattr(os, "posix_fadvise"):
+            for m in todo:
+                os.posix_fadvise(self.fd, m.header_offset, 4096, os.POSIX_FADV_WILLNEED)
+        return [self.resolve(m) for m in members]
 
     # -- reading -----------------------------------------------------------------------------------
     def check_readable(self, m: ZipMember) -> None:
@@ -193,7 +211,7 @@ class ZipIndex:
 
     def read_member(self, name: str, limit: int) -> bytes:
         """The whole (decompressed) member, refusing one larger than ``limit`` bytes."""
-        m = self.members[name]
+        m = self.resolve(self.members[name])
         if m.size > limit:
             raise self._corrupt(f"member claims {m.size} bytes, more than the {limit} allowed", name)
         data = bytes(self.read_range(m, 0, m.size))
@@ -206,6 +224,7 @@ class ZipIndex:
         self.check_readable(m)
         if start < 0 or nbytes < 0 or start + nbytes > m.size:
             raise self._corrupt(f"range {start}..{start + nbytes} is outside the member's {m.size} bytes", m.name)
+        m = self.resolve(m)
         if m.method == STORED:
             return pread_exact(self.fd, nbytes, m.data_offset + start, self.path, m.name)
         return self._inflate_range(m, start, nbytes)
