@@ -155,22 +155,34 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
         if tie is not None:
             tie_owner[tie] = key
         group_keys.append(key)
-    # Pipeline: a reader thread reads and hashes group i+1 while this thread encodes and stores group i,
-    # when group i+1 is at most READ_AHEAD_BYTES (so read-ahead never adds more than that to peak memory).
-    pending = None
+    # Pipeline: reader threads read and hash the next groups while this thread encodes and stores group i.
+    # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
+    # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
+    # read-ahead never adds more than that to peak memory).
+    pending: list = []  # (index, future) in order
+    nxt = 0  # the next group index not yet read or submitted
     try:
         for i, key in enumerate(group_keys):
-            got = pending.result() if pending is not None else _read_group(lsd, key, previous)
-            pending = None
-            if i + 1 < len(group_keys) and lsd.info(group_keys[i + 1]).nbytes <= READ_AHEAD_BYTES:
-                pending = _reader().submit(_read_group, lsd, group_keys[i + 1], previous)
+            if pending and pending[0][0] == i:
+                got = pending.pop(0)[1].result()
+            else:
+                got = _read_group(lsd, key, previous)
+            nxt = max(nxt, i + 1)
+            ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
+            while nxt < len(group_keys) and len(pending) < READ_AHEAD_THREADS:
+                size = lsd.info(group_keys[nxt]).nbytes
+                if ahead + size > READ_AHEAD_BYTES:
+                    break
+                pending.append((nxt, _reader().submit(_read_group, lsd, group_keys[nxt], previous)))
+                ahead += size
+                nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
             del got
             if bar is not None:
                 bar.advance(bar.task_ids[0], lsd.info(key).nbytes)
     finally:
-        if pending is not None:
-            pending.cancel() or pending.exception()  # never close the file under a running read
+        for _, fut in pending:
+            fut.cancel() or fut.exception()  # never close the file under a running read
         if bar is not None:
             bar.stop()
         if update_data is not None:
@@ -179,7 +191,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
 
 
-READ_AHEAD_BYTES = 64 << 20  # clean reads, and smudge rebuilds, the next group ahead only up to this size
+READ_AHEAD_BYTES = 64 << 20  # clean reads, and smudge rebuilds, the next group(s) ahead only up to this size
+READ_AHEAD_THREADS = 2
 _reader_pool = None
 
 
@@ -188,7 +201,7 @@ def _reader():
     if _reader_pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        _reader_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-read")
+        _reader_pool = ThreadPoolExecutor(max_workers=READ_AHEAD_THREADS, thread_name_prefix="theta-read")
     return _reader_pool
 
 
@@ -215,6 +228,7 @@ class _Read:
     prev: GroupMeta | None
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
+    norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
 
 
 def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
@@ -223,11 +237,17 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     prev = _previous_group(previous, key, info.dtype, info.shape)
     digest = _sha256(raw)
-    # a new group always needs its signature; a group with a previous version only when its bytes changed
-    sig = lsh.signature(arr) if prev is None and lsh.hashable(info.dtype) else None
+    # A new group always needs its signature, a group with a previous version only when its bytes changed
+    # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
+    # encoding of the group before.
+    sig, norm = None, None
+    if lsh.hashable(info.dtype) and (prev is None or prev.hash != digest):
+        sig = lsh.signature(arr)
+        if prev is not None and sig is not None and prev.lsh is not None:
+            norm = lsh.l2norm(arr)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
         key in previous.groups or key in previous.aliases) else None
-    return _Read(key, info, raw, arr, digest, prev, sig, reshaped)
+    return _Read(key, info, raw, arr, digest, prev, sig, reshaped, norm)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -245,8 +265,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     if prev is not None and prev.hash == digest and not sideloaded:
         stats.unchanged += 1
         return keep(prev)
-    if prev is not None and lsh.hashable(info.dtype):
-        sig = lsh.signature(arr)
+    if sig is None and prev is not None and lsh.hashable(info.dtype) and prev.hash == digest:
+        sig = lsh.signature(arr)  # same bytes but side-loaded: the reader skipped it
 
     cached: list = []
 
@@ -262,7 +282,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
 
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
-                                lsh.l2norm(arr) if sig is not None and prev.lsh is not None else 0.0,
+                                (got.norm if got.norm is not None else lsh.l2norm(arr))
+                                if sig is not None and prev.lsh is not None else 0.0,
                                 options.rtol, options.atol)
         if maybe:
             old = previous_value()
