@@ -452,6 +452,13 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     cache = {}
     reconstruct(metas[3].groups["emb"], store, cache)
     assert raw(reconstruct(metas[4].groups["emb"], store, cache)) == raw(values[4])
+    # git theta squash's rewrite makes such a chain one self-contained step of the group's shape
+    from theta.cli_updates import squash_meta
+
+    squashed, report = squash_meta(metas[4], store)
+    assert report.rewritten == 1 and [s.type for s in squashed.groups["emb"].steps] == ["dense"]
+    got = reconstruct(loads(dumps(squashed)).groups["emb"], store)
+    assert got.shape == values[4].shape and raw(got) == raw(values[4])
 
 
 def test_rows_not_tried_when_it_cannot_apply(tmp_path):
@@ -489,3 +496,33 @@ def test_rows_large_trim_is_tiny_and_wide_rows_compare_by_words():
     old = RowsUpdate().encode(prev[:100], prev)
     parts = {"source_gaps": old.parts["source_gaps"].astype(np.int64), "extra": old.parts["extra"]}
     assert raw(RowsUpdate().apply(parts, old.params, prev)) == raw(prev[:100])
+
+
+@pytest.mark.parametrize("grow", [False, True], ids=["trimmed", "extended"])
+def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow):
+    """No row survives bit-identical, so rows alone would store everything: a positional rows step, then
+    sparse/delta, stores far less than dense and rebuilds bit for bit; with no room left in the chain
+    for two steps the value is stored dense."""
+    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.store import LfsStore
+    from theta.updates import reconstruct, step_layout
+
+    store = LfsStore(tmp_path / "objects")
+    path = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(24)
+    e = weights(rng, (2000, 64), np.float16)
+    safetensors.numpy.save_file({"emb": e}, str(path))
+    m0 = clean_checkpoint(path, store, None, CleanOptions())
+    tuned = (e.astype(np.float32) * (1 + 1e-3 * rng.standard_normal(e.shape))).astype(np.float16)
+    new = np.concatenate([tuned, weights(rng, (16, 64), np.float16)]) if grow else tuned[:1800].copy()
+    safetensors.numpy.save_file({"emb": new}, str(path))
+    before = store.written_bytes
+    m1 = clean_checkpoint(path, store, m0, CleanOptions())
+    g = m1.groups["emb"]
+    assert [s.type for s in g.steps][:2] == ["dense", "rows"] and g.steps[2].type in ("sparse", "delta")
+    assert [step_layout(s, g)[1] for s in g.steps] == [(2000, 64), new.shape, new.shape]
+    dense_size = len(codec.encode_array(new))
+    assert store.written_bytes - before < 0.6 * dense_size
+    assert raw(reconstruct(g, store)) == raw(new) and reconstruct(g, store).shape == new.shape
+    m2 = clean_checkpoint(path, store, m0, CleanOptions(max_chain=2))
+    assert [s.type for s in m2.groups["emb"].steps] == ["dense"]

@@ -13,6 +13,8 @@ Cheap estimates first, so that only candidates that can win are encoded in full:
 - delta and dense are compared on a sample (up to 16 slices of 64 Ki elements spread over the group);
   dense is encoded in full only when its sample is within 10 % of delta's;
 - ``rows`` (the shape changed): dense is encoded only when more than half of the rows are new;
+  when dense still wins (rows were resized AND changed in one commit), a positional ``rows`` step
+  followed by sparse/delta is tried (:func:`resize_then_change`);
 - every candidate that is encoded is compressed for real and the smallest blob is kept (only the
   best blob so far is held in memory). The blob is returned, so the caller stores it without
   compressing a second time.
@@ -109,6 +111,33 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
 
 # ---------------------------------------------------------------- the clean filter's policy
 
+TWO_STEP_MARGIN = 0.9  # resize + change must save 10 % over dense to be worth a two-step chain link
+
+
+def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec.DEFAULT_LEVEL):
+    """A group resized along its first dimension AND changed in the same commit (e.g. vocabulary trimmed
+    during a fine-tune: no row is bit-identical, so ``rows`` alone finds nothing). Two exact steps:
+    ``rows`` keeps the previous rows by position (the first ``min(n, m)``, plus the rows appended in
+    ``new``), then sparse/delta from that to ``new``. Returns (rows Choice, change Choice, hash of the
+    resized value), or None when the change is best stored dense anyway."""
+    from theta.updates import content_hash
+    from theta.updates.rows import encode_sources
+
+    n, m = new.shape[0], previous.shape[0]
+    k = min(n, m)
+    if k == 0:
+        return None
+    sources = np.concatenate([np.arange(k, dtype=np.int64), np.full(n - k, -1, dtype=np.int64)])
+    extra = np.ascontiguousarray(new[k:])
+    rows_enc = Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra}, params={"rows": int(n)})
+    resized = get("rows").apply(rows_enc.parts, rows_enc.params, previous)
+    change = choose(new, resized, level)
+    if change.update_type == "dense":
+        return None
+    rows_choice = Choice("rows", dict(rows_enc.params), codec.encode_parts_chunks(rows_enc.parts, level))
+    return rows_choice, change, content_hash(resized)
+
+
 def rows_may_apply(previous_meta, new: np.ndarray) -> bool:
     """Can ``rows`` derive ``new`` from this previous version of another shape? (Checked before rebuilding
     the previous value: same dtype and number of dims, same trailing dims, at least one dim.)"""
@@ -180,10 +209,20 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         return store_dense()
 
     if wanted == "auto":
-        choice = choose(new, base, options.level)
-        ref = store.put_chunks(choice.chunks)
         from theta.metadata import Step
 
+        choice = choose(new, base, options.level)
+        if (choice.update_type == "dense" and base.shape != new.shape
+                and len(base_meta.steps) + 2 <= options.max_chain):
+            two = resize_then_change(new, base, options.level)
+            if two is not None and two[0].size + two[1].size < choice.size * TWO_STEP_MARGIN:
+                resized, changed, resized_hash = two
+                steps = [Step(type="rows", blob=store.put_chunks(resized.chunks), params=resized.params,
+                              hash=resized_hash),
+                         Step(type=changed.update_type, blob=store.put_chunks(changed.chunks),
+                              params=changed.params, hash=new_hash)]
+                return [*base_meta.steps, *steps]
+        ref = store.put_chunks(choice.chunks)
         step = Step(type=choice.update_type, blob=ref, params=choice.params, hash=new_hash)
         return chain(base_meta, step, get(choice.update_type).incremental, options)
 
