@@ -118,9 +118,14 @@ def _run(kind: str, op: str, path: str, cold: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _median_run(kind, op, path, cold, repeat) -> dict:
-    runs = [_run(kind, op, path, cold) for _ in range(repeat)]
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+def _median_runs(kinds, op, path, cold, repeat) -> dict:
+    """Median of ``repeat`` runs per contender, the contenders taking turns run after run, so that a
+    burst of load from other jobs on the machine does not fall on one contender only."""
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    for _ in range(repeat):
+        for kind in kinds:
+            runs[kind].append(_run(kind, op, path, cold))
+    return {kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for kind, rs in runs.items()}
 
 
 def main() -> None:
@@ -130,7 +135,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,8", help="checkpoint sizes in GiB, comma separated (default 1,8)")
     ap.add_argument("--tensor-mib", type=int, default=64)
     ap.add_argument("--dir", default="/tmp/zipslice-bench-read")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per measurement (median)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per measurement (median; contenders interleaved)")
     ap.add_argument("--no-full-load", action="store_true", help="skip plain torch.load (it holds the whole file)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
@@ -160,11 +165,11 @@ def main() -> None:
             _warm(path)
         r = results[gib] = {}
         contenders = ["zipslice", "torch-mmap"] + ([] if args.no_full_load else ["torch"])
-        for kind in contenders:
-            r[kind, "open"] = _median_run(kind, "open", path, cold, args.repeat)
+        for kind, m in _median_runs(contenders, "open", path, cold, args.repeat).items():
+            r[kind, "open"] = m
         for op in ("one", "stream"):
-            for kind in STREAMERS:
-                r[kind, op] = _median_run(kind, op, path, cold, args.repeat)
+            for kind, m in _median_runs(STREAMERS, op, path, cold, args.repeat).items():
+                r[kind, op] = m
         assert r["zipslice", "stream"]["check"] == r["torch-mmap", "stream"]["check"], "different sums!"
         assert r["zipslice-mmap", "stream"]["check"] == r["torch-mmap", "stream"]["check"], "different sums!"
 
