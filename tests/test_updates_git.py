@@ -334,3 +334,25 @@ def test_rows_trim_and_append_through_git(repo):
         repo.git("checkout", "-q", rev)
         assert_bits(load_pt(repo / "model.pt"), w)
         assert repo.status() == "", rev
+
+
+def test_rows_chain_beyond_max_chain_through_git(repo):
+    """theta.maxChain=2 with trims and appends: the chain is rebuilt self-contained when full, and every
+    commit (reshaped chains, self-contained restarts) checks out bit for bit with a clean status."""
+    repo.git("config", "theta.maxChain", "2")
+    g = torch.Generator().manual_seed(9)
+    saved, lengths = [load_pt(repo / "model.pt")], []
+    for i, n in enumerate((120, 124, 110, 111)):
+        v = OrderedDict(saved[-1])
+        e = saved[-1]["embed.weight"]
+        v["embed.weight"] = e[:n].clone() if n < e.shape[0] else torch.cat([e, torch.randn(n - e.shape[0], 48,
+                                                                                          generator=g)])
+        save_pt(repo / "model.pt", v)
+        repo.commit(f"resize {i}", "model.pt")
+        lengths.append(len(loads(repo.show("HEAD:model.pt")).groups[E].steps))
+        saved.append(v)
+    assert lengths == [2, 1, 2, 1]
+    for back in range(len(saved)):
+        repo.git("checkout", "-q", f"main~{back}")
+        assert_bits(load_pt(repo / "model.pt"), saved[-1 - back])
+        assert repo.status() == "", back
