@@ -526,3 +526,22 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
     assert raw(reconstruct(g, store)) == raw(new) and reconstruct(g, store).shape == new.shape
     m2 = clean_checkpoint(path, store, m0, CleanOptions(max_chain=2))
     assert [s.type for s in m2.groups["emb"].steps] == ["dense"]
+
+
+def test_step_layout_records_and_defaults():
+    from theta.errors import MetadataError
+    from theta.metadata import GroupMeta, Step
+    from theta.store import BlobRef
+    from theta.updates import relayout_steps, step_layout
+
+    ref = BlobRef("0" * 64, 1)
+    g = GroupMeta(name="e", dtype="float32", shape=(10, 4), hash="h",
+                  steps=[Step("dense", ref, {"shape": [12, 4]}, "a"), Step("rows", ref, {"rows": 10}, "b")])
+    assert [step_layout(s, g) for s in g.steps] == [("float32", (12, 4)), ("float32", (10, 4))]
+    # continued by a group of another shape/dtype: every step records what differs, and drops what doesn't
+    out = relayout_steps(g, "float16", (12, 4))
+    assert [s.params for s in out] == [{"dtype": "float32"}, {"rows": 10, "shape": [10, 4], "dtype": "float32"}]
+    assert [(s.blob, s.hash) for s in out] == [(s.blob, s.hash) for s in g.steps]
+    bad = Step("dense", ref, {"shape": "wide"}, "a")
+    with pytest.raises(MetadataError, match="bad 'shape'"):
+        step_layout(bad, g)
