@@ -85,10 +85,52 @@ def test_bad_group_after_content_started_fails_the_checkout(tmp_path):
     (repo / "model.pt").write_text(dumps(meta))  # metadata passes through clean unchanged
     repo.commit("bad", "model.pt")
     (repo / "model.pt").unlink()
-    proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False)
+    # "hash": every group is hashed (the default "frames" trusts a dense blob's own zstd checksums instead)
+    proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False,
+                    extra_env={"GIT_THETA_VERIFY": "hash"})
     assert proc.returncode != 0
     assert b"content hash" in proc.stderr
     assert not (repo / "model.pt").exists()  # git dropped the streamed bytes
     genv.run(["git", "checkout", "HEAD~1", "--", "model.pt"], cwd=repo.path)
     got = torch.load(repo / "model.pt", weights_only=True)
     assert list(got) == list(sd) and all(torch.equal(got[k], v) for k, v in sd.items())
+
+
+def test_frames_verification_catches_a_flipped_byte_at_checkout(tmp_path):
+    genv = GitEnv.create(tmp_path)
+    repo = genv.init("work")
+    sd = _state(2)
+    torch.save(sd, repo / "model.pt")
+    repo.commit("v1", ".gitattributes", "model.pt")
+    meta = loads(repo.show("HEAD:model.pt"))
+    group = meta.groups[meta.group_for("a.weight").name]
+    assert [s.type for s in group.steps] == ["dense"]
+    obj = repo.git_common_dir() / "lfs" / "objects" / group.steps[0].blob.oid[:2] / group.steps[0].blob.oid[2:4] \
+        / group.steps[0].blob.oid
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 3] ^= 0x01  # same size, inside a plane: only the frame checksum can tell
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+    (repo / "model.pt").unlink()
+    proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False)
+    assert proc.returncode != 0
+    assert b"a.weight" in proc.stderr or b"corrupt" in proc.stderr
+    assert not (repo / "model.pt").exists()
+
+
+def test_frames_verification_skips_only_the_hash_of_single_dense_steps(tmp_path, monkeypatch):
+    import theta.smudge as sm
+    store = LfsStore(tmp_path / "objects")
+    src = tmp_path / "model.pt"
+    torch.save(_state(3), src)
+    meta = loads(dumps(clean_checkpoint(src, store, None)))
+    hashed = []
+    real = sm._HashChecker.submit
+    monkeypatch.setattr(sm._HashChecker, "submit", lambda self, g, v: hashed.append(g.name) or real(self, g, v))
+    framed, full = io.BytesIO(), io.BytesIO()
+    smudge_to_stream(meta, store, framed, "model.pt", verify="frames")
+    assert hashed == []  # every group here is one dense step with checksummed frames
+    smudge_to_stream(meta, store, full, "model.pt", verify="hash")
+    assert sorted(hashed) == sorted(meta.groups) and framed.getvalue() == full.getvalue()
+    with pytest.raises(Exception, match="unknown verification"):
+        smudge_to_stream(meta, store, io.BytesIO(), "model.pt", verify="none")

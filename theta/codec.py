@@ -275,3 +275,29 @@ def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray
     if pos != end:
         raise CodecError(f"theta parts blob has {end - pos} stray bytes between its parts and its index")
     return out
+
+
+def frames_checksummed(blob: "bytes | bytearray | memoryview") -> bool:
+    """True when every zstd frame of a parts blob carries a content checksum.
+
+    zstd verifies such a checksum (XXH64 of the frame's decompressed bytes) whenever it decompresses the
+    frame, so decoding such a blob proves each decoded byte is the byte that was encoded. False for
+    anything unexpected (the normal decode then reports real errors).
+    """
+    try:
+        blob = memoryview(blob).cast("B")
+        header, end = _trailer(blob, PARTS_MAGIC, "parts")
+        pos = 4
+        for _name, size in header["parts"]:
+            part = blob[pos:pos + size]
+            pos += size
+            arr_header, _ = _trailer(part, ARRAY_MAGIC, "array")
+            off = 4
+            for _count, sizes in arr_header["frames"]:
+                for c in sizes:
+                    if not zstandard.get_frame_parameters(part[off:off + c]).has_checksum:
+                        return False
+                    off += c
+        return pos == end
+    except (CodecError, KeyError, TypeError, ValueError, zstandard.ZstdError):
+        return False
