@@ -81,6 +81,7 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     the result is added to it. Memory: the previous value, one step's parts, and the new value.
     ``verify=False`` skips only the check of the final value (the caller checks it, e.g. smudge hashes it
     on another thread while writing); intermediate values of a chain are always checked.
+    Each step's value has the dtype/shape :func:`step_layout` gives (a chain may cross a change of shape).
     """
     steps = group.steps
     if not steps:
