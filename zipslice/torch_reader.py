@@ -149,7 +149,8 @@ class ReadAhead:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # a finalizer may run on the thread itself
+            self._thread.join()
         self.raw = None
 
 
