@@ -47,8 +47,8 @@ trees = st.recursive(
 
 @settings(max_examples=60, deadline=None)
 @given(tree=st.dictionaries(keys, trees, min_size=1, max_size=4), protocol=st.sampled_from([2, 3, 4, 5]),
-       tie=st.booleans())
-def test_random_state_dicts_match_torch_load(tree, protocol, tie):
+       tie=st.booleans(), use_mmap=st.booleans())
+def test_random_state_dicts_match_torch_load(tree, protocol, tie, use_mmap):
     tensors_in = [v for v in tree.values() if isinstance(v, torch.Tensor)]
     if tie and tensors_in:
         tree["tied_copy"] = tensors_in[0]  # the same tensor under two names: one storage
@@ -57,7 +57,7 @@ def test_random_state_dicts_match_torch_load(tree, protocol, tie):
         torch.save(tree, path, pickle_protocol=protocol)
         # our own freshly written file: torch's weights-only unpickler lacks protocol 3-5 opcodes
         want = torch.load(path, weights_only=protocol == 2)
-        with zipslice.load(path) as lsd:
+        with zipslice.load(path, mmap=use_mmap) as lsd:
             got = structure.build(lsd.structure, lsd.__getitem__)
             assert_tree_same(got, want)
             if tie and tensors_in and tensors_in[0].numel():
