@@ -608,3 +608,29 @@ def test_local_headers_are_read_lazily(tmp_path):
         assert "data/0" in str(e.value)
         with pytest.raises(CorruptCheckpointError, match="no local file header"):
             lsd["a"]
+
+
+def test_read_ahead_of_big_endian_records(tmp_path):
+    from zipslice.torch_reader import swap_bytes
+
+    path, sd = _big_checkpoint(tmp_path, n=3)
+    with zipslice.load(path) as le:
+        dtype_of = {le.info(k).storage: le.info(k).dtype for k in le}
+
+    def to_big(name, data):
+        if name.endswith("/byteorder"):
+            return b"big"
+        rec = name.split("/", 1)[1]
+        if rec in dtype_of:
+            a = np.frombuffer(data, dtype=np.uint8).copy()
+            swap_bytes(a, dtype_of[rec])
+            return a.tobytes()
+        return data
+
+    _rewrite(path, tmp_path / "be.pt", to_big)
+    with zipslice.load(tmp_path / "be.pt") as lsd:
+        used = 0
+        for k in lsd:
+            assert_same(lsd[k], sd[k], k)
+            used += lsd._read_ahead is not None
+        assert used >= 2
