@@ -436,9 +436,11 @@ class TorchCheckpoint(LazyCheckpoint):
         assert rec.member is not None
         return self._zip.read_range(rec.member, start, n)
 
-    def _read_span(self, info: TensorInfo) -> bytearray:
+    def _read_span(self, info: TensorInfo) -> np.ndarray:
+        """The span's bytes (``numpy()``, ``read_bytes()``) in an uninitialised uint8 array: a bytearray
+        would zero-fill every page first, a second pass over a large tensor for nothing."""
         rec = self._storages[info.storage]
-        buf = bytearray(info.span_nbytes)
+        buf = np.empty(info.span_nbytes, dtype=np.uint8)
         start = info.storage_offset * info.itemsize if info.span_nbytes else 0
         self._read_into(rec, start, memoryview(buf), info.name)
         return buf
