@@ -634,3 +634,23 @@ def test_read_ahead_of_big_endian_records(tmp_path):
             assert_same(lsd[k], sd[k], k)
             used += lsd._read_ahead is not None
         assert used >= 2
+
+
+@pytest.mark.parametrize("how", ["items", "getitem"])
+def test_streaming_holds_at_most_two_buffers(tmp_path, how):
+    sd = {f"w{i}": random_tensor("float32", (1280 * 1024,), seed=i) for i in range(8)}  # 5 MiB each
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    ptrs = set()
+    with zipslice.load(path) as lsd:
+        if how == "items":
+            for k, t in lsd.items():  # the previous tensor is alive while the next one is fetched
+                assert_same(t, sd[k], k)
+                ptrs.add(t.untyped_storage().data_ptr())
+        else:
+            for k in lsd:
+                t = lsd[k]
+                assert_same(t, sd[k], k)
+                ptrs.add(t.untyped_storage().data_ptr())
+                del t
+    assert len(ptrs) <= 2  # the caller's tensor and the one read ahead, reused turn by turn

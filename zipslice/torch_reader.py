@@ -122,10 +122,12 @@ class ReadAhead:
         try:
             lo, hi = self.span
             while True:
-                raw = self._buffers.get(hi - lo, allocate=False)
+                # claim under the lock: a cancelled read-ahead must never hold a buffer, even for a moment,
+                # or the caller's own read would find the pool busy and map a third buffer
                 with self._lock:
                     if self._cancelled:
                         return
+                    raw = self._buffers.get(hi - lo, allocate=False)
                     if raw is not None:
                         self._started = True
                         break
