@@ -7,7 +7,7 @@ History (fp32, random normal * 0.02, saved with torch.save):
   commit 2  ~25% of the groups changed (the four attention matrices of 4 layers + the layer norms of half the
             layers: ~11% of bytes)
   commit 3  a full fine-tune: every float group + small noise
-  checkout  of commit 1
+  checkout  of commit 1 (after letting the index settle: no racy-git re-clean inside the measurement)
 For each step: wall time of `git add` + `git commit` (or `git checkout`), stored bytes (.git/objects +
 .git/lfs/objects) and peak RSS of the git process tree (psutil polling every 20 ms: the sum over the tree and the
 largest single process), then ratios theta / git-lfs.
@@ -233,6 +233,11 @@ def run_history(root: Path, paths: list[Path], tool: str, env: dict) -> list[tup
         rows.append((f"add+commit v{i}", m, stored_bytes(repo) - base))
     first = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=repo, env=env, capture_output=True,
                            text=True, check=True).stdout.split()[1]
+    # "Racy git": a file written in the same second as the index is re-cleaned by git at the next refresh,
+    # i.e. inside the measured checkout, at random (whether the add crossed a second boundary). Settle it
+    # first, unmeasured and the same for both tools, so the checkout measures the checkout.
+    time.sleep(1.1)
+    sh(["git", "update-index", "-q", "--really-refresh"], repo, env)
     m = run_measured(["git", "checkout", "-q", first], repo, env)
     rows.append(("checkout v1", m, stored_bytes(repo) - base))
     return rows
