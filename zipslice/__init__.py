@@ -6,10 +6,10 @@
 """
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Iterable
 
+from . import formats
 from .base import LazyCheckpoint
 from .errors import (CorruptCheckpointError, NotACheckpointError, UnsafeCheckpointError,
                      UnsupportedCheckpointError, ZipsliceError)
@@ -21,20 +21,6 @@ __all__ = [
     "UnsafeCheckpointError", "CorruptCheckpointError", "NotACheckpointError", "UnsupportedCheckpointError",
 ]
 
-# format name -> (module, reader class, writer function)
-_FORMATS = {
-    "torch": ("zipslice.torch_reader", "TorchCheckpoint", "zipslice.torch_writer", "write"),
-    "safetensors": ("zipslice.safetensors_format", "SafetensorsCheckpoint", "zipslice.safetensors_format", "write"),
-    "hdf5": ("zipslice.hdf5_format", "HDF5Checkpoint", "zipslice.hdf5_format", "write"),
-    "sharded": ("zipslice.sharded", "ShardedCheckpoint", "zipslice.sharded", "write"),
-    "torch-legacy": ("zipslice.torch_legacy", "LegacyTorchCheckpoint", None, None),
-}
-
-_EXTENSIONS = {".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch",
-               ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5", ".keras": "hdf5",
-               ".index.json": "sharded"}
-
-
 def load(path: str | os.PathLike, *, mmap: bool = False) -> LazyCheckpoint:
     """Open a checkpoint lazily; the format is sniffed from its bytes.
 
@@ -42,20 +28,32 @@ def load(path: str | os.PathLike, *, mmap: bool = False) -> LazyCheckpoint:
     instead of a positioned read into fresh memory -- no copy, but the file must not be truncated or
     rewritten in place while such tensors are alive (the process would get SIGBUS, as with torch's mmap).
     """
-    fmt = sniff(path)
-    module, cls, _, _ = _FORMATS[fmt]
+    fmt = _sniff_any(path)
+    spec = formats.get(fmt)
     if not mmap:
-        return getattr(importlib.import_module(module), cls)(path)
-    if fmt not in ("torch", "torch-legacy"):
+        return spec.reader_class()(path)
+    if not spec.mmap:
         raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
-    return getattr(importlib.import_module(module), cls)(path, mmap=True)
+    return spec.reader_class()(path, mmap=True)
+
+
+def _sniff_any(path: str | os.PathLike) -> str:
+    """zipslice's own sniffing, then any plugin format's detect()."""
+    try:
+        return sniff(path)
+    except NotACheckpointError:
+        with open(path, "rb") as f:
+            plugin = formats.detect_plugin(f.read(4096))
+        if plugin is None:
+            raise
+        return plugin
 
 
 def format_for_path(path: str | os.PathLike) -> str:
     name = os.fspath(path).lower()
-    for ext, fmt in _EXTENSIONS.items():
-        if name.endswith(ext):
-            return fmt
+    for spec in formats.registry().values():
+        if any(name.endswith(ext) for ext in spec.extensions):
+            return spec.name
     raise ValueError(f"cannot tell the output format from {os.fspath(path)!r}; pass format=")
 
 
@@ -71,9 +69,10 @@ def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheck
     from .sources import as_sources
 
     fmt = format or format_for_path(path)
-    if fmt not in _FORMATS or _FORMATS[fmt][2] is None:
-        raise ValueError(f"cannot write format {fmt!r}; choose torch, safetensors or hdf5")
-    _, _, module, fn = _FORMATS[fmt]
+    writer = formats.get(fmt).writer_function()
+    if writer is None:
+        raise ValueError(f"cannot write format {fmt!r}; writable: "
+                         + ", ".join(n for n, f in formats.registry().items() if f.writer))
     if isinstance(tensors, LazyCheckpoint):
         # the same layout rules as zipslice.convert: a layout kept in a flat file's metadata is restored
         # when writing torch, and a torch file's layout is kept in the metadata of a flat format
@@ -85,4 +84,4 @@ def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheck
         srcs = plan.sources
     else:
         srcs = as_sources(tensors)
-    getattr(importlib.import_module(module), fn)(path, srcs, **options)
+    writer(path, srcs, **options)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from . import dtypes, structure as st
+from . import dtypes, formats, structure as st
 from .errors import CorruptCheckpointError, ZipsliceError
 from .info import TensorInfo, TensorSource
 
@@ -273,8 +272,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
             total = bytes_to_write(plan.sources, shares_storage=fmt == "torch")
             written = [_reporting(s, progress, total) for s in plan.sources]
         options = {"structure": plan.structure} if fmt == "torch" else {}
-        _, _, module, fn = zipslice._FORMATS[fmt]
-        getattr(importlib.import_module(module), fn)(dst, written, metadata=plan.metadata or None, **options)
+        writer = formats.get(fmt).writer_function()
+        writer(dst, written, metadata=plan.metadata or None, **options)
     sources, n_cast = plan.sources, plan.cast
     return ConvertResult(src=src, dst=dst, format=fmt, tensors=len(sources), cast=n_cast,
                          nbytes=bytes_to_write(sources, shares_storage=fmt == "torch"))

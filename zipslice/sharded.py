@@ -194,9 +194,7 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     ``metadata.total_size`` and a ``weight_map`` sorted by name. Shards of an earlier write with another
     shard count are left in place.
     """
-    import importlib
-
-    from . import _FORMATS
+    from . import formats
     from .fileio import atomic_output
 
     path = os.fspath(path)
@@ -209,8 +207,7 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
         raise ValueError(f"{path!r}: cannot tell the shard format from {ext!r}; use one of {', '.join(_SHARD_FORMATS)}")
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
-    _, _, module, fn = _FORMATS[fmt]
-    writer = getattr(importlib.import_module(module), fn)
+    writer = formats.get(fmt).writer_function()
 
     shards = plan_shards(list(sources), max_shard_bytes)
     n = max(len(shards), 1)

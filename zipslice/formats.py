@@ -1,0 +1,72 @@
+"""Checkpoint formats as plugins: entry points in the group ``zipslice.formats`` name a :class:`FormatSpec`.
+
+The built-ins register through the same entry points (pyproject.toml) that a third-party format would use.
+A plugin format that zipslice's own sniffing does not know gives a ``detect(head: bytes) -> bool`` function.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+
+def _resolve(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    name: str
+    reader: str                       # "module:Class", a LazyCheckpoint subclass taking the path
+    writer: str | None = None         # "module:function", write(path, sources, *, structure, metadata, ...)
+    extensions: tuple[str, ...] = ()  # output names that choose this format in zipslice.save
+    detect: str | None = None         # "module:function" for formats zipslice's sniffing does not know
+    mmap: bool = False                # the reader accepts mmap=True
+
+    def reader_class(self):
+        return _resolve(self.reader)
+
+    def writer_function(self) -> Callable | None:
+        return _resolve(self.writer) if self.writer else None
+
+
+TORCH = FormatSpec("torch", "zipslice.torch_reader:TorchCheckpoint", "zipslice.torch_writer:write",
+                   (".pt", ".pth", ".bin", ".ckpt"), mmap=True)
+TORCH_LEGACY = FormatSpec("torch-legacy", "zipslice.torch_legacy:LegacyTorchCheckpoint", mmap=True)
+SAFETENSORS = FormatSpec("safetensors", "zipslice.safetensors_format:SafetensorsCheckpoint",
+                         "zipslice.safetensors_format:write", (".safetensors",))
+HDF5 = FormatSpec("hdf5", "zipslice.hdf5_format:HDF5Checkpoint", "zipslice.hdf5_format:write",
+                  (".h5", ".hdf5", ".keras"))
+SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.sharded:write", (".index.json",))
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, FormatSpec]:
+    found: dict[str, FormatSpec] = {}
+    for ep in entry_points(group="zipslice.formats"):
+        spec = ep.load()
+        if not isinstance(spec, FormatSpec):
+            raise TypeError(f"entry point zipslice.formats:{ep.name} must name a zipslice.formats.FormatSpec")
+        found[spec.name] = spec
+    # A source checkout that was never pip-installed still knows its own formats.
+    for spec in (TORCH, TORCH_LEGACY, SAFETENSORS, HDF5, SHARDED):
+        found.setdefault(spec.name, spec)
+    return found
+
+
+def get(name: str) -> FormatSpec:
+    try:
+        return registry()[name]
+    except KeyError:
+        raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(sorted(registry()))}") from None
+
+
+def detect_plugin(head: bytes) -> str | None:
+    """The first plugin format whose detect() accepts these leading bytes."""
+    for spec in registry().values():
+        if spec.detect and _resolve(spec.detect)(head):
+            return spec.name
+    return None
