@@ -494,6 +494,14 @@ def test_save_through_a_flat_format_restores_the_layout(tmp_path, flat):
 
 # -- read-ahead while streaming -----------------------------------------------------------------------
 
+@pytest.fixture
+def read_ahead_on(monkeypatch):
+    """The read-ahead thread is off by default; these tests exercise it."""
+    from zipslice.torch_reader import TorchCheckpoint
+
+    monkeypatch.setattr(TorchCheckpoint, "read_ahead", True)
+
+
 def _big_checkpoint(tmp_path, n=5):
     # each tensor above the read-ahead threshold (4 MiB), distinct contents and sizes
     sd = {f"layer{i}.weight": random_tensor("float32", (1024 * 1024 + 4096 * i,), seed=i) for i in range(n)}
@@ -504,7 +512,7 @@ def _big_checkpoint(tmp_path, n=5):
     return path, sd
 
 
-def test_streaming_in_order_reads_ahead_and_is_exact(tmp_path):
+def test_streaming_in_order_reads_ahead_and_is_exact(tmp_path, read_ahead_on):
     path, sd = _big_checkpoint(tmp_path)
     with zipslice.load(path) as lsd:
         used = 0
@@ -518,7 +526,7 @@ def test_streaming_in_order_reads_ahead_and_is_exact(tmp_path):
             assert_same(t, sd[k], k)
 
 
-def test_read_ahead_never_reuses_a_buffer_still_in_use(tmp_path):
+def test_read_ahead_never_reuses_a_buffer_still_in_use(tmp_path, read_ahead_on):
     path, sd = _big_checkpoint(tmp_path)
     with zipslice.load(path) as lsd:
         held = list(lsd.values())  # every tensor kept: the pool must hand out fresh memory
@@ -531,7 +539,7 @@ def test_read_ahead_never_reuses_a_buffer_still_in_use(tmp_path):
             assert_same(t, sd[k], k)
 
 
-def test_read_ahead_cancelled_by_random_access_and_close(tmp_path):
+def test_read_ahead_cancelled_by_random_access_and_close(tmp_path, read_ahead_on):
     path, sd = _big_checkpoint(tmp_path)
     keys = list(sd)
     lsd = zipslice.load(path)
@@ -546,7 +554,7 @@ def test_read_ahead_cancelled_by_random_access_and_close(tmp_path):
         lsd[keys[4]]
 
 
-def test_read_ahead_failure_surfaces_in_the_callers_read(tmp_path):
+def test_read_ahead_failure_surfaces_in_the_callers_read(tmp_path, read_ahead_on):
     path, sd = _big_checkpoint(tmp_path, n=3)
     keys = list(sd)
     lsd = zipslice.load(path)
@@ -610,7 +618,7 @@ def test_local_headers_are_read_lazily(tmp_path):
             lsd["a"]
 
 
-def test_read_ahead_of_big_endian_records(tmp_path):
+def test_read_ahead_of_big_endian_records(tmp_path, read_ahead_on):
     from zipslice.torch_reader import swap_bytes
 
     path, sd = _big_checkpoint(tmp_path, n=3)
@@ -636,8 +644,12 @@ def test_read_ahead_of_big_endian_records(tmp_path):
         assert used >= 2
 
 
+@pytest.mark.parametrize("read_ahead", [True, False])
 @pytest.mark.parametrize("how", ["items", "getitem"])
-def test_streaming_holds_at_most_two_buffers(tmp_path, how):
+def test_streaming_holds_at_most_two_buffers(tmp_path, how, read_ahead, monkeypatch):
+    from zipslice.torch_reader import TorchCheckpoint
+
+    monkeypatch.setattr(TorchCheckpoint, "read_ahead", read_ahead)
     sd = {f"w{i}": random_tensor("float32", (1280 * 1024,), seed=i) for i in range(8)}  # 5 MiB each
     path = tmp_path / "m.pt"
     torch.save(sd, path)
@@ -654,3 +666,25 @@ def test_streaming_holds_at_most_two_buffers(tmp_path, how):
                 ptrs.add(t.untyped_storage().data_ptr())
                 del t
     assert len(ptrs) <= 2  # the caller's tensor and the one read ahead, reused turn by turn
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_pooled_buffer_is_never_reused_while_a_view_lives(tmp_path, read_ahead, monkeypatch):
+    from zipslice.torch_reader import TorchCheckpoint
+
+    monkeypatch.setattr(TorchCheckpoint, "read_ahead", read_ahead)
+    path, sd = _big_checkpoint(tmp_path)
+    keys = [k for k in sd if k.startswith("layer")]
+    with zipslice.load(path) as lsd:
+        views = {}
+        for k in keys:
+            t = lsd[k]
+            views[k] = t[7:]  # only a view survives: it still pins the pooled buffer
+            del t
+        for k in keys:  # later reads (into recycled buffers) never overwrote a live view's bytes
+            assert bits(views[k]) == bits(sd[k][7:]), k
+        ptrs = {v.untyped_storage().data_ptr() for v in views.values()}
+        assert len(ptrs) == len(keys)
+        views.clear()
+        again = [lsd[k].untyped_storage().data_ptr() for k in keys]  # each dropped at once: recycled
+        assert len(set(again)) <= 2
