@@ -116,22 +116,27 @@ class LfsStore:
                 for c in chunks:
                     f.write(c)
             ref = BlobRef(hashing.result(), size)
-            if self.has(ref):
-                return ref  # already stored (dedup): the temp file is dropped below
-            dest = self.path(ref)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-            tmp = None
+            tmp = self._publish(tmp, ref)
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
         finally:
             hashing.cancel() or hashing.exception()  # never leave the hasher reading freed buffers
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+        return ref
+
+    def _publish(self, tmp: str, ref: BlobRef) -> str | None:
+        """Move a fully written temp file to its content address; returns the temp path still to remove
+        (when the object was already stored: dedup), or None once it is published."""
+        if self.has(ref):
+            return tmp
+        dest = self.path(ref)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
         self.written_objects += 1
         self.written_bytes += ref.size
-        return ref
+        return None
 
     def put_stream(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> BlobRef:
         """Store the concatenation of ``chunks`` as they are produced (e.g. by codec.iter_encode_parts):
@@ -149,20 +154,12 @@ class LfsStore:
                     f.write(c)
                     size += memoryview(c).nbytes
             ref = BlobRef(h.hexdigest(), size)
-            if self.has(ref):
-                return ref  # already stored (dedup): the temp file is dropped below
-            dest = self.path(ref)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-            tmp = None
+            tmp = self._publish(tmp, ref)
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
         finally:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
-        self.written_objects += 1
-        self.written_bytes += ref.size
         return ref
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:

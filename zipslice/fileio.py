@@ -10,22 +10,31 @@ from typing import Iterator, BinaryIO
 from .errors import CorruptCheckpointError
 
 
-def pread_exact(fd: int, nbytes: int, offset: int, path: str, entry: str | None = None) -> bytearray:
-    """Read exactly ``nbytes`` at ``offset`` into a fresh buffer, or raise CorruptCheckpointError."""
+def _check_span(fd: int, nbytes: int, offset: int, path: str, entry: str | None) -> None:
     if nbytes < 0 or offset < 0:
         raise CorruptCheckpointError(path, f"negative span ({nbytes} bytes at {offset})", entry)
     size = os.fstat(fd).st_size
     if offset + nbytes > size:
         raise CorruptCheckpointError(
             path, f"needs bytes {offset}..{offset + nbytes} but the file has {size} (truncated?)", entry)
-    buf = bytearray(nbytes)
-    view = memoryview(buf)
-    got = 0
+
+
+def _fill(fd: int, buf, offset: int, path: str, entry: str | None) -> None:
+    """Fill ``buf`` from ``offset`` with positioned reads, however short each one comes back."""
+    view = memoryview(buf).cast("B")
+    got, nbytes = 0, view.nbytes
     while got < nbytes:
         n = os.preadv(fd, [view[got:]], offset + got)
         if n == 0:
             raise CorruptCheckpointError(path, f"unexpected end of file at byte {offset + got}", entry)
         got += n
+
+
+def pread_exact(fd: int, nbytes: int, offset: int, path: str, entry: str | None = None) -> bytearray:
+    """Read exactly ``nbytes`` at ``offset`` into a fresh buffer, or raise CorruptCheckpointError."""
+    _check_span(fd, nbytes, offset, path, entry)
+    buf = bytearray(nbytes)
+    _fill(fd, buf, offset, path, entry)
     return buf
 
 
@@ -38,20 +47,9 @@ def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
     """
     import numpy as np
 
-    if nbytes < 0 or offset < 0:
-        raise CorruptCheckpointError(path, f"negative span ({nbytes} bytes at {offset})", entry)
-    size = os.fstat(fd).st_size
-    if offset + nbytes > size:
-        raise CorruptCheckpointError(
-            path, f"needs bytes {offset}..{offset + nbytes} but the file has {size} (truncated?)", entry)
+    _check_span(fd, nbytes, offset, path, entry)
     buf = np.empty(nbytes, dtype=np.uint8)
-    view = memoryview(buf)
-    got = 0
-    while got < nbytes:
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise CorruptCheckpointError(path, f"unexpected end of file at byte {offset + got}", entry)
-        got += n
+    _fill(fd, buf, offset, path, entry)
     return buf
 
 
