@@ -60,19 +60,20 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.
-
-    On any exception the temp file is removed and ``dest`` is untouched.
-    """
+def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
+    """Yield the path of a temp file beside ``dest`` for a writer that opens files by name (h5py);
+    on success fsync it and rename it over ``dest``. On any exception ``dest`` is untouched."""
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a published file gets the usual mode
-        with os.fdopen(fd, "w+b") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, dest)
         with contextlib.suppress(OSError):
             dfd = os.open(dest.parent or ".", os.O_RDONLY)
@@ -84,3 +85,13 @@ def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.
+
+    On any exception the temp file is removed and ``dest`` is untouched.
+    """
+    with atomic_path(dest) as tmp, open(tmp, "w+b") as f:
+        yield f

@@ -16,7 +16,6 @@ import contextlib
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,7 +26,7 @@ import numpy as np
 from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
-from .fileio import pread_array
+from .fileio import atomic_path, pread_array
 from .info import TensorInfo, TensorSource, contiguous_stride
 
 DTYPE_ATTR = "zipslice_dtype"        # written by zipslice on uint carriers of bfloat16 / float8
@@ -353,9 +352,7 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     _check_names(sources, str(dest))
     if metadata and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("hdf5 metadata must be a dict of str -> str")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    try:
+    with atomic_path(dest) as tmp:
         with h5py.File(tmp, "w", track_order=True) as f:
             for k, v in (metadata or {}).items():
                 f.attrs[k] = v
@@ -377,19 +374,3 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
                     dset.write_direct(np.frombuffer(data, dtype=store).reshape(s.shape))
                 if s.tie is not None:
                     written[s.tie] = s.name
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dest)
-        with contextlib.suppress(OSError):
-            dfd = os.open(dest.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
