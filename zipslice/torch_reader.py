@@ -535,8 +535,15 @@ class TorchCheckpoint(LazyCheckpoint):
         return ra.take()
 
     def _prefetch_after(self, key: str) -> None:
-        """When keys are read in order, start reading the next one: on a background thread when it is
-        large and a plain stored record, else by asking the kernel to fetch it (overlaps disk and compute)."""
+        """With the opt-in read-ahead, when keys are read in order, start reading the next one on a
+        background thread (large, plain stored records only).
+
+        No ``posix_fadvise(WILLNEED)`` of the next tensor: the kernel's own sequential read-ahead already
+        runs ahead of in-order positioned reads, and an explicit WILLNEED of 64 MiB made a cold-cache
+        stream of 1 GiB take 1.0 s instead of 0.4 s (it submits the whole range up front, in the caller,
+        competing with the read the caller needs now)."""
+        if not self.read_ahead or self.mmap:
+            return
         if self._order is None:
             self._order = {k: i for i, k in enumerate(self._infos)}
             self._keys = list(self._infos)
@@ -548,10 +555,8 @@ class TorchCheckpoint(LazyCheckpoint):
         nxt = self.info(self._keys[i + 1])
         if nxt.offset is None or not nxt.span_nbytes:
             return
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._fd(self.path), nxt.offset, nxt.span_nbytes, os.POSIX_FADV_WILLNEED)
         tied = len(self._ties.get(nxt.storage, ())) > 1
-        if self.read_ahead and not self.mmap and not tied and nxt.span_nbytes >= _HUGE_BUFFER:
+        if not tied and nxt.span_nbytes >= _HUGE_BUFFER:
             rec = self._storages[nxt.storage]
             span = self._span([nxt], False)
 

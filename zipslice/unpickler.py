@@ -260,6 +260,7 @@ for _fn, _what in [("_rebuild_sparse_tensor", "sparse tensors"), ("_rebuild_spar
 # -- the machine ---------------------------------------------------------------------------------------
 
 _MAX_PROTO = 5
+_U32 = struct.Struct("<I").unpack_from
 
 
 class RestrictedUnpickler:
@@ -357,205 +358,252 @@ class RestrictedUnpickler:
         except RecursionError:
             raise self._corrupt("malformed pickle: nesting too deep") from None
 
-    def _run(self) -> Any:  # noqa: C901 - one branch per opcode is the clearest form
+    def _run(self) -> Any:
+        """The opcodes torch's pickles are made of, inlined with the position in a local: this loop is
+        what opening a checkpoint costs per tensor (~30 opcodes each). Every other opcode goes through
+        :meth:`_rare`, which works on ``self.pos``."""
         self.stack: list = []
         self.marks: list[int] = []  # stack heights at each MARK (pickle's metastack, flattened)
         stack, marks = self.stack, self.marks
         memo: dict[int, Any] = {}
         data = self.data
-        while True:
-            if self.pos >= len(data):
-                raise NeedMoreData("pickle ends before STOP")
-            op = data[self.pos]
-            self.pos += 1
-            # the opcodes torch pickles use most come first: this if-chain is the hot loop
-            if op in (0x71, 0x68, 0x4B):  # BINPUT, BINGET, BININT1: one argument byte, inlined for speed
-                if self.pos >= len(data):
-                    raise NeedMoreData("pickle ends inside an opcode")
-                arg = data[self.pos]
-                self.pos += 1
-                if op == 0x71:
-                    memo[arg] = stack[-1]
-                elif op == 0x68:
-                    stack.append(self._memo(memo, arg))
+        size = len(data)
+        room = self.source_size  # an item's length may not exceed what the whole source still holds
+        u32 = _U32
+        pos = self.pos
+        try:
+            while True:
+                if pos >= size:
+                    raise NeedMoreData("pickle ends before STOP")
+                op = data[pos]
+                pos += 1
+                # most frequent first: BINPUT, BINGET, BININT1 take one argument byte
+                if op == 0x71 or op == 0x68 or op == 0x4B:
+                    if pos >= size:
+                        raise NeedMoreData("pickle ends inside an opcode")
+                    arg = data[pos]
+                    pos += 1
+                    if op == 0x71:  # BINPUT
+                        memo[arg] = stack[-1]
+                    elif op == 0x68:  # BINGET
+                        if arg not in memo:
+                            raise self._corrupt(f"memo key {arg} was never stored")
+                        stack.append(memo[arg])
+                    else:  # BININT1
+                        stack.append(arg)
+                elif op == 0x58 or op == 0x8C:  # BINUNICODE, SHORT_BINUNICODE
+                    if op == 0x58:
+                        if pos + 4 > size:
+                            raise NeedMoreData("pickle ends inside an opcode")
+                        n = u32(data, pos)[0]
+                        pos += 4
+                    else:
+                        if pos >= size:
+                            raise NeedMoreData("pickle ends inside an opcode")
+                        n = data[pos]
+                        pos += 1
+                    if n > room - pos:
+                        raise self._corrupt(f"an item claims {n} bytes but only {room - pos} remain")
+                    if pos + n > size:
+                        raise NeedMoreData(f"needs {n} bytes at {pos}, {size - pos} remain")
+                    stack.append(data[pos:pos + n].decode("utf-8", "surrogatepass"))
+                    pos += n
+                elif op == 0x28:  # MARK
+                    marks.append(len(stack))
+                elif op == 0x74:  # TUPLE
+                    if not marks:
+                        raise self._corrupt("MARK expected on the stack")
+                    k = min(marks.pop(), len(stack))
+                    items = tuple(stack[k:])
+                    del stack[k:]
+                    stack.append(items)
+                elif op == 0x85:  # TUPLE1
+                    stack[-1] = (stack[-1],)
+                elif op == 0x86:  # TUPLE2
+                    stack[-2:] = [(stack[-2], stack[-1])]
+                elif op == 0x87:  # TUPLE3
+                    stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+                elif op == 0x52:  # REDUCE
+                    args = stack.pop()
+                    self.pos = pos
+                    stack[-1] = self._call(stack[-1], args)
+                elif op == 0x51:  # BINPERSID
+                    self.pos = pos
+                    stack[-1] = self._persistent(stack[-1])
+                elif op == 0x89:  # NEWFALSE
+                    stack.append(False)
+                elif op == 0x88:  # NEWTRUE
+                    stack.append(True)
+                elif op == 0x29:  # EMPTY_TUPLE
+                    stack.append(())
+                elif op == 0x72 or op == 0x6A:  # LONG_BINPUT, LONG_BINGET (memo keys past 255)
+                    if pos + 4 > size:
+                        raise NeedMoreData("pickle ends inside an opcode")
+                    arg = u32(data, pos)[0]
+                    pos += 4
+                    if op == 0x72:
+                        memo[arg] = stack[-1]
+                    else:
+                        if arg not in memo:
+                            raise self._corrupt(f"memo key {arg} was never stored")
+                        stack.append(memo[arg])
+                elif op == 0x94:  # MEMOIZE
+                    memo[len(memo)] = stack[-1]
+                elif op == 0x2E:  # STOP
+                    self.pos = self.end = pos
+                    if len(stack) != 1 or marks:
+                        raise self._corrupt(f"STOP with {len(stack)} items on the stack")
+                    return stack.pop()
                 else:
-                    stack.append(arg)
-            elif op == 0x58:  # BINUNICODE
-                stack.append(self._take(self._length("<I", 4)).decode("utf-8", "surrogatepass"))
-            elif op == 0x28:  # MARK
-                marks.append(len(stack))
-            elif op == 0x74:  # TUPLE
-                stack.append(tuple(self._pop_mark()))
-            elif op == 0x85:  # TUPLE1
-                stack[-1] = (stack[-1],)
-            elif op == 0x86:  # TUPLE2
-                stack[-2:] = [(stack[-2], stack[-1])]
-            elif op == 0x52:  # REDUCE
-                args = stack.pop()
-                stack[-1] = self._call(stack[-1], args)
-            elif op == 0x51:  # BINPERSID
-                stack[-1] = self._persistent(stack[-1])
-            elif op == 0x89:
-                stack.append(False)
-            elif op == 0x29:  # EMPTY_TUPLE
-                stack.append(())
-            elif op == 0x63:  # GLOBAL
-                module = self._line().decode("utf-8")
-                name = self._line().decode("utf-8")
-                stack.append(self._find(module, name))
-            elif op == 0x94:  # MEMOIZE
-                memo[len(memo)] = stack[-1]
-            elif op == 0x8C:  # SHORT_BINUNICODE
-                stack.append(self._take(self._length("<B", 1)).decode("utf-8", "surrogatepass"))
-            elif op == 0x88:
-                stack.append(True)
-            elif op == 0x87:  # TUPLE3
-                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
-            elif op == 0x75:  # SETITEMS
-                items = self._pop_mark()
-                if len(items) % 2:
-                    raise self._corrupt("SETITEMS with an odd number of items")
-                d = self._dict(stack[-1])
-                for i in range(0, len(items), 2):
-                    d[items[i]] = items[i + 1]
-            elif op == 0x7D:  # EMPTY_DICT
-                stack.append({})
-            elif op == 0x73:  # SETITEM
-                v = stack.pop()
-                k = stack.pop()
-                self._dict(stack[-1])[k] = v
-            elif op == 0x4E:  # NONE
-                stack.append(None)
-            elif op == 0x80:  # PROTO
-                proto = self._take(1)[0]
-                if proto > _MAX_PROTO:
-                    raise self._corrupt(f"unsupported pickle protocol {proto}")
-            elif op == 0x95:  # FRAME: a hint; we hold the whole pickle already
-                self._take(8)
-            elif op == 0x2E:  # STOP
-                self.end = self.pos
-                if len(stack) != 1 or marks:
-                    raise self._corrupt(f"STOP with {len(stack)} items on the stack")
-                return stack.pop()
-            elif op == 0x30:  # POP: pops the last MARK if nothing was pushed after it
-                if marks and marks[-1] == len(stack):
-                    marks.pop()
-                else:
-                    stack.pop()
-            elif op == 0x31:  # POP_MARK
-                self._pop_mark()
-            elif op == 0x32:  # DUP
-                stack.append(stack[-1])
-            elif op == 0x4D:  # BININT2
-                stack.append(struct.unpack("<H", self._take(2))[0])
-            elif op == 0x4A:  # BININT
-                stack.append(struct.unpack("<i", self._take(4))[0])
-            elif op == 0x8A:  # LONG1
-                n = self._take(1)[0]
-                stack.append(int.from_bytes(self._take(n), "little", signed=True))
-            elif op == 0x8B:  # LONG4
-                n = self._length("<i", 4)
-                stack.append(int.from_bytes(self._take(n), "little", signed=True))
-            elif op == 0x49:  # INT (text); "00"/"01" are protocol 0 booleans
-                s = self._line()
-                stack.append(False if s == b"00" else True if s == b"01" else int(s))
-            elif op == 0x4C:  # LONG (text)
-                s = self._line()
-                stack.append(int(s[:-1] if s.endswith(b"L") else s))
-            elif op == 0x46:  # FLOAT (text)
-                stack.append(float(self._line()))
-            elif op == 0x47:  # BINFLOAT
-                stack.append(struct.unpack(">d", self._take(8))[0])
-            elif op == 0x8D:  # BINUNICODE8
-                stack.append(self._take(self._length("<Q", 8)).decode("utf-8", "surrogatepass"))
-            elif op == 0x56:  # UNICODE (raw-unicode-escape line)
-                stack.append(self._line().decode("raw-unicode-escape"))
-            elif op == 0x42:  # BINBYTES
-                stack.append(self._take(self._length("<I", 4)))
-            elif op == 0x43:  # SHORT_BINBYTES
-                stack.append(self._take(self._length("<B", 1)))
-            elif op == 0x8E:  # BINBYTES8
-                stack.append(self._take(self._length("<Q", 8)))
-            elif op == 0x96:  # BYTEARRAY8
-                stack.append(bytearray(self._take(self._length("<Q", 8))))
-            elif op == 0x54:  # BINSTRING (py2 str, read as latin-1 text like pickle's default)
-                stack.append(self._take(self._length("<i", 4)).decode("latin1"))
-            elif op == 0x55:  # SHORT_BINSTRING
-                stack.append(self._take(self._length("<B", 1)).decode("latin1"))
-            elif op == 0x53:  # STRING (quoted repr)
-                s = self._line()
-                if len(s) < 2 or s[:1] != s[-1:] or s[:1] not in (b"'", b'"'):
-                    raise self._corrupt("STRING opcode argument is not quoted")
-                stack.append(codecs.escape_decode(s[1:-1])[0].decode("latin1"))
-            elif op == 0x5D:  # EMPTY_LIST
-                stack.append([])
-            elif op == 0x8F:  # EMPTY_SET
-                stack.append(set())
-            elif op == 0x6C:  # LIST
-                stack.append(self._pop_mark())
-            elif op == 0x64:  # DICT
-                items = self._pop_mark()
-                stack.append({items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)})
-            elif op == 0x91:  # FROZENSET
-                stack.append(frozenset(self._pop_mark()))
-            elif op == 0x61:  # APPEND
-                v = stack.pop()
-                self._list(stack[-1]).append(v)
-            elif op == 0x65:  # APPENDS
-                items = self._pop_mark()
-                self._list(stack[-1]).extend(items)
-            elif op == 0x90:  # ADDITEMS
-                items = self._pop_mark()
-                s = stack[-1]
-                if not isinstance(s, set):
-                    raise self._corrupt("ADDITEMS on a non-set")
-                s.update(items)
-            elif op == 0x72:  # LONG_BINPUT
-                memo[struct.unpack("<I", self._take(4))[0]] = stack[-1]
-            elif op == 0x70:  # PUT
-                memo[int(self._line())] = stack[-1]
-            elif op == 0x6A:  # LONG_BINGET
-                stack.append(self._memo(memo, struct.unpack("<I", self._take(4))[0]))
-            elif op == 0x67:  # GET
-                stack.append(self._memo(memo, int(self._line())))
-            elif op == 0x93:  # STACK_GLOBAL
-                name = stack.pop()
-                module = stack.pop()
-                if not isinstance(module, str) or not isinstance(name, str):
-                    raise self._corrupt("STACK_GLOBAL needs two strings")
-                stack.append(self._find(module, name))
-            elif op == 0x81:  # NEWOBJ: cls(*args) through the same handlers
-                args = stack.pop()
-                stack[-1] = self._call(stack[-1], args)
-            elif op == 0x92:  # NEWOBJ_EX
-                kwargs = stack.pop()
-                args = stack.pop()
-                if kwargs:
-                    raise self._corrupt("NEWOBJ_EX with keyword arguments is not accepted")
-                stack[-1] = self._call(stack[-1], args)
-            elif op == 0x69:  # INST
-                module = self._line().decode("utf-8")
-                name = self._line().decode("utf-8")
-                fn = self._find(module, name)
-                stack.append(self._call(fn, tuple(self._pop_mark())))
-            elif op == 0x6F:  # OBJ
-                items = self._pop_mark()
-                if not items:
-                    raise self._corrupt("OBJ without a class")
-                stack.append(self._call(items[0], tuple(items[1:])))
-            elif op == 0x62:  # BUILD
-                state = stack.pop()
-                self._build(stack[-1], state)
-            elif op == 0x50:  # PERSID
-                stack.append(self._persistent(self._line().decode("ascii")))
-            elif op in (0x82, 0x83, 0x84):
-                raise UnsafeCheckpointError(self.path, "the pickle uses the copyreg extension registry (EXT*), "
-                                                       "which zipslice refuses", self.entry)
-            elif op in (0x97, 0x98):
-                raise self._corrupt("out-of-band buffers (protocol 5 NEXT_BUFFER) are not accepted")
+                    self.pos = pos
+                    self._rare(op, stack, marks, memo)
+                    pos = self.pos
+        finally:
+            # an error in the inlined opcodes is reported at the local position; _rare keeps self.pos
+            self.pos = max(self.pos, pos)
+
+    def _rare(self, op: int, stack: list, marks: list, memo: dict) -> None:  # noqa: C901 - one branch per opcode
+        """Every opcode but the hot ones of :meth:`_run`; reads its arguments at ``self.pos``."""
+        if op == 0x63:  # GLOBAL
+            module = self._line().decode("utf-8")
+            name = self._line().decode("utf-8")
+            stack.append(self._find(module, name))
+        elif op == 0x75:  # SETITEMS
+            items = self._pop_mark()
+            if len(items) % 2:
+                raise self._corrupt("SETITEMS with an odd number of items")
+            d = self._dict(stack[-1])
+            for i in range(0, len(items), 2):
+                d[items[i]] = items[i + 1]
+        elif op == 0x7D:  # EMPTY_DICT
+            stack.append({})
+        elif op == 0x73:  # SETITEM
+            v = stack.pop()
+            k = stack.pop()
+            self._dict(stack[-1])[k] = v
+        elif op == 0x4E:  # NONE
+            stack.append(None)
+        elif op == 0x80:  # PROTO
+            proto = self._take(1)[0]
+            if proto > _MAX_PROTO:
+                raise self._corrupt(f"unsupported pickle protocol {proto}")
+        elif op == 0x95:  # FRAME: a hint; we hold the whole pickle already
+            self._take(8)
+        elif op == 0x30:  # POP: pops the last MARK if nothing was pushed after it
+            if marks and marks[-1] == len(stack):
+                marks.pop()
             else:
-                self.pos -= 1
-                raise self._corrupt(f"unknown pickle opcode 0x{op:02x}")
+                stack.pop()
+        elif op == 0x31:  # POP_MARK
+            self._pop_mark()
+        elif op == 0x32:  # DUP
+            stack.append(stack[-1])
+        elif op == 0x4D:  # BININT2
+            stack.append(struct.unpack("<H", self._take(2))[0])
+        elif op == 0x4A:  # BININT
+            stack.append(struct.unpack("<i", self._take(4))[0])
+        elif op == 0x8A:  # LONG1
+            n = self._take(1)[0]
+            stack.append(int.from_bytes(self._take(n), "little", signed=True))
+        elif op == 0x8B:  # LONG4
+            n = self._length("<i", 4)
+            stack.append(int.from_bytes(self._take(n), "little", signed=True))
+        elif op == 0x49:  # INT (text); "00"/"01" are protocol 0 booleans
+            s = self._line()
+            stack.append(False if s == b"00" else True if s == b"01" else int(s))
+        elif op == 0x4C:  # LONG (text)
+            s = self._line()
+            stack.append(int(s[:-1] if s.endswith(b"L") else s))
+        elif op == 0x46:  # FLOAT (text)
+            stack.append(float(self._line()))
+        elif op == 0x47:  # BINFLOAT
+            stack.append(struct.unpack(">d", self._take(8))[0])
+        elif op == 0x8D:  # BINUNICODE8
+            stack.append(self._take(self._length("<Q", 8)).decode("utf-8", "surrogatepass"))
+        elif op == 0x56:  # UNICODE (raw-unicode-escape line)
+            stack.append(self._line().decode("raw-unicode-escape"))
+        elif op == 0x42:  # BINBYTES
+            stack.append(self._take(self._length("<I", 4)))
+        elif op == 0x43:  # SHORT_BINBYTES
+            stack.append(self._take(self._length("<B", 1)))
+        elif op == 0x8E:  # BINBYTES8
+            stack.append(self._take(self._length("<Q", 8)))
+        elif op == 0x96:  # BYTEARRAY8
+            stack.append(bytearray(self._take(self._length("<Q", 8))))
+        elif op == 0x54:  # BINSTRING (py2 str, read as latin-1 text like pickle's default)
+            stack.append(self._take(self._length("<i", 4)).decode("latin1"))
+        elif op == 0x55:  # SHORT_BINSTRING
+            stack.append(self._take(self._length("<B", 1)).decode("latin1"))
+        elif op == 0x53:  # STRING (quoted repr)
+            s = self._line()
+            if len(s) < 2 or s[:1] != s[-1:] or s[:1] not in (b"'", b'"'):
+                raise self._corrupt("STRING opcode argument is not quoted")
+            stack.append(codecs.escape_decode(s[1:-1])[0].decode("latin1"))
+        elif op == 0x5D:  # EMPTY_LIST
+            stack.append([])
+        elif op == 0x8F:  # EMPTY_SET
+            stack.append(set())
+        elif op == 0x6C:  # LIST
+            stack.append(self._pop_mark())
+        elif op == 0x64:  # DICT
+            items = self._pop_mark()
+            stack.append({items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)})
+        elif op == 0x91:  # FROZENSET
+            stack.append(frozenset(self._pop_mark()))
+        elif op == 0x61:  # APPEND
+            v = stack.pop()
+            self._list(stack[-1]).append(v)
+        elif op == 0x65:  # APPENDS
+            items = self._pop_mark()
+            self._list(stack[-1]).extend(items)
+        elif op == 0x90:  # ADDITEMS
+            items = self._pop_mark()
+            s = stack[-1]
+            if not isinstance(s, set):
+                raise self._corrupt("ADDITEMS on a non-set")
+            s.update(items)
+        elif op == 0x70:  # PUT
+            memo[int(self._line())] = stack[-1]
+        elif op == 0x67:  # GET
+            stack.append(self._memo(memo, int(self._line())))
+        elif op == 0x93:  # STACK_GLOBAL
+            name = stack.pop()
+            module = stack.pop()
+            if not isinstance(module, str) or not isinstance(name, str):
+                raise self._corrupt("STACK_GLOBAL needs two strings")
+            stack.append(self._find(module, name))
+        elif op == 0x81:  # NEWOBJ: cls(*args) through the same handlers
+            args = stack.pop()
+            stack[-1] = self._call(stack[-1], args)
+        elif op == 0x92:  # NEWOBJ_EX
+            kwargs = stack.pop()
+            args = stack.pop()
+            if kwargs:
+                raise self._corrupt("NEWOBJ_EX with keyword arguments is not accepted")
+            stack[-1] = self._call(stack[-1], args)
+        elif op == 0x69:  # INST
+            module = self._line().decode("utf-8")
+            name = self._line().decode("utf-8")
+            fn = self._find(module, name)
+            stack.append(self._call(fn, tuple(self._pop_mark())))
+        elif op == 0x6F:  # OBJ
+            items = self._pop_mark()
+            if not items:
+                raise self._corrupt("OBJ without a class")
+            stack.append(self._call(items[0], tuple(items[1:])))
+        elif op == 0x62:  # BUILD
+            state = stack.pop()
+            self._build(stack[-1], state)
+        elif op == 0x50:  # PERSID
+            stack.append(self._persistent(self._line().decode("ascii")))
+        elif op in (0x82, 0x83, 0x84):
+            raise UnsafeCheckpointError(self.path, "the pickle uses the copyreg extension registry (EXT*), "
+                                                   "which zipslice refuses", self.entry)
+        elif op in (0x97, 0x98):
+            raise self._corrupt("out-of-band buffers (protocol 5 NEXT_BUFFER) are not accepted")
+        else:
+            self.pos -= 1
+            raise self._corrupt(f"unknown pickle opcode 0x{op:02x}")
 
     def _memo(self, memo: dict, i: int) -> Any:
         try:
