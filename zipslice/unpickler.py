@@ -209,6 +209,13 @@ def _bytearray(data=b""):
     return bytearray(data)
 
 
+def _bytes(data=b""):
+    # protocols 0-2 pickle b"" as bytes(); never bytes(int): that would allocate at will
+    if not isinstance(data, (bytes, bytearray)):
+        raise PickleFault("bytes() is only accepted with bytes")
+    return bytes(data)
+
+
 def _codecs_encode(text, encoding="utf-8"):
     # protocol 2 pickles Python 3 bytes as _codecs.encode(str, "latin1"); output is as long as the input
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
@@ -239,6 +246,7 @@ TORCH_ALLOWLIST: dict[tuple[str, str], Any] = {
     ("builtins", "set"): _set, ("__builtin__", "set"): _set,
     ("builtins", "frozenset"): _frozenset, ("__builtin__", "frozenset"): _frozenset,
     ("builtins", "bytearray"): _bytearray, ("__builtin__", "bytearray"): _bytearray,
+    ("builtins", "bytes"): _bytes, ("__builtin__", "bytes"): _bytes,
     ("_codecs", "encode"): _codecs_encode,
     ("torch", "UntypedStorage"): StorageType("UntypedStorage", "uint8"),
     ("torch.storage", "UntypedStorage"): StorageType("UntypedStorage", "uint8"),
@@ -387,6 +395,7 @@ class RestrictedUnpickler:
                         memo[arg] = stack[-1]
                     elif op == 0x68:  # BINGET
                         if arg not in memo:
+                            self.pos = pos
                             raise self._corrupt(f"memo key {arg} was never stored")
                         stack.append(memo[arg])
                     else:  # BININT1
@@ -403,6 +412,7 @@ class RestrictedUnpickler:
                         n = data[pos]
                         pos += 1
                     if n > room - pos:
+                        self.pos = pos
                         raise self._corrupt(f"an item claims {n} bytes but only {room - pos} remain")
                     if pos + n > size:
                         raise NeedMoreData(f"needs {n} bytes at {pos}, {size - pos} remain")
@@ -412,6 +422,7 @@ class RestrictedUnpickler:
                     marks.append(len(stack))
                 elif op == 0x74:  # TUPLE
                     if not marks:
+                        self.pos = pos
                         raise self._corrupt("MARK expected on the stack")
                     k = min(marks.pop(), len(stack))
                     items = tuple(stack[k:])
@@ -445,6 +456,7 @@ class RestrictedUnpickler:
                         memo[arg] = stack[-1]
                     else:
                         if arg not in memo:
+                            self.pos = pos
                             raise self._corrupt(f"memo key {arg} was never stored")
                         stack.append(memo[arg])
                 elif op == 0x94:  # MEMOIZE
