@@ -22,6 +22,10 @@ same process (the parse alone). Besides the files of 64 MiB tensors (8x the data
 largest size is also written as the smallest one's tensor count of bigger tensors, so that open time is
 compared at 8x the data with the same pickle.
 
+--mem-limit GIB runs every child in a memory cgroup of that size (root only), page cache included: a
+machine with less RAM than the checkpoint, the case zipslice exists for. Under it nothing stays cached
+from one pass to the next, so it implies --cold.
+
 Baseline = RSS of the child after importing numpy, torch and zipslice (before any file access); peak =
 ru_maxrss of the child. Page cache: warm by default (the file is read right before every run); --cold evicts the
 checkpoint's own pages before every run (posix_fadvise DONTNEED after a sync; no root needed, and the
@@ -33,6 +37,7 @@ open time within 2x between sizes; open RSS < baseline + 50 MiB; one tensor <= b
     python3 scripts/bench_read.py                 # 1 GiB and 8 GiB (needs ~9 GiB free under /tmp)
     python3 scripts/bench_read.py --sizes 0.5,2 --tensor-mib 32 --repeat 3
     python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 5 --cold   # page cache evicted
+    python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 3 --mem-limit 4   # 8 GiB > "RAM"
 """
 from __future__ import annotations
 
@@ -183,6 +188,34 @@ def _warm(path: str) -> None:
             pass
 
 
+# --mem-limit: every child runs in this memory cgroup, whose limit covers its page cache too
+_CGROUP: str | None = None
+
+
+def _make_cgroup(limit: int) -> str:
+    """A memory cgroup (v2, else v1) limited to ``limit`` bytes: a machine with that much RAM, as far as
+    the page cache is concerned. Root only."""
+    v2 = "/sys/fs/cgroup/cgroup.controllers"
+    if os.path.exists(v2) and "memory" in open(v2).read().split():
+        path, knob = "/sys/fs/cgroup/zipslice-bench-read", "memory.max"
+    elif os.path.isdir("/sys/fs/cgroup/memory"):
+        path, knob = "/sys/fs/cgroup/memory/zipslice-bench-read", "memory.limit_in_bytes"
+    else:
+        raise SystemExit("--mem-limit needs a memory cgroup controller (cgroup v1 or v2)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, knob), "w") as f:
+            f.write(str(limit))
+    except OSError as e:
+        raise SystemExit(f"--mem-limit: cannot set up {path} ({e}); run as root") from None
+    return path
+
+
+def _join_cgroup() -> None:
+    with open(os.path.join(_CGROUP, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+
 def _run(kind: str, op: str, path: str, cold: bool) -> dict:
     # warm (or evict) right before every run: the VM this was built on hands page-cache memory back to
     # its host within a minute or two, so a file warmed once at the start is partly cold later on
@@ -191,7 +224,8 @@ def _run(kind: str, op: str, path: str, cold: bool) -> dict:
     else:
         _warm(path)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, op, path],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True,
+                         preexec_fn=_join_cgroup if _CGROUP else None)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -227,6 +261,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--cold", action="store_true",
                     help="evict the checkpoint from the page cache before every run (posix_fadvise DONTNEED)")
+    ap.add_argument("--mem-limit", type=float, metavar="GIB",
+                    help="run every contender in a memory cgroup of this many GiB (page cache included): a "
+                         "machine with less RAM than the checkpoint. Root only; implies --cold")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--read-ahead", action="store_true",
                     help="also run zipslice-ra: the default read with the read-ahead thread on (A/B)")
@@ -238,6 +275,11 @@ def main() -> None:
     sizes = [0.25, 1.0] if args.quick else [float(s) for s in args.sizes.split(",")]
     tensor = args.tensor_mib * MiB
     os.makedirs(args.dir, exist_ok=True)
+    global _CGROUP
+    if args.mem_limit:
+        _CGROUP = _make_cgroup(int(args.mem_limit * (1 << 30)))
+        args.cold = True  # a warm-up read could not stay cached anyway
+        print(f"every run in memory cgroup {_CGROUP} limited to {args.mem_limit:g} GiB (page cache included)")
     cold = args.cold and hasattr(os, "posix_fadvise")
     if args.cold and not cold:
         print("cannot evict pages here (no posix_fadvise): warm-cache figures")
