@@ -230,11 +230,14 @@ def _run(kind: str, op: str, path: str, cold: bool) -> dict:
 
 
 def _median_runs(kinds, op, path, cold, repeat) -> dict:
-    """Median of ``repeat`` runs per contender, the contenders taking turns run after run, so that a
-    burst of load from other jobs on the machine does not fall on one contender only."""
+    """Median of ``repeat`` runs per contender, the contenders taking turns run after run (starting with
+    a different one each round), so that a burst of load from other jobs on the machine does not fall on
+    one contender only."""
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
-    for _ in range(repeat):
-        for kind in kinds:
+    for i in range(repeat):
+        # a different contender goes first each round: what ran just before (and what the page cache, or
+        # a VM host's cache, kept of it) must not always favour the same one
+        for kind in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
             runs[kind].append(_run(kind, op, path, cold))
     return {kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for kind, rs in runs.items()}
 
