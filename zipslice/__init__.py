@@ -21,20 +21,27 @@ __all__ = [
     "UnsafeCheckpointError", "CorruptCheckpointError", "NotACheckpointError", "UnsupportedCheckpointError",
 ]
 
-def load(path: str | os.PathLike, *, mmap: bool = False) -> LazyCheckpoint:
+def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None) -> LazyCheckpoint:
     """Open a checkpoint lazily; the format is sniffed from its bytes.
 
     ``mmap=True`` (torch formats only): each tensor is a private copy-on-write mapping of just its pages
     instead of a positioned read into fresh memory -- no copy, but the file must not be truncated or
     rewritten in place while such tensors are alive (the process would get SIGBUS, as with torch's mmap).
+
+    ``drop_behind``: let each positioned read's pages go from the page cache once copied out. Default
+    (None): only for checkpoints too big to stay cached (see :mod:`zipslice.pagecache`).
     """
     fmt = _sniff_any(path)
     spec = formats.get(fmt)
     if not mmap:
-        return spec.reader_class()(path)
-    if not spec.mmap:
+        lsd = spec.reader_class()(path)
+    elif not spec.mmap:
         raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
-    return spec.reader_class()(path, mmap=True)
+    else:
+        lsd = spec.reader_class()(path, mmap=True)
+    if drop_behind is not None:
+        lsd.drop_behind = drop_behind
+    return lsd
 
 
 def _sniff_any(path: str | os.PathLike) -> str:

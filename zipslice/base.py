@@ -11,9 +11,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, pagecache
 from .errors import UnsupportedCheckpointError, ZipsliceError
-from .fileio import pread_exact
+from .fileio import pread_array, pread_exact
 from .info import TensorInfo, TensorSource
 
 
@@ -56,6 +56,10 @@ class LazyCheckpoint(Mapping):
     """
 
     format: str = "?"
+    #: drop each span from the page cache right after reading it (see :mod:`zipslice.pagecache`).
+    #: None (default): only when the checkpoint's files take more than half of the memory the page cache
+    #: can have (host, within this process's cgroup) -- it could not stay cached anyway. True/False force.
+    drop_behind: bool | None = None
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -65,6 +69,7 @@ class LazyCheckpoint(Mapping):
         self.metadata: dict[str, str] = {}
         self._fds: dict[str, int] = {}
         self._closed = False
+        self._auto_drop: bool | None = None
 
     # -- Mapping -----------------------------------------------------------------------------------
     def __getitem__(self, key: str):
@@ -105,7 +110,33 @@ class LazyCheckpoint(Mapping):
         """Exactly the bytes of ``info``'s span. Formats whose data is not addressable override this."""
         if info.offset is None:
             raise NotImplementedError(f"{type(self).__name__} must override _read_span for {info.name}")
-        return pread_exact(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
+        return self._read_at(info, array=False)
+
+    def _read_at(self, info: TensorInfo, array: bool = True):
+        """One positioned read of ``info``'s span: a numpy uint8 array (huge pages: a cheaper first touch),
+        or a bytearray with ``array=False``."""
+        fd = self._fd(info.file)
+        buf = (pread_array if array else pread_exact)(fd, info.span_nbytes, info.offset, info.file, info.name)
+        self._read_done(fd, info.offset, info.span_nbytes)
+        return buf
+
+    def _read_done(self, fd: int, offset: int, nbytes: int) -> None:
+        """Called after every positioned read of tensor data: drops it from the page cache if need be."""
+        if self.dropping_behind():
+            pagecache.drop(fd, offset, nbytes)
+
+    def dropping_behind(self) -> bool:
+        """Whether reads let go of their pages (``drop_behind``, or the automatic choice)."""
+        if self.drop_behind is not None:
+            return self.drop_behind
+        if self._auto_drop is None:
+            self._auto_drop = pagecache.too_big_to_cache(self.data_file_bytes())
+        return self._auto_drop
+
+    def data_file_bytes(self) -> int:
+        """Total size of the files holding this checkpoint's tensor data."""
+        files = {i.file for i in self._infos.values()} or {self.path}
+        return sum(os.path.getsize(f) for f in files)
 
     def read_span(self, key: str) -> bytearray:
         return self._read_span(self.info(key))

@@ -26,7 +26,7 @@ import numpy as np
 from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
-from .fileio import atomic_path, pread_array
+from .fileio import atomic_path
 from .info import TensorInfo, TensorSource, contiguous_stride
 
 DTYPE_ATTR = "zipslice_dtype"        # written by zipslice on uint carriers of bfloat16 / float8
@@ -283,7 +283,7 @@ class HDF5Checkpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo):
         if info.offset is not None:
-            return pread_array(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
+            return self._read_at(info)
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")
         dset = self._dsets[info.name]

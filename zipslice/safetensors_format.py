@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
-from .fileio import atomic_output, pread_array
+from .fileio import atomic_output
 from .info import TensorInfo, TensorSource, contiguous_stride
 
 MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library itself enforces
@@ -179,7 +179,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo):
         # one positioned read, into a numpy buffer (huge pages: cheaper first touch than a bytearray)
-        return pread_array(self._fd(info.file), info.span_nbytes, info.offset, info.file, info.name)
+        return self._read_at(info)
 
 
 # -- writer ----------------------------------------------------------------------------------------------

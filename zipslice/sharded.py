@@ -108,7 +108,11 @@ class ShardedCheckpoint(LazyCheckpoint):
         if sniff(shard) == "sharded":
             raise CorruptCheckpointError(self.path, f"shard {shard} is itself an index, not a checkpoint", key)
         ckpt = self._shards[shard] = load(shard)
+        ckpt.drop_behind = self.dropping_behind()  # decided for all shards together, not one by one
         return ckpt
+
+    def data_file_bytes(self) -> int:
+        return sum(os.path.getsize(f) for f in self.shard_files if os.path.isfile(f))
 
     def _shard(self, key: str) -> LazyCheckpoint:
         shard = self.shard_of(key)

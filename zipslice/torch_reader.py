@@ -435,6 +435,7 @@ class TorchCheckpoint(LazyCheckpoint):
                 if k == 0:
                     raise CorruptCheckpointError(self.path, f"unexpected end of file at {base + start + got}", entry)
                 got += k
+            self._read_done(fd, base + start, n)
         else:
             self._fd(self.path)  # raises if closed
             out[:] = self._compressed_range(rec, start, n)
