@@ -688,3 +688,23 @@ def test_pooled_buffer_is_never_reused_while_a_view_lives(tmp_path, read_ahead, 
         views.clear()
         again = [lsd[k].untyped_storage().data_ptr() for k in keys]  # each dropped at once: recycled
         assert len(set(again)) <= 2
+
+
+def test_local_headers_stay_lazy_for_a_random_read_and_come_in_one_batch_in_order(tmp_path):
+    path = tmp_path / "m.pt"
+    sd = {f"w{i}": torch.full((64,), float(i)) for i in range(8)}
+    torch.save(sd, path)
+    with zipslice.load(path) as lsd:
+        keys = list(lsd)
+        assert len(lsd._unresolved) == 8  # opening reads no local header
+        assert torch.equal(lsd[keys[5]], sd[keys[5]])
+        assert len(lsd._unresolved) == 7  # a random read resolves its own header only
+        assert torch.equal(lsd[keys[2]], sd[keys[2]])
+        assert len(lsd._unresolved) == 6  # still random
+        assert torch.equal(lsd[keys[3]], sd[keys[3]])  # the key after the last one read: in order
+        assert not lsd._unresolved
+        for k in keys:  # and every read is still exact
+            assert torch.equal(lsd[k], sd[k])
+    with zipslice.load(path) as lsd:
+        lsd.numpy(keys[0])  # the first key counts as in order; numpy()/read_bytes() take part too
+        assert not lsd._unresolved

@@ -288,9 +288,9 @@ class TorchCheckpoint(LazyCheckpoint):
         self._live: dict[str, list[weakref.ref]] = {}   # storage -> live tensors built on one read
         self._live_lo: dict[str, int] = {}               # storage -> byte offset that read started at
         self._buffers = ReadBuffers()
-        self._order: dict[str, int] | None = None      # for read-ahead of the next key when reading in order
+        self._order: dict[str, int] | None = None      # key -> position, to tell reads in order
         self._keys: list[str] = []
-        self._last_read = -2
+        self._last_read = -1
         self._read_ahead: ReadAhead | None = None
         self.prefix = ""
         self.byteorder = "little"
@@ -447,6 +447,7 @@ class TorchCheckpoint(LazyCheckpoint):
     def _read_span(self, info: TensorInfo) -> np.ndarray:
         """The span's bytes (``numpy()``, ``read_bytes()``) in an uninitialised uint8 array: a bytearray
         would zero-fill every page first, a second pass over a large tensor for nothing."""
+        self._reading_in_order(info.name)
         rec = self._storages[info.storage]
         buf = np.empty(info.span_nbytes, dtype=np.uint8)
         start = info.storage_offset * info.itemsize if info.span_nbytes else 0
@@ -457,6 +458,7 @@ class TorchCheckpoint(LazyCheckpoint):
         """The tensor as ``torch.load(weights_only=True)`` gives it; tied keys share one storage."""
         import torch
 
+        sequential = self._reading_in_order(key)
         info = self.info(key)
         group = self._ties.get(info.storage, [key])
         shared = len(group) > 1 and info.span_nbytes > 0
@@ -481,7 +483,8 @@ class TorchCheckpoint(LazyCheckpoint):
             if hi > lo and info.byteorder == "big":
                 swap_bytes(raw.numpy(), info.dtype)
             storage, base_lo = raw.untyped_storage(), lo
-            self._prefetch_after(key)
+            if sequential:
+                self._prefetch_after(key)
         itemsize = info.itemsize
         rel = (info.storage_offset * itemsize - base_lo) // itemsize if info.span_nbytes else 0
         t = torch.empty(0, dtype=dtypes.to_torch(info.dtype)).set_(storage, rel, info.shape, info.stride)
@@ -538,9 +541,26 @@ class TorchCheckpoint(LazyCheckpoint):
             return None
         return ra.take()
 
+    def _reading_in_order(self, key: str) -> bool:
+        """Note a read of ``key``; True when it is the key after the last one read (the first key counts).
+
+        Reading in order also resolves every remaining local header in one batch (``infos()``), instead
+        of one small read in front of each tensor: a cold-cache stream of a 1 GiB file took 0.88-1.05 s
+        that way against 1.58-1.86 s (4 runs each, each after a run of another reader), close to a bare
+        ``preadv`` of the known offsets (0.67-0.82 s). A single random read stays lazy."""
+        if self._order is None:
+            self._order = {k: i for i, k in enumerate(self._infos)}
+            self._keys = list(self._infos)
+        i = self._order.get(key, -2)
+        sequential = i == self._last_read + 1
+        self._last_read = i
+        if sequential and self._unresolved:
+            self.infos()
+        return sequential
+
     def _prefetch_after(self, key: str) -> None:
-        """With the opt-in read-ahead, when keys are read in order, start reading the next one on a
-        background thread (large, plain stored records only).
+        """With the opt-in read-ahead, after a read in order, start reading the next key on a background
+        thread (large, plain stored records only).
 
         No ``posix_fadvise(WILLNEED)`` of the next tensor: the kernel's own sequential read-ahead already
         runs ahead of in-order positioned reads, and an explicit WILLNEED of 64 MiB made a cold-cache
@@ -548,13 +568,8 @@ class TorchCheckpoint(LazyCheckpoint):
         competing with the read the caller needs now)."""
         if not self.read_ahead or self.mmap:
             return
-        if self._order is None:
-            self._order = {k: i for i, k in enumerate(self._infos)}
-            self._keys = list(self._infos)
         i = self._order[key]
-        sequential = i == self._last_read + 1
-        self._last_read = i
-        if not sequential or i + 1 >= len(self._keys):
+        if i + 1 >= len(self._keys):
             return
         nxt = self.info(self._keys[i + 1])
         if nxt.offset is None or not nxt.span_nbytes:
