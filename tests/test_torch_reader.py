@@ -218,12 +218,11 @@ def test_entry_order_of_older_torch(tmp_path):
             assert_same(lsd[k], want[k], k)
 
 
-def test_big_endian_records(tmp_path):
-    sd = {n: random_tensor(n, (3, 4), seed=i) for i, n in enumerate(["float32", "float64", "int16", "complex64",
-                                                                       "complex128", "bfloat16", "uint8", "int64"])}
-    sd["view"] = sd["float64"].t()
-    torch.save(sd, tmp_path / "le.pt")
-    with zipslice.load(tmp_path / "le.pt") as le:
+def _to_big_endian(src, dst) -> None:
+    """Rewrite a little-endian torch file as a big-endian one (byteorder record + every storage swapped)."""
+    from zipslice.torch_reader import swap_bytes
+
+    with zipslice.load(src) as le:
         dtype_of = {le.info(k).storage: le.info(k).dtype for k in le}
 
     def to_big(name, data):
@@ -232,12 +231,19 @@ def test_big_endian_records(tmp_path):
         rec = name.split("/", 1)[1]
         if rec in dtype_of:
             a = np.frombuffer(data, dtype=np.uint8).copy()
-            from zipslice.torch_reader import swap_bytes
             swap_bytes(a, dtype_of[rec])  # the same swap is its own inverse
             return a.tobytes()
         return data
 
-    _rewrite(tmp_path / "le.pt", tmp_path / "be.pt", to_big)
+    _rewrite(src, dst, to_big)
+
+
+def test_big_endian_records(tmp_path):
+    sd = {n: random_tensor(n, (3, 4), seed=i) for i, n in enumerate(["float32", "float64", "int16", "complex64",
+                                                                       "complex128", "bfloat16", "uint8", "int64"])}
+    sd["view"] = sd["float64"].t()
+    torch.save(sd, tmp_path / "le.pt")
+    _to_big_endian(tmp_path / "le.pt", tmp_path / "be.pt")
     want = torch.load(tmp_path / "be.pt", weights_only=True)  # torch's own big-endian path
     with zipslice.load(tmp_path / "be.pt", mmap=True) as lsd:
         for k in sd:
@@ -619,23 +625,8 @@ def test_local_headers_are_read_lazily(tmp_path):
 
 
 def test_read_ahead_of_big_endian_records(tmp_path, read_ahead_on):
-    from zipslice.torch_reader import swap_bytes
-
     path, sd = _big_checkpoint(tmp_path, n=3)
-    with zipslice.load(path) as le:
-        dtype_of = {le.info(k).storage: le.info(k).dtype for k in le}
-
-    def to_big(name, data):
-        if name.endswith("/byteorder"):
-            return b"big"
-        rec = name.split("/", 1)[1]
-        if rec in dtype_of:
-            a = np.frombuffer(data, dtype=np.uint8).copy()
-            swap_bytes(a, dtype_of[rec])
-            return a.tobytes()
-        return data
-
-    _rewrite(path, tmp_path / "be.pt", to_big)
+    _to_big_endian(path, tmp_path / "be.pt")
     with zipslice.load(tmp_path / "be.pt") as lsd:
         used = 0
         for k in lsd:

@@ -6,6 +6,7 @@ source's tie key, so the torch writer stores them once and they load tied.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,13 +72,10 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     if target == "torch":
         options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
     try:
-        zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
-        job.checker.finish()
-        os.replace(tmp, out_path)
-    except ZipsliceError as e:
-        raise CheckpointError(f"cannot write {out_path}: {e}") from e
-    except ValueError as e:
-        raise ThetaError(f"cannot write {out_path} as {target}: {e}") from e
+        with _writer_errors(out_path, target):
+            zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
+            job.checker.finish()
+            os.replace(tmp, out_path)
     finally:
         job.close()
         if os.path.exists(tmp):
@@ -104,16 +102,24 @@ def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name:
         raise ThetaError(f"{name}: {target} output cannot be streamed; use smudge_checkpoint")
     job = _Job(meta, store, name, target, progress, verify)
     try:
-        torch_writer.write_to(out, job.sources, structure=meta.structure,
-                              metadata=dict(meta.metadata) if meta.metadata else None,
-                              record_prefix=torch_writer.default_prefix(name), path=name)
-        job.checker.finish()
+        with _writer_errors(name, target):
+            torch_writer.write_to(out, job.sources, structure=meta.structure,
+                                  metadata=dict(meta.metadata) if meta.metadata else None,
+                                  record_prefix=torch_writer.default_prefix(name), path=name)
+            job.checker.finish()
+    finally:
+        job.close()
+
+
+@contextlib.contextmanager
+def _writer_errors(name: str, target: str):
+    """A writer's refusal as theta's errors: a bad checkpoint, or a value the format cannot hold."""
+    try:
+        yield
     except ZipsliceError as e:
         raise CheckpointError(f"cannot write {name}: {e}") from e
     except ValueError as e:
         raise ThetaError(f"cannot write {name} as {target}: {e}") from e
-    finally:
-        job.close()
 
 
 def _target(meta: CheckpointMeta, fmt: str | None) -> str:

@@ -22,7 +22,7 @@ def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sy
     except OSError:
         return None
     for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if "memory" in controllers.split(","):  # v1: the limit file already covers the ancestors
             return _v1_limit(os.path.join(root, "memory"), path)
     for line in lines:

@@ -203,17 +203,18 @@ def _iterable(items):
     return items
 
 
-def _bytearray(data=b""):
-    if not isinstance(data, (bytes, bytearray)):  # never bytearray(int): that would allocate at will
-        raise PickleFault("bytearray() is only accepted with bytes")
-    return bytearray(data)
+def _from_bytes(kind: type) -> Callable:
+    """``bytes(data)`` / ``bytearray(data)`` with bytes only: never ``kind(int)``, which would allocate at will
+    (protocols 0-2 pickle ``b""`` as ``bytes()``)."""
+    def build(data=b""):
+        if not isinstance(data, (bytes, bytearray)):
+            raise PickleFault(f"{kind.__name__}() is only accepted with bytes")
+        return kind(data)
+    return build
 
 
-def _bytes(data=b""):
-    # protocols 0-2 pickle b"" as bytes(); never bytes(int): that would allocate at will
-    if not isinstance(data, (bytes, bytearray)):
-        raise PickleFault("bytes() is only accepted with bytes")
-    return bytes(data)
+_bytearray = _from_bytes(bytearray)
+_bytes = _from_bytes(bytes)
 
 
 def _codecs_encode(text, encoding="utf-8"):
