@@ -51,10 +51,11 @@ def measure(cmd: list[str], cwd: str, stdin: str = "", stdout: str = "") -> dict
 def codec_table(numel: int, repeats: int) -> None:
     import ml_dtypes
 
-    from theta import codec
+    from theta import parallel
+    from theta.storage import codec
 
     x = (np.random.default_rng(0).standard_normal(numel) * 0.02).astype(np.float32)
-    print(f"\n## codec: {numel * 4 / 2**20:.0f} MiB of N(0, 0.02) weights, {codec.THREADS} threads, best of {repeats}")
+    print(f"\n## codec: {numel * 4 / 2**20:.0f} MiB of N(0, 0.02) weights, {parallel.CODEC_THREADS} threads, best of {repeats}")
     print(f"{'dtype':10} {'level':>5} {'ratio':>7} {'encode MB/s':>12} {'decode MB/s':>12}")
     for name, arr in (("float32", x), ("bfloat16", x.astype(ml_dtypes.bfloat16)), ("float16", x.astype(np.float16))):
         for level in (0, 1, 3, 6):
@@ -94,8 +95,8 @@ CLEAN = r"""
 import sys, time
 import zipslice.torch_reader
 from theta.clean import clean_checkpoint
-from theta.metadata import dumps
-from theta.store import LfsStore
+from theta.storage.metadata import dumps
+from theta.storage.store import LfsStore
 t = time.perf_counter()
 meta = clean_checkpoint(sys.argv[1], LfsStore(sys.argv[2]), None)
 open(sys.argv[3], "w").write(dumps(meta))
@@ -104,9 +105,9 @@ open(sys.argv[3] + ".t", "w").write(str(time.perf_counter() - t))
 SMUDGE = r"""
 import sys, time
 import zipslice.torch_writer
-from theta.metadata import loads
+from theta.storage.metadata import loads
 from theta.smudge import smudge_checkpoint
-from theta.store import LfsStore
+from theta.storage.store import LfsStore
 t = time.perf_counter()
 smudge_checkpoint(loads(open(sys.argv[1]).read()), LfsStore(sys.argv[2]), sys.argv[3])
 open(sys.argv[3] + ".t", "w").write(str(time.perf_counter() - t))

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from theta.metadata import loads  # noqa: E402
+from theta.storage.metadata import loads  # noqa: E402
 
 MiB = 1 << 20
 MEASURE = r"""
@@ -186,7 +186,7 @@ def encode_table(n: int = 1 << 22) -> None:
     import ml_dtypes
     import numpy as np
 
-    from theta import codec
+    from theta.storage import codec
     from theta.updates.auto import choose
 
     rng = np.random.default_rng(0)

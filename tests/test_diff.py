@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from theta import lsh
-from theta.diff_driver import make_console, render
-from theta.diffstats import MetaSide, change_stats, diff_sides
-from theta.merge_driver import dense_group
-from theta.metadata import CheckpointMeta, GroupMeta
-from theta.store import LfsStore
+from theta.commands.diff_driver import make_console, render
+from theta.diff import MetaSide, change_stats, diff_sides
+from theta.updates.steps import dense_group
+from theta.storage.metadata import CheckpointMeta, GroupMeta
+from theta.storage.store import LfsStore
 from zipslice import dtypes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,7 +31,7 @@ F32 = np.float32
 
 @pytest.mark.parametrize("dtype", [np.dtype(F32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64)], ids=str)
 def test_change_stats_against_numpy(dtype, monkeypatch):
-    import theta.diffstats as ds
+    import theta.diff as ds
 
     monkeypatch.setattr(ds, "CHUNK", 777)  # several chunks
     rng = np.random.default_rng(0)

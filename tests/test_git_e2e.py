@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gitrepo import GitEnv
-from theta.metadata import is_metadata, loads
+from theta.storage.metadata import is_metadata, loads
 
 
 def make_state(seed: int = 0, n_layers: int = 3) -> OrderedDict:

@@ -6,9 +6,10 @@ import subprocess
 import pytest
 
 from gitrepo import GitEnv
-from theta.install import SETTINGS
-from theta.pktline import MAX_PAYLOAD, PktReader, PktWriter, ProtocolError
-from theta.track import parse_line, track_lines, TrackError
+from theta.commands.install import SETTINGS
+from theta.errors import ProtocolError
+from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
+from theta.commands.track import parse_line, track_lines, TrackError
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from theta import lsh
-from theta.merge_driver import dense_group, merge_files
-from theta.merges import MergeConflict, get as get_strategy
-from theta.merges.config import MergeConfig
-from theta.metadata import CheckpointMeta, GroupMeta, dumps, loads
-from theta.store import LfsStore
+from theta.commands.merge_driver import merge_files
+from theta.updates.steps import dense_group
+from theta.errors import MergeConflict
+from theta.merges import get as get_strategy
+from theta.settings.merge import MergeConfig
+from theta.storage.metadata import CheckpointMeta, GroupMeta, dumps, loads
+from theta.storage.store import LfsStore
 from theta.updates import reconstruct
 from zipslice import dtypes
 
@@ -371,7 +373,7 @@ def test_manual_strategy_leaves_a_conflict(repo):
     store = LfsStore.for_repo(repo)
     o = {"w": rnd(0), "v": rnd(1)}
     cfg = MergeConfig(git_strategy="average", rules=[])
-    from theta.merges.config import Rule
+    from theta.settings.merge import Rule
 
     cfg.rules.append(Rule(groups=("w",), paths=(), strategy="manual", params={}, label="rule"))
     with pytest.raises(MergeConflict, match="w: changed on both sides; left for a manual merge"):
@@ -379,7 +381,7 @@ def test_manual_strategy_leaves_a_conflict(repo):
 
 
 def test_menu_answers():
-    from theta.merges.menu import ask
+    from theta.commands.merge_menu import ask
 
     out = io.StringIO()
     a = ask("m.pt", "w", "float32[2]", ["ours", "theirs", "average"], 3, io.StringIO("9\nbogus\n3\ny\n"), out)
@@ -393,7 +395,7 @@ def test_menu_answers():
 
 
 def test_structure_values_merge_leaf_by_leaf():
-    from theta.merge_driver import merge_structure
+    from theta.merges.merge import merge_structure
 
     def tree(epoch, name, lr):
         return {"dict": [["model", {"odict": [["w", {"tensor": "model/w"}]], "metadata": {"dict": []}}],

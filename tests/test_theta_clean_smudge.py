@@ -12,11 +12,11 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 
-from theta import metadata
+from theta.storage import metadata
 from theta.clean import CleanOptions, CleanStats, clean_checkpoint
 from theta.errors import BlobMissingError, CheckpointError
 from theta.smudge import smudge_checkpoint
-from theta.store import LfsStore
+from theta.storage.store import LfsStore
 
 
 @pytest.fixture
@@ -364,9 +364,9 @@ def hwm():  # peak RSS of this process image in MiB (VmHWM resets at exec, unlik
 
 
 from theta.clean import clean_checkpoint
-from theta.metadata import dumps, loads
+from theta.storage.metadata import dumps, loads
 from theta.smudge import smudge_checkpoint
-from theta.store import LfsStore
+from theta.storage.store import LfsStore
 import numpy, zipslice, zipslice.safetensors_format  # imported before the baseline is taken
 base = hwm()
 store = LfsStore(sys.argv[2])

@@ -1,10 +1,10 @@
-"""theta.codec: lossless, bit-for-bit round trips of every dtype, framing, and corrupt-blob errors."""
+"""theta.storage.codec: lossless, bit-for-bit round trips of every dtype, framing, and corrupt-blob errors."""
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from theta import codec
+from theta.storage import codec
 from theta.errors import CodecError
 from zipslice import dtypes
 

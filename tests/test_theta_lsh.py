@@ -13,7 +13,7 @@ import torch
 
 from theta import lsh
 from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-from theta.store import LfsStore
+from theta.storage.store import LfsStore
 
 RTOL, ATOL = 1e-5, 1e-8
 

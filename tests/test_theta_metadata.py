@@ -1,12 +1,12 @@
-"""theta.metadata: deterministic text, round trips, clear errors on bad input."""
+"""theta.storage.metadata: deterministic text, round trips, clear errors on bad input."""
 import json
 
 import pytest
 
-from theta import metadata
+from theta.storage import metadata
 from theta.errors import MetadataError
-from theta.metadata import Alias, CheckpointMeta, GroupMeta, Step
-from theta.store import BlobRef
+from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
+from theta.storage.store import BlobRef
 
 
 def H(c):

@@ -1,4 +1,4 @@
-"""theta.store: git-lfs's own local layout (checked with the real git-lfs), dedup, integrity errors."""
+"""theta.storage.store: git-lfs's own local layout (checked with the real git-lfs), dedup, integrity errors."""
 import hashlib
 import os
 import subprocess
@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from theta.errors import BlobCorruptError, BlobMissingError, StoreError
-from theta.store import BlobRef, LfsStore
+from theta.storage.store import BlobRef, LfsStore
 
 
 def git(cwd, *args, **kw):

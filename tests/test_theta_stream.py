@@ -10,10 +10,10 @@ import torch
 
 from gitrepo import GitEnv
 from theta.clean import clean_checkpoint
-from theta.metadata import dumps, loads
-from theta.pktline import MAX_PAYLOAD, PktReader, PktWriter
+from theta.storage.metadata import dumps, loads
+from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
 from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
-from theta.store import LfsStore
+from theta.storage.store import LfsStore
 
 
 def _state(seed=0):

@@ -12,7 +12,7 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theta import codec
+from theta.storage import codec
 from theta.errors import ThetaError
 from theta.updates import Encoded, get
 from theta.updates.auto import choose
@@ -319,9 +319,9 @@ def test_sideload_not_a_checkpoint(tmp_path):
 
 def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.metadata import dumps, loads
+    from theta.storage.metadata import dumps, loads
     from theta.smudge import smudge_checkpoint
-    from theta.store import LfsStore
+    from theta.storage.store import LfsStore
 
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(11)
@@ -361,8 +361,8 @@ def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
 
 def test_squash_meta_makes_every_group_self_contained(tmp_path):
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.cli_updates import squash_meta
-    from theta.store import LfsStore
+    from theta.commands.squash import squash_meta
+    from theta.storage.store import LfsStore
     from theta.updates import reconstruct
 
     store = LfsStore(tmp_path / "objects")
@@ -396,9 +396,9 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     max_chain (then a self-contained step), and every version rebuilds bit for bit, also after a
     round trip through the metadata text and with a fresh cache."""
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.metadata import dumps, loads
+    from theta.storage.metadata import dumps, loads
     from theta.smudge import smudge_checkpoint
-    from theta.store import LfsStore
+    from theta.storage.store import LfsStore
     from theta.updates import reconstruct, step_layout
 
     store = LfsStore(tmp_path / "objects")
@@ -453,7 +453,7 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     reconstruct(metas[3].groups["emb"], store, cache)
     assert raw(reconstruct(metas[4].groups["emb"], store, cache)) == raw(values[4])
     # git theta squash's rewrite makes such a chain one self-contained step of the group's shape
-    from theta.cli_updates import squash_meta
+    from theta.commands.squash import squash_meta
 
     squashed, report = squash_meta(metas[4], store)
     assert report.rewritten == 1 and [s.type for s in squashed.groups["emb"].steps] == ["dense"]
@@ -464,7 +464,7 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
 def test_rows_not_tried_when_it_cannot_apply(tmp_path):
     """A change of row width or dtype stores the value itself (no rebuild of the previous value)."""
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.store import LfsStore
+    from theta.storage.store import LfsStore
 
     store = LfsStore(tmp_path / "objects")
     path = tmp_path / "m.safetensors"
@@ -504,7 +504,7 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
     sparse/delta, stores far less than dense and rebuilds bit for bit; with no room left in the chain
     for two steps the value is stored dense."""
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.store import LfsStore
+    from theta.storage.store import LfsStore
     from theta.updates import reconstruct, step_layout
 
     store = LfsStore(tmp_path / "objects")
@@ -530,8 +530,8 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
 
 def test_step_layout_records_and_defaults():
     from theta.errors import MetadataError
-    from theta.metadata import GroupMeta, Step
-    from theta.store import BlobRef
+    from theta.storage.metadata import GroupMeta, Step
+    from theta.storage.store import BlobRef
     from theta.updates import relayout_steps, step_layout
 
     ref = BlobRef("0" * 64, 1)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from gitrepo import GitEnv, bare_lfs_objects
-from theta.metadata import loads
+from theta.storage.metadata import loads
 
 W = "layers.0.attn.weight"     # the group the updates touch (key inside the torch file's "model" dict)
 G = "model/" + W               # its theta group name

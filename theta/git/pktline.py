@@ -7,14 +7,10 @@ from __future__ import annotations
 import os
 from typing import BinaryIO, Iterator
 
-from .errors import ThetaError
+from theta.errors import ProtocolError
 
 MAX_PAYLOAD = 65516  # 65520 bytes per packet minus the 4-byte header
 FLUSH = None
-
-
-class ProtocolError(ThetaError):
-    """git and the filter disagree about the protocol (truncated stream, bad length, unexpected line)."""
 
 
 class PktReader:

@@ -1,57 +1,25 @@
-"""Subcommands of `git theta` contributed by the updates area; theta.cli calls register(app).
+"""Subcommands of `git theta` contributed by the updates area; theta.commands.cli calls register(app).
 
     git theta squash PATH...    rewrite the staged version of PATH so every group is self-contained
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List
 
 import typer
 
-from .errors import ThetaError
-
-
-@dataclass
-class SquashReport:
-    path: str
-    groups: int
-    rewritten: int          # groups whose chain had more than one step, or an incremental first step
-    new_blob_bytes: int
-
-
-def squash_meta(meta, store, file: str | None = None):
-    """A copy of ``meta`` whose every group is one dense step holding the value its chain rebuilds.
-
-    One group in memory at a time; the rebuilt values are bit for bit what a checkout writes, so the
-    working tree stays clean."""
-    from .clean import CleanOptions, store_step
-    from .updates import content_hash, get, reconstruct
-
-    options = CleanOptions()
-    groups, rewritten, before = {}, 0, store.written_bytes
-    for name, group in meta.groups.items():
-        first = group.steps[0] if group.steps else None
-        if len(group.steps) == 1 and not get(first.type).incremental:
-            groups[name] = group
-            continue
-        value = reconstruct(group, store, file=file)
-        step = store_step("dense", {"values": value}, {}, content_hash(value), store, options)
-        groups[name] = replace(group, steps=[step])
-        rewritten += 1
-        del value
-    return replace(meta, groups=groups), SquashReport(file or "", len(meta.groups), rewritten,
-                                                      store.written_bytes - before)
+from theta.errors import ThetaError
+from theta.squash import SquashReport, squash_meta
 
 
 def squash_path(path: str, cwd: str | os.PathLike = ".") -> SquashReport:
     """Squash the staged metadata of ``path`` (a theta-tracked checkpoint) and stage the result."""
-    from . import gitutil
-    from .lfs_transfer import fetch_missing
-    from .metadata import dumps, is_metadata, loads
-    from .store import LfsStore
+    from theta.git import repo as gitutil
+    from theta.storage.transfer import fetch_missing
+    from theta.storage.metadata import dumps, is_metadata, loads
+    from theta.storage.store import LfsStore
 
     top = gitutil.toplevel(cwd)
     rel = os.path.relpath(Path(cwd, path).resolve(), top).replace(os.sep, "/")

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from . import gitutil
-from .errors import ThetaError
+from theta.git import repo as gitutil
+from theta.errors import TrackError
 
 DRIVERS = ("filter", "diff", "merge")
 OURS = {d: "theta" for d in DRIVERS}
-
-
-class TrackError(ThetaError):
-    """A pattern cannot be tracked (conflicting driver, bad pattern)."""
 
 
 @dataclass

@@ -30,14 +30,15 @@ ones the chosen strategy knows are passed to it, so ``theta.merge.density`` does
 from __future__ import annotations
 
 import os
-import subprocess
 import tomllib
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Mapping
 
-from . import MergeError
+from theta.errors import GitError, MergeError, ThetaError
+from theta.git import repo as gitutil
+from theta.settings import parse_bool
 
 RULES_FILE = ".thetamerge"
 ENV_PREFIX = "GIT_THETA_MERGE_"
@@ -181,12 +182,10 @@ def _values_policy(value: object, where: str) -> str | None:
 
 
 def _boolean(value: str, where: str) -> bool:
-    v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise MergeError(f"{where}: expected true or false, got {value!r}")
+    try:
+        return parse_bool(value, where)
+    except ThetaError as e:
+        raise MergeError(str(e)) from None
 
 
 def _load_file(cfg: MergeConfig, path: Path) -> None:
@@ -214,12 +213,11 @@ def _load_file(cfg: MergeConfig, path: Path) -> None:
 
 
 def _load_git(cfg: MergeConfig, repo_dir: str | os.PathLike) -> None:
-    proc = subprocess.run(["git", "config", "--get-regexp", r"^theta\.merge\."], cwd=repo_dir,
-                          capture_output=True, text=True)
-    if proc.returncode not in (0, 1):  # 1: no such keys
-        raise MergeError(f"git config failed in {os.fspath(repo_dir)}: {proc.stderr.strip()}")
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
+    try:
+        found = gitutil.config_get_regexp(r"^theta\.merge\.", repo_dir)
+    except GitError as e:
+        raise MergeError(f"git config failed in {os.fspath(repo_dir)}: {e}") from None
+    for key, value in found.items():
         name = key[len("theta.merge."):]
         if name == "strategy":
             cfg.git_strategy = value.strip()

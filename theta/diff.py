@@ -13,10 +13,10 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from . import lsh
-from .metadata import CheckpointMeta
-from .store import BlobRef, LfsStore
-from .updates import content_hash, reconstruct
+from theta import lsh
+from theta.storage.metadata import CheckpointMeta
+from theta.storage.store import BlobRef, LfsStore
+from theta.updates import content_hash, reconstruct
 
 CHUNK = 1 << 20  # elements per chunk of the statistics pass
 
@@ -125,7 +125,7 @@ class MetaSide:
     def prefetch(self, names: Iterable[str]) -> None:
         refs = self.refs(names)
         if refs and self.store.missing(refs):
-            from .lfs_transfer import fetch_missing
+            from theta.storage.transfer import fetch_missing
 
             fetch_missing(self.repo_dir, refs, store=self.store)
 

@@ -1,40 +1,36 @@
-"""Moving theta's blobs to and from an LFS server through the git-lfs client (so any LFS server works).
+"""git-lfs subprocesses: fetch and push LFS objects named by oid, whatever refers to them.
 
 Our blobs are plain LFS objects in git-lfs's local store, but git's trees hold theta metadata rather than
 LFS pointer files, so git-lfs cannot find them by itself. Two small bridges:
 
-- **fetch** (:func:`fetch_missing`): write one LFS pointer per missing blob into a *throwaway* object
+- **fetch** (:func:`fetch_objects`): write one LFS pointer per object into a *throwaway* object
   directory, make a tree and a commit of them there, and run one ``git lfs fetch <remote> <commit>`` with
   that directory as ``GIT_OBJECT_DIRECTORY`` (the real object database is an alternate). git-lfs finds the
   pointers, asks the server for all of them in batch requests and downloads them concurrently into the
-  real LFS store. Nothing is added to the repository's object database. One git-lfs process per checkout
-  of a file, however many groups it has.
+  real LFS store. Nothing is added to the repository's object database.
 - **push** (:func:`push_objects`): ``git lfs push --object-id <remote> --stdin``; the batch API uploads only
   the objects the server lacks.
+
+The storage layer (:mod:`theta.storage.transfer`) decides which objects to move.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import tempfile
 import zlib
-import hashlib
 from pathlib import Path
 from typing import Iterable
 
-from . import gitutil
-from .errors import ThetaError
-from .store import BlobRef, LfsStore
+from theta.errors import TransferError
+from theta.git import repo as gitutil
 
 POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
 
 
-class TransferError(ThetaError):
-    """Blobs could not be uploaded to or downloaded from the LFS server."""
-
-
-def pointer_text(ref: BlobRef) -> bytes:
-    return POINTER.format(oid=ref.oid, size=ref.size).encode()
+def pointer_text(oid: str, size: int) -> bytes:
+    return POINTER.format(oid=oid, size=size).encode()
 
 
 def default_remote(cwd=None) -> str | None:
@@ -63,21 +59,11 @@ def _write_loose_blob(objects_dir: Path, data: bytes) -> str:
     return sha
 
 
-def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
-                  store: LfsStore | None = None) -> int:
-    """Download every blob of ``refs`` that the local store lacks, all in one git-lfs run.
+def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]]) -> str | None:
+    """Run one ``git lfs fetch`` of ``objects`` ((oid, size) pairs) from ``remote`` into the local LFS store.
 
-    Returns how many were downloaded. Raises TransferError naming the missing oids if there is no remote
-    or the remote does not have them.
+    Returns git-lfs's last stderr line when it failed, else None; the caller checks what arrived.
     """
-    store = store or LfsStore.for_repo(repo_dir)
-    missing = store.missing(refs)
-    if not missing:
-        return 0
-    remote = remote or default_remote(repo_dir)
-    if remote is None:
-        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
-                            "and the repository has no remote to fetch them from")
     real_objects = Path(gitutil.run_text(["rev-parse", "--git-path", "objects"], repo_dir))
     if not real_objects.is_absolute():
         real_objects = (Path(repo_dir) / real_objects).resolve()
@@ -87,9 +73,9 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
         env["GIT_OBJECT_DIRECTORY"] = tmp
         env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = ":".join(alternates)
         entries = []
-        for ref in missing:
-            sha = _write_loose_blob(Path(tmp), pointer_text(ref))
-            entries.append(f"100644 blob {sha}\t{ref.oid}\n")
+        for oid, size in objects:
+            sha = _write_loose_blob(Path(tmp), pointer_text(oid, size))
+            entries.append(f"100644 blob {sha}\t{oid}\n")
         tree = _git_env(["mktree"], repo_dir, env, "".join(entries).encode()).strip()
         commit = _git_env(["commit-tree", "-m", "theta fetch", tree], repo_dir,
                           {**env, "GIT_AUTHOR_NAME": "theta", "GIT_AUTHOR_EMAIL": "theta@localhost",
@@ -97,14 +83,10 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
         # -I/-X "" clear any lfs.fetchinclude/fetchexclude: our synthetic paths must all be fetched.
         proc = subprocess.run(["git", "lfs", "fetch", "-I", "", "-X", "", remote, commit], cwd=repo_dir, env=env,
                               stdin=subprocess.DEVNULL, capture_output=True)
-    still = store.missing(missing)
-    if proc.returncode != 0 or still:
+    if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        detail = f": {err[-1]}" if err else ""
-        first = (still or missing)[0].oid
-        raise TransferError(f"could not download {len(still) or len(missing)} blob(s) from remote {remote!r} "
-                            f"(first: {first}){detail}")
-    return len(missing)
+        return err[-1] if err else f"git lfs fetch exited with {proc.returncode}"
+    return None
 
 
 def _git_env(args: list[str], cwd, env: dict, input: bytes | None = None) -> str:
@@ -114,21 +96,10 @@ def _git_env(args: list[str], cwd, env: dict, input: bytes | None = None) -> str
     return proc.stdout.decode()
 
 
-def push_objects(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef],
-                 store: LfsStore | None = None) -> int:
-    """Upload ``refs`` to ``remote``'s LFS server (the server skips those it has). Returns how many were offered."""
-    store = store or LfsStore.for_repo(repo_dir)
-    unique = sorted({r.oid: r for r in refs}.values(), key=lambda r: r.oid)
-    if not unique:
-        return 0
-    absent = store.missing(unique)
-    if absent:
-        raise TransferError(f"cannot push: {len(absent)} blob(s) referenced by the pushed commits are not in the "
-                            f"local LFS store (first: {absent[0].oid}); check out or export those versions "
-                            "from a remote that has them first")
+def push_objects(repo_dir: str | os.PathLike, remote: str, oids: Iterable[str]) -> None:
+    """Upload the LFS objects ``oids`` to ``remote``'s LFS server (the server skips those it has)."""
     proc = subprocess.run(["git", "lfs", "push", "--object-id", remote, "--stdin"], cwd=repo_dir,
-                          input="".join(r.oid + "\n" for r in unique).encode(), capture_output=True)
+                          input="".join(o + "\n" for o in oids).encode(), capture_output=True)
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         raise TransferError(f"git lfs push to {remote!r} failed: {err[-1] if err else proc.returncode}")
-    return len(unique)

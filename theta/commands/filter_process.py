@@ -23,7 +23,6 @@ leaves the index and the working tree file untouched (``filter.theta.required=tr
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import tempfile
@@ -32,82 +31,16 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from . import gitutil
-from .errors import ThetaError
-from .pktline import PktReader, PktWriter, ProtocolError
+from theta import settings
+from theta.git import repo as gitutil
+from theta.errors import ThetaError
+from theta.errors import ProtocolError
+from theta.git.pktline import PktReader, PktWriter
 
-FORMATS = ("torch", "safetensors", "hdf5")
-ENV_PREFIX = "GIT_THETA_"
 
 
 def log(msg: str) -> None:
     print(f"git-theta: {msg}", file=sys.stderr, flush=True)
-
-
-def stderr_is_terminal() -> bool:
-    return sys.stderr.isatty()
-
-
-# -- settings ------------------------------------------------------------------------------------------
-def _convert(value: str, annotation: str, default):
-    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    if "bool" in kind or isinstance(default, bool):
-        low = value.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off", ""):
-            return False
-        raise ThetaError(f"expected a boolean, got {value!r}")
-    if "int" in kind or (isinstance(default, int) and not isinstance(default, bool)):
-        return int(value)
-    if "float" in kind or isinstance(default, float):
-        return float(value)
-    if "Path" in kind:
-        return Path(value)
-    return value
-
-
-def clean_options(cwd=None, progress: bool | None = None):
-    """CleanOptions from defaults, then git config ``theta.<camelCaseField>``, then env ``GIT_THETA_<FIELD>``.
-
-    Example: ``update_type`` is ``git config theta.updateType`` / ``GIT_THETA_UPDATE_TYPE``.
-    """
-    from .clean import CleanOptions
-
-    config = gitutil.config_get_regexp(r"^theta\.", cwd)
-    kwargs = {}
-    for f in dataclasses.fields(CleanOptions):
-        if f.name == "progress":
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        key = "theta." + f.name.replace("_", "")
-        raw = os.environ.get(ENV_PREFIX + f.name.upper())
-        source = ENV_PREFIX + f.name.upper()
-        if raw is None:
-            raw, source = config.get(key), key
-        if raw is None:
-            continue
-        try:
-            kwargs[f.name] = _convert(raw, f.type, default)
-        except (ValueError, ThetaError) as e:
-            raise ThetaError(f"bad value {raw!r} for {source}: {e}") from None
-    opts = CleanOptions(**kwargs)
-    if hasattr(opts, "progress"):
-        opts.progress = stderr_is_terminal() if progress is None else progress
-    return opts
-
-
-def checkout_format(path: str, cwd=None) -> str | None:
-    """The format to write ``path`` in at checkout: attribute theta-format, else theta.checkoutFormat, else None."""
-    fmt = gitutil.check_attr("theta-format", [path], cwd).get(path)
-    source = f"attribute theta-format of {path}"
-    if fmt in (None, "set"):
-        fmt, source = gitutil.config_get("theta.checkoutFormat", cwd), "git config theta.checkoutFormat"
-    if fmt is None:
-        return None
-    if fmt not in FORMATS:
-        raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
-    return fmt
 
 
 # -- receiving content ---------------------------------------------------------------------------------
@@ -128,7 +61,7 @@ class Received:
 def receive(chunks: Iterable[bytes], spool_dir: Path, worktree_file: Path | None) -> Received:
     """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes."""
     f = None
-    if worktree_file is not None and os.environ.get(ENV_PREFIX + "SPOOL") != "always":
+    if worktree_file is not None and settings.env("SPOOL") != "always":
         try:
             if worktree_file.is_file():
                 f = open(worktree_file, "rb")
@@ -196,7 +129,7 @@ class Filter:
     """Clean and smudge for one repository (the process's working directory)."""
 
     def __init__(self, cwd: str | os.PathLike = "."):
-        from .store import LfsStore
+        from theta.storage.store import LfsStore
 
         self.cwd = Path(cwd).resolve()
         self.store = LfsStore.for_repo(self.cwd)
@@ -207,8 +140,8 @@ class Filter:
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
-        from .errors import MetadataError
-        from .metadata import is_metadata, loads
+        from theta.errors import MetadataError
+        from theta.storage.metadata import is_metadata, loads
 
         for spec in (f":{path}", f"HEAD:{path}"):
             data = gitutil.read_blob(spec, self.cwd)
@@ -221,8 +154,8 @@ class Filter:
         return None
 
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
-        from .clean import clean_checkpoint
-        from .metadata import dumps, is_metadata
+        from theta.clean import clean_checkpoint
+        from theta.storage.metadata import dumps, is_metadata
 
         worktree = self.cwd / path if path else None
         got = receive(chunks, self.spool_dir, worktree)
@@ -232,12 +165,12 @@ class Filter:
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
             try:
-                meta = clean_checkpoint(got.path, self.store, self.previous(path), clean_options(self.cwd))
+                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd))
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
             if before is not None and _stat_key(got.path) != before:
                 raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
-            if os.environ.get(ENV_PREFIX + "TIMING"):
+            if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
             return dumps(meta).encode("utf-8")
@@ -254,9 +187,10 @@ class Filter:
         With ``can_delay`` (git's delay capability) a file whose blobs are not all local is set aside and True
         is returned: :meth:`available` later fetches the blobs of every delayed file in one git-lfs run.
         """
-        from .lfs_transfer import TransferError, fetch_missing
-        from .metadata import is_metadata, loads
-        from .smudge import smudge_checkpoint, smudge_to_stream, streams
+        from theta.errors import TransferError
+        from theta.storage.transfer import fetch_missing
+        from theta.storage.metadata import is_metadata, loads
+        from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
 
         if path in self.ready:  # a delayed file git asks for again (its content section is empty)
             for _ in chunks:
@@ -280,16 +214,16 @@ class Filter:
                 fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
             except TransferError as e:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
-            fmt = checkout_format(path, self.cwd)
+            fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
             if stream is not None and streams(meta, fmt):
                 smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
-                                 progress=stderr_is_terminal(), verify=verify)
+                                 progress=settings.stderr_is_terminal(), verify=verify)
                 return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
             try:
-                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=stderr_is_terminal(), verify=verify)
+                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify)
                 with open(tmp, "rb") as f:
                     out(f)
             finally:
@@ -301,19 +235,9 @@ class Filter:
                 got.cleanup()
 
     def verify(self) -> str:
-        """How checkout verifies rebuilt groups (theta.smudge.VERIFY): env GIT_THETA_VERIFY, else
-        ``git config theta.verify``, else "frames" (single dense steps trust their zstd checksums)."""
-        from .smudge import VERIFY
-
+        """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
         if self._verify is None:
-            value = os.environ.get(ENV_PREFIX + "VERIFY")
-            source = ENV_PREFIX + "VERIFY"
-            if value is None:
-                value, source = gitutil.config_get("theta.verify", self.cwd), "git config theta.verify"
-            value = value or "frames"
-            if value not in VERIFY:
-                raise ThetaError(f"{source} is {value!r}; expected one of {', '.join(VERIFY)}")
-            self._verify = value
+            self._verify = settings.verify_mode(self.cwd)
         return self._verify
 
     def available(self) -> list[str]:
@@ -322,8 +246,9 @@ class Filter:
         A failed download is not reported here: git asks for each file again and its smudge reports the
         error naming the file, the group and the blob.
         """
-        from .lfs_transfer import TransferError, fetch_missing
-        from .metadata import loads
+        from theta.errors import TransferError
+        from theta.storage.transfer import fetch_missing
+        from theta.storage.metadata import loads
 
         if not self.delayed:
             return []
@@ -331,7 +256,7 @@ class Filter:
         t0 = time.perf_counter()
         try:
             n = fetch_missing(self.cwd, refs, store=self.store)
-            if os.environ.get(ENV_PREFIX + "TIMING"):
+            if settings.env("TIMING"):
                 log(f"fetched {n} blob(s) for {len(self.delayed)} file(s) in one git-lfs run "
                     f"({time.perf_counter() - t0:.2f}s)")
         except TransferError:
@@ -372,7 +297,7 @@ def _stat_key(p: Path):
 def _grow_pipes(*streams: BinaryIO) -> None:
     """Ask for 1 MiB pipe buffers to and from git (Linux; default 64 KiB, one packet): git and the filter
     then block on each other ~16x less often while a checkpoint streams through. Best effort."""
-    if os.environ.get(ENV_PREFIX + "PIPE_SIZE") == "0":
+    if settings.env("PIPE_SIZE") == "0":
         return
     try:
         import fcntl
@@ -395,11 +320,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
     w.text_list(["git-filter-server", "version=2"])
     caps = r.read_text_list()
     offered = ["capability=clean", "capability=smudge"]
-    if os.environ.get(ENV_PREFIX + "DELAY", "1") != "0":
+    if settings.env("DELAY", "1") != "0":
         offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
     w.text_list([c for c in offered if c in caps])
 
-    from .hooks import ensure_installed_quietly
+    from theta.commands.hooks import ensure_installed_quietly
 
     ensure_installed_quietly(cwd)
     filt = Filter(cwd)
@@ -475,5 +400,5 @@ def _report(path: str, command: str | None, e: Exception) -> None:
         log(f"error: {command} {path}: {e}")
     else:
         log(f"error: {command} {path}: {type(e).__name__}: {e}")
-        if os.environ.get(ENV_PREFIX + "DEBUG"):
+        if settings.env("DEBUG"):
             traceback.print_exc(file=sys.stderr)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence, TextIO
@@ -17,10 +16,11 @@ from typing import Sequence, TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from . import gitutil
-from .diffstats import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
-from .errors import ThetaError
-from .metadata import is_metadata, loads
+from theta import settings
+from theta.git import repo as gitutil
+from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
+from theta.errors import ThetaError
+from theta.storage.metadata import is_metadata, loads
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -114,34 +114,19 @@ def driver_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     try:
         old = side_from_file(old_file, path, ".")
         new = side_from_file(new_file, path, ".")
-        fd = diff_sides(old, new, path, estimate=_env_flag("GIT_THETA_DIFF_ESTIMATE"))
-        render(fd, make_console(out), stat=_env_flag("GIT_THETA_DIFF_STAT"))
+        fd = diff_sides(old, new, path, estimate=settings.env_flag("DIFF_ESTIMATE"))
+        render(fd, make_console(out), stat=settings.env_flag("DIFF_STAT"))
     except ThetaError as e:
         sys.stderr.write(f"theta diff-driver: {path}: {e}\n")
         return 1
     return 0
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 # ---------- `git theta diff [REV [REV]] [-- PATH...]` ---------------------------------------------------------
 
 def theta_paths(paths: list[str], repo: Path) -> list[str]:
     """The paths (relative to the top) whose ``filter`` attribute is theta."""
-    if not paths:
-        return []
-    proc = subprocess.run(["git", "check-attr", "-z", "--stdin", "filter"], cwd=repo, capture_output=True,
-                          input="\0".join(paths).encode() + b"\0")
-    if proc.returncode != 0:
-        raise gitutil.GitError(f"git check-attr: {proc.stderr.decode('utf-8', 'replace').strip()}")
-    fields = proc.stdout.decode("utf-8").split("\0")
-    out = []
-    for i in range(0, len(fields) - 2, 3):
-        if fields[i + 2] == "theta":
-            out.append(fields[i])
-    return out
+    return [p for p, v in gitutil.check_attr("filter", paths, repo).items() if v == "theta"]
 
 
 def _names(args: list[str], repo: Path) -> list[str]:
@@ -150,12 +135,12 @@ def _names(args: list[str], repo: Path) -> list[str]:
 
 def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     """The metadata stored in git at ``spec`` (e.g. ``HEAD:model.pt`` or ``:model.pt``), None if absent."""
-    proc = subprocess.run(["git", "cat-file", "blob", spec], cwd=repo, capture_output=True)
-    if proc.returncode != 0:
+    data = gitutil.read_blob(spec, repo)
+    if data is None:
         return None
-    if not is_metadata(proc.stdout[:64]):
+    if not is_metadata(data[:64]):
         raise ThetaError(f"{spec} is not theta metadata (committed without the theta filter?)")
-    return MetaSide(loads(proc.stdout), label, repo)
+    return MetaSide(loads(data), label, repo)
 
 
 def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat: bool = False,

@@ -20,10 +20,8 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
-import os
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
 import msgpack
@@ -32,7 +30,8 @@ import zstandard
 
 from zipslice import dtypes
 
-from .errors import CodecError
+from theta import parallel
+from theta.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"
@@ -45,26 +44,13 @@ FRAME_BYTES = 8 << 20
 DEFAULT_LEVEL = 0
 _PLANE_PRESET = dict(window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0,
                      strategy=zstandard.STRATEGY_FAST)
-THREADS = min(2, os.cpu_count() or 1)
 
 _local = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="theta-codec")
-        return _pool
-
-
 def _map(fn, items: list) -> list:
     """fn over items, on the codec threads when there is more than one item."""
-    if len(items) <= 1 or THREADS <= 1:
+    if len(items) <= 1 or parallel.CODEC_THREADS <= 1:
         return [fn(i) for i in items]
-    return list(_executor().map(fn, items))
+    return list(parallel.pool("codec").map(fn, items))
 
 
 def _compressor(level: int, planes: bool) -> zstandard.ZstdCompressor:
@@ -95,24 +81,16 @@ def _uses_planes(dt: dtypes.DType) -> bool:
     return dt.is_float and dt.itemsize > 1
 
 
-def _little_contiguous(arr: np.ndarray) -> np.ndarray:
-    if not arr.flags.c_contiguous:
-        arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return arr
-
-
 def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
     """The blob of ``arr`` as byte strings in order, compressed on the codec threads a few frames ahead.
 
-    Memory: the input plus at most ``2 * THREADS`` compressed frames in flight.
+    Memory: the input plus at most ``2 * parallel.CODEC_THREADS`` compressed frames in flight.
     """
     try:
         dt = dtypes.from_numpy(arr.dtype)
     except KeyError as e:
         raise CodecError(f"cannot encode an array of dtype {arr.dtype}: {e}") from None
-    arr = _little_contiguous(arr)
+    arr = dtypes.little_endian(arr)
     raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
     item = dt.itemsize
     per_frame = max(1, FRAME_BYTES // item) * item
@@ -138,12 +116,12 @@ def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[b
 
 
 def _ordered(fn, items: list) -> Iterator:
-    """fn over items on the codec threads, results in order, at most 2 * THREADS in flight."""
-    if len(items) <= 1 or THREADS <= 1:
+    """fn over items on the codec threads, results in order, at most 2 * parallel.CODEC_THREADS in flight."""
+    if len(items) <= 1 or parallel.CODEC_THREADS <= 1:
         for i in items:
             yield fn(i)
         return
-    pool, window, queue = _executor(), 2 * THREADS, []
+    pool, window, queue = parallel.pool("codec"), 2 * parallel.CODEC_THREADS, []
     try:
         for i in items:
             queue.append(pool.submit(fn, i))
@@ -154,11 +132,6 @@ def _ordered(fn, items: list) -> Iterator:
     finally:
         for f in queue:  # consumer stopped early: let no worker run over freed input
             f.cancel() or f.exception()
-
-
-def encode_array_chunks(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> list[bytes]:
-    """The blob of ``arr`` as a list of byte strings to write back to back (no large join)."""
-    return list(iter_encode_array(arr, level))
 
 
 def encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> bytes:

@@ -7,10 +7,11 @@ Running it twice changes nothing.
 """
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 
-from . import gitutil, hooks
+from theta.errors import GitError
+from theta.git import repo as gitutil
+from theta.commands import hooks
 
 SETTINGS = {
     "filter.theta.process": "git-theta filter-process",
@@ -31,20 +32,16 @@ class InstallReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def in_repository(cwd=None) -> bool:
-    return subprocess.run(["git", "rev-parse", "--git-dir"], cwd=cwd, capture_output=True).returncode == 0
-
-
 def install(local: bool = False, cwd=None) -> InstallReport:
     report = InstallReport()
     scope = "local" if local else "global"
-    if local and not in_repository(cwd):
-        raise gitutil.GitError("git theta install --local must run inside a git repository")
+    if local and not gitutil.in_repository(cwd):
+        raise GitError("git theta install --local must run inside a git repository")
     for key, value in SETTINGS.items():
         if gitutil.config_get(key, cwd, scope=scope) != value:
             gitutil.config_set(key, value, cwd, scope=scope)
             report.changed.append(f"set {key} ({scope})")
-    if in_repository(cwd):
+    if gitutil.in_repository(cwd):
         if not hooks.is_installed(cwd):
             _install_git_lfs(cwd, local, report)
         report.changed.extend(hooks.install_hooks(cwd))
@@ -55,17 +52,13 @@ def install(local: bool = False, cwd=None) -> InstallReport:
 
 def _install_git_lfs(cwd, local: bool, report: InstallReport) -> None:
     """git-lfs's own filter and hooks (for plain LFS files); theta's blobs travel through the git-lfs client."""
-    args = ["git", "lfs", "install"] + (["--local"] if local else [])
-    if not local and not in_repository(cwd) and gitutil.config_get("filter.lfs.process", cwd, scope="global"):
+    args = ["lfs", "install"] + (["--local"] if local else [])
+    if not local and not gitutil.in_repository(cwd) and gitutil.config_get("filter.lfs.process", cwd, scope="global"):
         return  # already installed globally
-    proc = subprocess.run(args, cwd=cwd, capture_output=True)
-    if proc.returncode != 0:
-        msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        report.warnings.append(f"`{' '.join(args)}` failed ({msg[0] if msg else proc.returncode}); "
+    try:
+        gitutil.run(args, cwd)
+    except GitError as e:
+        report.warnings.append(f"`git {' '.join(args)}` failed ({e}); "
                                "theta works without git-lfs's hooks, plain LFS files may not push")
     else:
-        report.changed.append("ran " + " ".join(args))
-
-
-def is_configured(cwd=None) -> bool:
-    return all(gitutil.config_get(k, cwd) == v for k, v in SETTINGS.items())
+        report.changed.append("ran git " + " ".join(args))

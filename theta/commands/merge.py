@@ -1,13 +1,13 @@
 """`git theta` commands of the merge/diff area: merge-driver, diff-driver, diff, merge-manual, merge-strategies."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from theta.git import repo as gitutil
 
 
 def _split_revs_paths(args: list[str]) -> tuple[list[str], list[str]]:
@@ -19,8 +19,7 @@ def _split_revs_paths(args: list[str]) -> tuple[list[str], list[str]]:
             return args[:len(args) - n_paths], args[len(args) - n_paths:]
     revs: list[str] = []
     for i, word in enumerate(args):
-        ok = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{word}^{{commit}}"],
-                            capture_output=True).returncode == 0
+        ok = gitutil.rev_exists(word, kind="commit")
         if not ok or len(revs) == 2:
             return revs, args[i:]
         revs.append(word)
@@ -34,7 +33,7 @@ def register(app: typer.Typer) -> None:
     def merge_driver(ancestor: str, ours: str, theirs: str, marker_size: str = typer.Argument("7"),
                      path: str = typer.Argument("checkpoint")) -> None:
         """git's merge driver: `git-theta merge-driver %O %A %B %L %P` (result written over %A)."""
-        from .merge_driver import main
+        from theta.commands.merge_driver import main
 
         raise typer.Exit(main(ancestor, ours, theirs, marker_size, path))
 
@@ -42,14 +41,14 @@ def register(app: typer.Typer) -> None:
                  context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def diff_driver(ctx: typer.Context) -> None:
         """git's external diff: path old-file old-hex old-mode new-file new-hex new-mode."""
-        from .diff_driver import driver_main
+        from theta.commands.diff_driver import driver_main
 
         raise typer.Exit(driver_main(list(ctx.args)))
 
     @app.command("diff-textconv", hidden=True)
     def diff_textconv(file: str) -> None:
         """git textconv (diff.theta.textconv): one line per group, for `git log -p` without --ext-diff."""
-        from .diff_driver import textconv_main
+        from theta.commands.diff_driver import textconv_main
 
         raise typer.Exit(textconv_main(file))
 
@@ -64,7 +63,7 @@ def register(app: typer.Typer) -> None:
 
         No REV: index vs working tree; one REV: REV vs working tree; two: REV vs REV.
         """
-        from .diff_driver import diff_command
+        from theta.commands.diff_driver import diff_command
 
         revs, paths = _split_revs_paths(list(args or []))
         diff_command(revs, paths, estimate=estimate, stat=stat, color=color)
@@ -77,20 +76,18 @@ def register(app: typer.Typer) -> None:
 
         Merge them with any tool, write the result to PATH, then `git add PATH` and commit.
         """
-        from .errors import ThetaError
-        from .export import export
+        from theta.errors import ThetaError
+        from theta.commands.export import export
 
         p = Path(path)
         stem, suffix = (p.name[:-len("".join(p.suffixes))], "".join(p.suffixes)) if p.suffixes else (p.name, "")
-        repo_path = subprocess.run(["git", "ls-files", "--full-name", "--", path], capture_output=True,
-                                   text=True).stdout.splitlines()
+        repo_path = gitutil.run_text(["ls-files", "--full-name", "--", path], check=False).splitlines()
         if not repo_path:
             raise ThetaError(f"{path}: not in the index (is it a conflicted, theta-tracked checkpoint?)")
         written = []
         for stage, role in ((2, "ours"), (3, "theirs"), (1, "ancestor")):
             out = p.with_name(f"{stem}.{role}{suffix}")
-            probe = subprocess.run(["git", "cat-file", "-e", f":{stage}:{repo_path[0]}"], capture_output=True)
-            if probe.returncode != 0:
+            if not gitutil.object_exists(f":{stage}:{repo_path[0]}"):
                 if stage == 1:
                     continue  # added on both sides: no ancestor
                 raise ThetaError(f"{path}: no stage {stage} ({role}) in the index; is the file in conflict?")
@@ -106,9 +103,9 @@ def register(app: typer.Typer) -> None:
                       param: List[str] = typer.Option([], "--param", "-p", help="NAME=VALUE, e.g. density=0.3."),
                       ) -> None:
         """Resolve a conflicted checkpoint with a merge strategy: write the result and stage it (then commit)."""
-        from .errors import ThetaError
-        from .merge_driver import resolve_conflicted
-        from .merges import MergeConflict
+        from theta.errors import ThetaError
+        from theta.commands.merge_driver import resolve_conflicted
+        from theta.errors import MergeConflict
 
         params = {}
         for kv in param:
@@ -125,7 +122,7 @@ def register(app: typer.Typer) -> None:
     @app.command("merge-strategies")
     def merge_strategies() -> None:
         """List the installed merge strategies and their parameters."""
-        from .merges import get, names
+        from theta.merges import get, names
 
         for name in names():
             s = get(name)

@@ -11,28 +11,16 @@ import contextlib
 import hashlib
 import mmap
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import BlobCorruptError, BlobMissingError, StoreError
+from theta import parallel
+from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
+from theta.git import repo as gitutil
 
 _CHUNK = 8 << 20
-_hash_pool = None
-
-
-def _hasher():
-    """One background thread for hashing blobs while they are written."""
-    global _hash_pool
-    if _hash_pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-hash")
-    return _hash_pool
-
-
 @dataclass(frozen=True)
 class BlobRef:
     """A stored blob: sha256 hex of its bytes and its size in bytes."""
@@ -46,16 +34,6 @@ def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
     for c in chunks:
         h.update(c)
     return h.hexdigest()
-
-
-def _git(cwd: str | os.PathLike, *args: str) -> str:
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
-    except OSError as e:
-        raise StoreError(f"cannot run git in {os.fspath(cwd)}: {e}") from e
-    if out.returncode != 0:
-        return ""
-    return out.stdout.strip()
 
 
 class LfsStore:
@@ -72,10 +50,11 @@ class LfsStore:
 
     @classmethod
     def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
-        common = _git(cwd, "rev-parse", "--path-format=absolute", "--git-common-dir")
-        if not common:
-            raise StoreError(f"{os.fspath(cwd)} is not inside a git repository; theta stores blobs in its LFS store")
-        storage = _git(cwd, "config", "--get", "lfs.storage")
+        try:
+            common = gitutil.common_dir(cwd)
+        except (GitError, OSError):
+            raise StoreError(f"{os.fspath(cwd)} is not inside a git repository; theta stores blobs in its LFS store") from None
+        storage = gitutil.config_get("lfs.storage", cwd)
         if storage:
             lfs_dir = Path(storage) if os.path.isabs(storage) else Path(common) / storage
         else:
@@ -107,7 +86,7 @@ class LfsStore:
         """
         size = sum(memoryview(c).nbytes for c in chunks)
         tmp_dir = self.objects_dir.parent / "tmp"
-        hashing = _hasher().submit(sha256_of, chunks)
+        hashing = parallel.pool("hash").submit(sha256_of, chunks)
         tmp = None
         try:
             tmp_dir.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MetadataError
-from .store import BlobRef
+from theta.errors import MetadataError
+from theta.storage.store import BlobRef
 
 MAGIC = "theta-metadata"
 VERSION = 1

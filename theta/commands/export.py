@@ -4,16 +4,16 @@ from __future__ import annotations
 import os
 import sys
 
-from . import gitutil
-from .errors import ThetaError
+from theta.git import repo as gitutil
+from theta.errors import ThetaError
 
 
 def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None) -> str:
     """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written."""
-    from .lfs_transfer import fetch_missing
-    from .metadata import is_metadata, loads
-    from .smudge import smudge_checkpoint
-    from .store import LfsStore
+    from theta.storage.transfer import fetch_missing
+    from theta.storage.metadata import is_metadata, loads
+    from theta.smudge import smudge_checkpoint
+    from theta.storage.store import LfsStore
 
     if ":" not in spec:
         raise ThetaError(f"{spec!r}: give REV:PATH (e.g. HEAD~1:model.pt)")

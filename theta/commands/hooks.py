@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import gitutil
-from .errors import ThetaError
-from .store import BlobRef
+from theta.git import repo as gitutil
+from theta.errors import ThetaError
+from theta.storage.store import BlobRef
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
@@ -32,7 +32,7 @@ if command -v git-theta >/dev/null 2>&1; then
     exec git-theta pre-push "$@"
 fi
 if [ -x {py} ] && {py} -c "import theta" 2>/dev/null; then
-    exec {py} -m theta.cli pre-push "$@"
+    exec {py} -m theta.commands.cli pre-push "$@"
 fi
 echo >&2 "This repository is configured for git-theta but 'git-theta' was not found on your PATH."
 echo >&2 "Install it, or remove .git/hooks/pre-push (the previous hook is .git/hooks/{CHAINED})."
@@ -101,7 +101,7 @@ def parse_push_lines(stdin: bytes) -> list[tuple[str, str, str, str]]:
 
 def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> list[BlobRef]:
     """Every blob referenced by theta metadata in commits being pushed that the remote does not have yet."""
-    from .metadata import is_metadata, loads
+    from theta.storage.metadata import is_metadata, loads
 
     tips = [local for _, local, _, _ in lines if local != ZERO]
     if not tips:
@@ -123,12 +123,12 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> l
 
 
 def run_pre_push(remote: str, url: str, stdin: bytes, cwd=None) -> int:
-    from .lfs_transfer import push_objects
+    from theta.storage.transfer import push_blobs
 
     lines = parse_push_lines(stdin)
     refs = blobs_to_push(cwd, remote, lines)
     if refs:
-        n = push_objects(cwd or ".", remote, refs)
+        n = push_blobs(cwd or ".", remote, refs)
         print(f"git-theta: offered {n} blob(s) to the LFS server of {remote}", file=sys.stderr)
     chained = gitutil.hooks_dir(cwd) / CHAINED
     if chained.exists() and os.access(chained, os.X_OK):

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import ThetaError
-
-
-class GitError(ThetaError):
-    """A git (or git-lfs) command failed; the message carries the command and its stderr."""
+from theta.errors import GitError
 
 
 def run(args: Sequence[str], cwd: str | os.PathLike | None = None, input: bytes | None = None,
@@ -25,16 +21,27 @@ def run(args: Sequence[str], cwd: str | os.PathLike | None = None, input: bytes 
     return proc.stdout
 
 
+def run_status(args: Sequence[str], cwd=None, input: bytes | None = None, env: dict | None = None) -> int:
+    """Run ``git args`` for its exit status only (output discarded)."""
+    return subprocess.run(["git", *args], cwd=cwd, input=input, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode
+
+
+def passthrough(args: Sequence[str], cwd=None, env: dict | None = None) -> int:
+    """Run ``git args`` with the user's terminal (stdin/stdout/stderr inherited); its exit status."""
+    return subprocess.run(["git", *args], cwd=cwd, env=env).returncode
+
+
 def run_text(args: Sequence[str], cwd=None, check: bool = True) -> str:
     return run(args, cwd=cwd, check=check).decode("utf-8").strip()
 
 
+def in_repository(cwd=None) -> bool:
+    return run_status(["rev-parse", "--git-dir"], cwd) == 0
+
+
 def toplevel(cwd=None) -> Path:
     return Path(run_text(["rev-parse", "--show-toplevel"], cwd))
-
-
-def git_dir(cwd=None) -> Path:
-    return Path(run_text(["rev-parse", "--absolute-git-dir"], cwd))
 
 
 def common_dir(cwd=None) -> Path:
@@ -155,6 +162,11 @@ def batch_check(specs: Iterable[str], cwd=None) -> list[ObjectInfo | None]:
     return infos
 
 
-def rev_exists(rev: str, cwd=None) -> bool:
-    return subprocess.run(["git", "rev-parse", "--verify", "--quiet", rev + "^{object}"], cwd=cwd,
-                          capture_output=True).returncode == 0
+def rev_exists(rev: str, cwd=None, kind: str = "object") -> bool:
+    """True when ``rev`` names an object (``kind``: "object", "commit", ...)."""
+    return run_status(["rev-parse", "--verify", "--quiet", f"{rev}^{{{kind}}}"], cwd) == 0
+
+
+def object_exists(spec: str, cwd=None) -> bool:
+    """True when ``spec`` (e.g. ``:2:model.pt``) names an existing object."""
+    return run_status(["cat-file", "-e", spec], cwd) == 0

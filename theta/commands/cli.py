@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from .errors import ThetaError
+from theta.errors import ThetaError
+from theta.git import repo as gitutil
 
 app = typer.Typer(name="git-theta", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Version ML checkpoints in git, parameter group by parameter group, with groups in Git LFS.")
@@ -22,7 +22,7 @@ def _err(msg: str) -> None:
 @app.command()
 def install(local: bool = typer.Option(False, "--local", help="Configure this repository only.")) -> None:
     """Configure git for theta (global by default) and install this repository's hooks."""
-    from .install import install as do_install
+    from theta.commands.install import install as do_install
 
     report = do_install(local=local)
     for line in report.changed:
@@ -34,10 +34,18 @@ def install(local: bool = typer.Option(False, "--local", help="Configure this re
 
 
 @app.command()
-def track(patterns: List[str] = typer.Argument(..., help="gitattributes patterns, e.g. '*.pt'")) -> None:
-    """Mark paths as theta checkpoints in .gitattributes (filter=theta diff=theta merge=theta)."""
-    from .track import track as do_track
+def track(patterns: Optional[List[str]] = typer.Argument(None, help="gitattributes patterns, e.g. '*.pt'")) -> None:
+    """Mark paths as theta checkpoints in .gitattributes (filter=theta diff=theta merge=theta).
 
+    Without a pattern: list the patterns tracked now (like `git lfs track`)."""
+    from theta.commands.track import track as do_track, tracked_patterns
+
+    if not patterns:
+        listed = tracked_patterns()
+        print("Listing tracked patterns" if listed else "no patterns are tracked by theta", file=sys.stderr)
+        for p in listed:
+            print(f"    {p}")
+        return
     changed = set(do_track(patterns))
     for p in patterns:
         print(f"{'Tracking' if p in changed else 'Already tracking'} {p}")
@@ -61,13 +69,14 @@ def add(ctx: typer.Context,
         if not sep or not key:
             raise ThetaError(f"--option expects KEY=VALUE, got {kv!r}")
         env["GIT_THETA_" + key.upper().replace("-", "_")] = value
-    raise typer.Exit(subprocess.run(["git", "add", *ctx.args, *paths], env=env).returncode)
+    raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
 
 
 @app.command("ls-files")
 def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default: the index).")) -> None:
     """Theta-tracked checkpoints with group count, size and stored size."""
-    from .lsfiles import human, list_tracked
+    from theta.commands.lsfiles import list_tracked
+    from zipslice.progress import human_bytes as human
 
     files = list_tracked(rev)
     if not files:
@@ -86,7 +95,7 @@ def export(spec: str = typer.Argument(..., help="REV:PATH, e.g. HEAD~2:model.pt"
            to: Optional[str] = typer.Option(None, "--to", help="torch, safetensors or hdf5 (default: as committed)."),
            ) -> None:
     """Write a committed version of a checkpoint to OUT without touching the working tree."""
-    from .export import export as do_export
+    from theta.commands.export import export as do_export
 
     fmt = do_export(spec, out, to)
     print(f"wrote {out} ({fmt})", file=sys.stderr)
@@ -95,7 +104,7 @@ def export(spec: str = typer.Argument(..., help="REV:PATH, e.g. HEAD~2:model.pt"
 @app.command("filter-process")
 def filter_process() -> None:
     """git's long-running filter (filter.theta.process)."""
-    from .filter_process import serve
+    from theta.commands.filter_process import serve
 
     raise typer.Exit(serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd()))
 
@@ -108,7 +117,7 @@ def _stdin_chunks(bufsize: int = 1 << 20):
 @app.command()
 def clean(path: str = typer.Argument("", help="The path git passes as %f.")) -> None:
     """Single-file clean filter (fallback): checkpoint on stdin, metadata on stdout."""
-    from .filter_process import Filter
+    from theta.commands.filter_process import Filter
 
     data = Filter(os.getcwd()).clean(path, _stdin_chunks())
     sys.stdout.buffer.write(data)
@@ -118,7 +127,7 @@ def clean(path: str = typer.Argument("", help="The path git passes as %f.")) -> 
 @app.command()
 def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) -> None:
     """Single-file smudge filter (fallback): metadata on stdin, checkpoint on stdout."""
-    from .filter_process import Filter
+    from theta.commands.filter_process import Filter
 
     def send(f):
         while chunk := f.read(1 << 20):
@@ -131,13 +140,14 @@ def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) ->
 @app.command("pre-push", hidden=True)
 def pre_push(remote: str, url: str = typer.Argument("")) -> None:
     """The pre-push hook: upload blobs referenced by pushed commits, then run the chained hook."""
-    from .hooks import run_pre_push
+    from theta.commands.hooks import run_pre_push
 
     raise typer.Exit(run_pre_push(remote, url, sys.stdin.buffer.read()))
 
 
 def _register_areas() -> None:
-    from . import cli_merge, cli_updates
+    from theta.commands import merge as cli_merge
+    from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def filter_main() -> int:
     """The `git-theta-filter` entry point: the long-running filter process."""
-    from .filter_process import serve
+    from theta.commands.filter_process import serve
 
     try:
         return serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd())

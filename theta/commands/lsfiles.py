@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import gitutil
+from theta.git import repo as gitutil
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,8 @@ def list_tracked(rev: str | None = None, cwd=None) -> list[TrackedFile]:
     """Checkpoints stored as theta metadata in ``rev`` (None: the index)."""
     from zipslice import dtypes
 
-    from .metadata import is_metadata, loads
-    from .store import LfsStore
+    from theta.storage.metadata import is_metadata, loads
+    from theta.storage.store import LfsStore
 
     if rev is None:
         names = gitutil.run(["ls-files", "-z", "--cached"], cwd).decode().split("\0")
@@ -46,11 +46,3 @@ def list_tracked(rev: str | None = None, cwd=None) -> list[TrackedFile]:
                                    sum(r.size for r in refs.values()),
                                    all(store.has(r) for r in refs.values())))
     return out
-
-
-def human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)

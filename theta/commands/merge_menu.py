@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import get
+from theta.merges import get
 
 MANUAL = "manual"
 
