@@ -6,9 +6,9 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from gitrepo import GitEnv, bare_lfs_objects
-from lfs_server import GiftlessServer
-from test_git_e2e import assert_same_checkpoint, blob_oids, make_state, save_pt
+from support.gitrepo import GitEnv, bare_lfs_objects
+from support.lfs_server import GiftlessServer
+from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
 
 
 @pytest.fixture

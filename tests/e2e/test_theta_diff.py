@@ -21,8 +21,7 @@ from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
 from zipslice import dtypes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gitrepo import GitEnv  # noqa: E402
+from support.gitrepo import GitEnv  # noqa: E402
 
 F32 = np.float32
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from gitrepo import GitEnv, bare_lfs_objects
+from support.gitrepo import GitEnv, bare_lfs_objects
 from theta.storage.metadata import loads
 
 W = "layers.0.attn.weight"     # the group the updates touch (key inside the torch file's "model" dict)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import zipslice
 from zipslice import dtypes, structure
 
-from test_torch_reader import ALL_DTYPES, assert_tree_same, random_tensor
+from support.torch_compare import ALL_DTYPES, assert_tree_same, random_tensor
 
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)
 

@@ -31,7 +31,7 @@ def test_unknown_and_unwritable_formats_are_named(tmp_path):
 
 
 def test_a_plugin_format_is_found_by_its_detect_function(tmp_path, monkeypatch):
-    spec = formats.FormatSpec("npy-test", "tests.npy_plugin:NpyCheckpoint", detect="tests.npy_plugin:detect")
+    spec = formats.FormatSpec("npy-test", "support.npy_plugin:NpyCheckpoint", detect="support.npy_plugin:detect")
     monkeypatch.setitem(formats.registry(), "npy-test", spec)
     p = tmp_path / "x.npy"
     np.save(p, np.arange(6, dtype="<f4").reshape(2, 3))

@@ -21,7 +21,7 @@ from zipslice.errors import CorruptCheckpointError, UnsupportedCheckpointError, 
 from zipslice.info import TensorSource
 from zipslice.safetensors_format import SafetensorsCheckpoint, write
 
-from conftest import FIXTURES
+from support import FIXTURES
 
 ST_DTYPES = [d for d in dtypes.BY_NAME.values() if d.safetensors]
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from gitrepo import GitEnv
+from support.gitrepo import GitEnv
 from theta.commands.install import SETTINGS
 from theta.errors import ProtocolError
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gitrepo import GitEnv
+from support.gitrepo import GitEnv
 from theta.clean import clean_checkpoint
 from theta.storage.metadata import dumps, loads
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter

@@ -152,8 +152,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gitrepo import GitEnv  # noqa: E402
+from support.gitrepo import GitEnv  # noqa: E402
 
 
 def state(seed=0):

@@ -19,7 +19,7 @@ import zipslice
 from zipslice.errors import (CorruptCheckpointError, NotACheckpointError, UnsafeCheckpointError,
                              UnsupportedCheckpointError, ZipsliceError)
 
-from conftest import FIXTURES
+from support import FIXTURES
 
 HOSTILE = FIXTURES / "torch"
 MARKER = "zipslice_pwned_marker"
