@@ -11,9 +11,9 @@ sum over the tree, and the largest single process):
   theta    `git merge` with GIT_THETA_MERGE_STRATEGY=average / ties (merge driver + smudge of the result)
   torch    python: torch.load x3 (weights_only, mmap=False) + the same math in torch + torch.save
 
-    python3 scripts/bench_merge.py                 # ~310 MiB
-    python3 scripts/bench_merge.py --layers 2      # quick look (~80 MiB)
-    python3 scripts/bench_merge.py --big-group-mib 256   # one 256 MiB group: the driver's memory bound
+    python3 scripts/bench/merge.py                 # ~310 MiB
+    python3 scripts/bench/merge.py --layers 2      # quick look (~80 MiB)
+    python3 scripts/bench/merge.py --big-group-mib 256   # one 256 MiB group: the driver's memory bound
 
 Large files go under --workdir (default /tmp/theta-bench-merge), never into the repository.
 """
@@ -35,7 +35,7 @@ import resource
 import psutil
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

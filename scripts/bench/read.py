@@ -34,11 +34,11 @@ interpreter's and torch's libraries stay cached as on a machine in use). Targets
 open time within 2x between sizes; open RSS < baseline + 50 MiB; one tensor <= baseline + tensor +
 32 MiB; stream <= baseline + 2 x largest tensor + 32 MiB and time <= 1.2 x torch.load(mmap=True).
 
-    python3 scripts/bench_read.py --quick
-    python3 scripts/bench_read.py                 # 1 GiB and 8 GiB (needs ~9 GiB free under /tmp)
-    python3 scripts/bench_read.py --sizes 0.5,2 --tensor-mib 32 --repeat 3
-    python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 5 --cold   # page cache evicted
-    python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 3 --mem-limit 4   # 8 GiB > "RAM"
+    python3 scripts/bench/read.py --quick
+    python3 scripts/bench/read.py                 # 1 GiB and 8 GiB (needs ~9 GiB free under /tmp)
+    python3 scripts/bench/read.py --sizes 0.5,2 --tensor-mib 32 --repeat 3
+    python3 scripts/bench/read.py --sizes 1,8 --no-full-load --repeat 5 --cold   # page cache evicted
+    python3 scripts/bench/read.py --sizes 1,8 --no-full-load --repeat 3 --mem-limit 4   # 8 GiB > "RAM"
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from zipslice import pagecache  # noqa: E402  (the checkout's zipslice, as the children use)
 MiB = 1 << 20
 # contenders that read one tensor at a time; zipslice-mmap is zipslice.load(path, mmap=True)

@@ -7,8 +7,8 @@
    torch.save (and its bf16 copy). Each contender runs in its own subprocess; wall time and peak RSS
    (ru_maxrss of that subprocess) are printed with ratios.
 
-    python3 scripts/bench_codec.py            # ~300 MiB fp32 checkpoint (+ bf16 copy)
-    python3 scripts/bench_codec.py --quick    # ~75 MiB
+    python3 scripts/bench/codec.py            # ~300 MiB fp32 checkpoint (+ bf16 copy)
+    python3 scripts/bench/codec.py --quick    # ~75 MiB
 Files go under a temp dir in /tmp and are removed afterwards.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 MEASURE = r"""

@@ -12,9 +12,9 @@ For each step: wall time of `git add` + `git commit` (or `git checkout`), stored
 .git/lfs/objects) and peak RSS of the git process tree (psutil polling every 20 ms: the sum over the tree and the
 largest single process), then ratios theta / git-lfs.
 
-    python3 scripts/bench_git.py              # ~340 MiB history (a few minutes)
-    python3 scripts/bench_git.py --big        # 4 GiB checkpoint of 64 MiB groups: theta add + checkout peak RSS
-    python3 scripts/bench_git.py --scale 0.25 # smaller history (quick look)
+    python3 scripts/bench/git.py              # ~340 MiB history (a few minutes)
+    python3 scripts/bench/git.py --big        # 4 GiB checkpoint of 64 MiB groups: theta add + checkout peak RSS
+    python3 scripts/bench/git.py --scale 0.25 # smaller history (quick look)
 
 Large files go under --workdir (default /tmp/theta-bench), never into the repository.
 """

@@ -17,8 +17,8 @@ process tree: robust when the machine is busy), peak RSS (ru_maxrss of the large
 usually git itself, which buffers a smudged file whole with git-lfs too) and the theta filter process's own
 peak RSS (psutil, polled every 10 ms). Files go under --workdir (default /tmp/theta-bench-updates), removed unless --keep.
 
-    python3 scripts/bench_updates.py               # ~300 MiB
-    python3 scripts/bench_updates.py --layers 1 --vocab 4000   # quick look (~70 MiB)
+    python3 scripts/bench/updates.py               # ~300 MiB
+    python3 scripts/bench/updates.py --layers 1 --vocab 4000   # quick look (~70 MiB)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from theta.storage.metadata import loads  # noqa: E402
