@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's packages; scripts/ (this folder) is already first
 
-from bench.git import dir_bytes, git_env  # scripts/bench: the measuring helpers the benchmarks use
+from bench.harness import dir_bytes, git_env  # the benchmarks' isolated git environment and measuring
 
 MiB = 1 << 20
 
