@@ -2,7 +2,7 @@
 
 Most people use theta through git (``git theta install``, ``git theta track``, then plain ``git add``,
 ``git checkout``, ``git merge``). The names below are the Python API for doing the same work without git:
-clean a checkpoint into metadata, rebuild it, diff and merge versions, and find the installed plugins::
+clean a checkpoint into metadata, rebuild it, diff and merge versions, and find the installed plugins:
 
     import theta
 
@@ -59,7 +59,16 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ThetaError": ("theta.errors", "ThetaError"),
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "clean_checkpoint", "CleanOptions", "CleanStats", "smudge_checkpoint",
+    "LfsStore", "BlobRef", "CheckpointMeta", "GroupMeta", "loads_metadata", "dumps_metadata", "is_metadata",
+    "diff_sides", "MetaSide", "CheckpointSide", "FileDiff",
+    "plan_merge", "execute_merge", "MergePlan",
+    "update_types", "get_update_type", "UpdateType", "Encoded", "reconstruct",
+    "merge_strategies", "get_merge_strategy", "MergeStrategy",
+    "ThetaError",
+]
 
 if TYPE_CHECKING:  # for type checkers and the API reference; at run time names load on first use
     from theta.clean import CleanOptions, CleanStats, clean_checkpoint
