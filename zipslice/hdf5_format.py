@@ -8,7 +8,7 @@ through h5py, one dataset at a time.
 dtypes HDF5 lacks (bfloat16, float8) are stored by the writer as unsigned integers of the same width
 with the dataset attribute ``zipslice_dtype`` naming the real dtype; the reader honours that attribute
 and Keras 3's convention (opaque 2-byte data with attribute ``dtype="bfloat16"``).
-See README.md ("Keras naming") for the naming rules.
+See docs/reference/formats.md ("Keras naming") for the naming rules.
 """
 from __future__ import annotations
 
