@@ -100,8 +100,9 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
 
     Tensors are matched by name. A tensor of both keeps its committed group when its value is the same
     (dtype, shape and content hash), else takes the view's value with the committed Parameter flags. Tied
-    names of the committed file stay tied while the view holds equal values for them; a member with another
-    value is untied (the view shows independent tensors). A tensor only in the view is added where the
+    names of the committed file stay tied while the view holds equal values for them (or omits all but one
+    of them); a member with another value is untied (the view shows independent tensors). A tensor only in
+    the view is added where the
     committed format can put it; a tensor missing from the view is removed. File metadata, structure
     (non-tensor values included) and order are the committed ones, edited only for added/removed tensors.
     Raises ViewError naming ``file`` and the group for what the committed format cannot hold.
@@ -114,25 +115,31 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
 
+    kept: list[str] = []
     for names in _tie_sets(committed):
         present = [n for n in names if n in in_view]
         if not present:
             continue  # every name of this group was removed in the view
-        owner = present[0]
-        value = view.group_for(owner)
-        groups[owner] = _group(owner, value, committed.group_for(owner), *_flags(committed, owner))
-        for n in present[1:]:
-            if _same_value(view.group_for(n), value):
+        # A view may omit a tied duplicate (safetensors' save_model keeps one name of each tie): the missing
+        # names keep the value of the first one present.
+        implied = view.group_for(present[0])
+        values = {n: view.group_for(n) if n in in_view else implied for n in names}
+        owner = names[0]  # the first name in file order owns the storage, as a reader of the file sees it
+        groups[owner] = _group(owner, values[owner], committed.group_for(owner), *_flags(committed, owner))
+        for n in names[1:]:
+            if _same_value(values[n], values[owner]):
                 aliases[n] = Alias(n, owner, *_flags(committed, n))
             else:
-                groups[n] = _group(n, view.group_for(n), committed.group_for(n), *_flags(committed, n))
+                groups[n] = _group(n, values[n], committed.group_for(n), *_flags(committed, n))
+        kept += names
 
     added = [n for n in view.order if n not in committed_names]
     for n in added:
         flags = _flags(view, n) if fmt == "torch" else (False, False)
         groups[n] = _group(n, view.group_for(n), None, *flags)
 
-    kept = [n for n in committed.order if n in in_view]
+    kept_set = set(kept)
+    kept = [n for n in committed.order if n in kept_set]
     problem = format_problem(fmt, [(n, (groups[n] if n in groups else groups[aliases[n].of]).dtype)
                                    for n in kept + added])
     if problem is not None:
@@ -143,7 +150,7 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
 
     structure = committed.structure
     if fmt == "torch":
-        removed = [n for n in committed.order if n not in in_view]
+        removed = [n for n in committed.order if n not in groups and n not in aliases]
         base = committed.structure if committed.structure is not None else st.flat(committed.order)
         structure = _edit_torch_structure(base, removed, added, file)
         order = st.tensor_names(structure)
