@@ -28,6 +28,13 @@ def sniff(path) -> str:
     return "safetensors"
 
 
+def torch_load(path):
+    """torch.load through a file object: torch >= 2.13 hands any *path* ending in .safetensors to the
+    safetensors library, whatever the bytes are (a torch view of model.safetensors is a torch zip file)."""
+    with open(path, "rb") as f:
+        return torch.load(f, weights_only=True)
+
+
 def _flatten(obj, prefix: str, out: dict) -> None:
     if isinstance(obj, torch.Tensor):
         out[prefix] = obj
@@ -54,7 +61,7 @@ def read(path, fmt: str | None = None) -> dict[str, torch.Tensor]:
     fmt = fmt or sniff(path)
     if fmt == "torch":
         out: dict = {}
-        _flatten(torch.load(path, weights_only=True), "", out)
+        _flatten(torch_load(path), "", out)
         return out
     if fmt == "safetensors":
         import safetensors.torch
@@ -91,7 +98,7 @@ def edit(path, name: str, new: torch.Tensor | None, fmt: str | None = None) -> N
     """Set (or with ``new=None`` delete) tensor ``name`` the way a user of that library would, then save."""
     fmt = fmt or sniff(path)
     if fmt == "torch":
-        obj = torch.load(path, weights_only=True)
+        obj = torch_load(path)
         holder, key = _locate(obj, name)
         if new is None:
             del holder[key]
