@@ -226,6 +226,11 @@ def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
     assert same(state(), base)
     repo.git("switch", "-q", "-c", "exp")
     formats.edit(repo / "model.safetensors", "embed.weight", base["embed.weight"] + 1)
+    # diffs name the edited group; `git theta diff` says what gets recorded
+    assert "modified  embed.weight" in repo.out("diff")
+    out = repo.theta("diff").stdout.decode()
+    assert "theta diff model.safetensors (safetensors)" in out and "modified  embed.weight" in out
+    assert "torch view; git add records safetensors" in out
     repo.git("commit", "-qam", "exp: embed")
     exp = state()
     repo.git("switch", "-q", "main")
