@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from zipslice import TensorSource, dtypes, structure as st
+from zipslice.errors import ZipsliceError
 
 from theta.errors import ViewError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
@@ -158,8 +159,10 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
         dtype_of = {n: (groups[n] if n in groups else groups[aliases[n].of]).dtype for n in kept + added}
         was_library = committed.order == _library_order(committed.order, lambda n: committed.group_for(n).dtype)
         order = _library_order(kept + added, dtype_of.__getitem__) if was_library else kept + added
-    else:
-        order = _hdf5_order(kept + added) if _hdf5_order(committed.order) == committed.order else kept + added
+    elif fmt == "hdf5" and _hdf5_order(committed.order) == committed.order:
+        order = _hdf5_order(kept + added)
+    else:  # a file whose reader order we cannot predict (a plugin format, a Keras-named HDF5 file)
+        order = kept + added
 
     meta = CheckpointMeta(format=committed.format, order=order, groups=groups, structure=structure,
                           aliases=aliases, metadata=dict(committed.metadata or {}), lsh=dict(view.lsh))
@@ -283,7 +286,7 @@ def _library_order(names: list[str], dtype_of: Callable[[str], str]) -> list[str
 
     try:
         srcs = library_order(TensorSource(name=n, dtype=dtype_of(n), shape=(), read=None) for n in names)
-    except Exception:  # a dtype safetensors lacks: format_problem reports it; keep the given order
+    except ZipsliceError:  # a dtype safetensors lacks: format_problem reports it; keep the given order
         return list(names)
     return [s.name for s in srcs]
 
