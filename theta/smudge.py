@@ -75,9 +75,11 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
             os.unlink(tmp)
 
 
-def streams(meta: CheckpointMeta, fmt: str | None = None) -> bool:
-    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch)."""
-    return view_of(meta, fmt).format == "torch"
+def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> bool:
+    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch).
+
+    Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (see theta.views.view_of)."""
+    return view_of(meta, fmt, name).format == "torch"
 
 
 def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str, fmt: str | None = None,

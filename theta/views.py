@@ -65,12 +65,12 @@ def view_of(meta: CheckpointMeta, fmt: str | None = None, file: str = "") -> Vie
     """
     target = written_as(fmt or meta.format)
     if fmt is not None and fmt not in FORMATS and fmt not in WRITES_AS:
-        raise ViewError(f"{file}: cannot check out as {fmt!r}; formats: {', '.join(FORMATS)}")
+        raise ViewError(f"{_at(file)}cannot check out as {fmt!r}; formats: {', '.join(FORMATS)}")
     if target != written_as(meta.format):
         problem = format_problem(target, [(n, meta.group_for(n).dtype) for n in meta.order])
         if problem is not None:
             name, why = problem
-            raise ViewError(f"{file}: cannot check out as {target}: group {name!r}: {why}; "
+            raise ViewError(f"{_at(file)}cannot check out as {target}: group {name!r}: {why}; "
                             f"check it out in its committed format ({meta.format})")
     structure = meta.structure if target == "torch" and written_as(meta.format) == "torch" else None
     return View(format=target, structure=structure, metadata=dict(meta.metadata or {}))
@@ -145,7 +145,7 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
                                    for n in kept + added])
     if problem is not None:
         name, why = problem
-        raise ViewError(f"{file}: group {name!r} cannot be recorded in {committed.format}, the committed format: "
+        raise ViewError(f"{_at(file)}group {name!r} cannot be recorded in {committed.format}, the committed format: "
                         f"{why}; nothing was staged (to change the committed format: "
                         f"git theta add --format FORMAT {file or 'PATH'})")
 
@@ -187,7 +187,7 @@ def committed_form(view: CheckpointMeta, committed: CheckpointMeta | None, fmt: 
     - otherwise the committed format (a file in another format is a view of it).
     """
     if fmt is not None and fmt not in FORMATS:
-        raise ViewError(f"{file}: cannot record as {fmt!r}; formats: {', '.join(FORMATS)}")
+        raise ViewError(f"{_at(file)}cannot record as {fmt!r}; formats: {', '.join(FORMATS)}")
     if committed is not None and (fmt is None or committed.format == fmt):
         template = committed
     elif fmt is not None:
@@ -236,6 +236,11 @@ def _view_opener(path: str, committed: CheckpointMeta | None, fmt: str | None) -
 
 # -- helpers -----------------------------------------------------------------------------------------------
 
+def _at(file: str) -> str:
+    """The file-name prefix of a message ("" when the caller has no name)."""
+    return f"{file}: " if file else ""
+
+
 def _tie_sets(meta: CheckpointMeta) -> list[list[str]]:
     """The names of each group (the group and its aliases), in file order, groups in order of first name."""
     sets: dict[str, list[str]] = {}
@@ -268,7 +273,7 @@ def _refuse_values(view: CheckpointMeta, fmt: str, file: str) -> None:
         return
     for name, leaf in st.walk_leaves(view.structure):
         if "tensor" not in leaf:
-            raise ViewError(f"{file}: {name!r} is a non-tensor value ({_describe(leaf)}) and {fmt}, the committed "
+            raise ViewError(f"{_at(file)}{name!r} is a non-tensor value ({_describe(leaf)}) and {fmt}, the committed "
                             f"format, holds only tensors; remove it from the file, nothing was staged")
 
 
@@ -324,17 +329,17 @@ def _edit_torch_structure(structure: dict, removed: list[str], added: list[str],
     nodes = _nodes(tree)
     for n in removed:
         if n not in nodes:
-            raise ViewError(f"{file}: the committed metadata lists tensor {n!r} but its structure does not")
+            raise ViewError(f"{_at(file)}the committed metadata lists tensor {n!r} but its structure does not")
         leaf, parent = nodes[n]
         if parent is None or ("dict" not in parent and "odict" not in parent):
             kind = "the top level" if parent is None else f"a {_kind(parent)}"
-            raise ViewError(f"{file}: tensor {n!r} was removed in the work tree but sits in {kind} of the "
+            raise ViewError(f"{_at(file)}tensor {n!r} was removed in the work tree but sits in {kind} of the "
                             f"committed torch file, which cannot lose an item; nothing was staged")
         entries = parent.get("dict", parent.get("odict"))
         entries[:] = [e for e in entries if e[1] is not leaf]
     for n in added:
         if n in nodes:
-            raise ViewError(f"{file}: new tensor {n!r} has the name of a {_kind(nodes[n][0])} in the committed "
+            raise ViewError(f"{_at(file)}new tensor {n!r} has the name of a {_kind(nodes[n][0])} in the committed "
                             f"torch file; nothing was staged")
         parts = n.split("/")
         for i in range(len(parts) - 1, -1, -1):
@@ -344,7 +349,7 @@ def _edit_torch_structure(structure: dict, removed: list[str], added: list[str],
         holder = nodes[prefix][0]
         if "dict" not in holder and "odict" not in holder:
             where = f"{prefix!r}" if prefix else "the top level"
-            raise ViewError(f"{file}: new tensor {n!r} would go into {where}, a {_kind(holder)} in the committed "
+            raise ViewError(f"{_at(file)}new tensor {n!r} would go into {where}, a {_kind(holder)} in the committed "
                             f"torch file, which cannot take a new named item; nothing was staged")
         leaf = {"tensor": n}
         holder.get("dict", holder.get("odict")).append(["/".join(parts[i:]), leaf])

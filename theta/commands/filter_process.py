@@ -221,7 +221,7 @@ class Filter:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
-            if stream is not None and streams(meta, fmt):
+            if stream is not None and streams(meta, fmt, Path(path).name):
                 smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
                                  progress=settings.stderr_is_terminal(), verify=verify)
                 return False
