@@ -135,13 +135,16 @@ def main() -> int:
         return statistics.median(getattr(m, attr) for m in got[(kind, step)])
 
     print(f"\n{'step':<9} {'format':<12} {'wall s':>8} {'cpu s':>8} {'peak tree':>10}   "
-          f"{'wall x':>7} {'peak x':>7}   (x = view / committed safetensors)")
+          f"{'wall x':>7} {'cpu x':>7} {'peak x':>7}   (x = view / committed safetensors)")
     for step in steps:
-        base_t, base_p = med("safetensors", step, "seconds"), med("safetensors", step, "peak_tree_rss")
+        base = [med("safetensors", step, a) for a in ("seconds", "cpu", "peak_tree_rss")]
         for kind in kinds:
-            t, c, p = med(kind, step, "seconds"), med(kind, step, "cpu"), med(kind, step, "peak_tree_rss")
+            t, c, p = (med(kind, step, a) for a in ("seconds", "cpu", "peak_tree_rss"))
             label = kind if kind == "safetensors" else f"{kind} view"
-            print(f"{step:<9} {label:<12} {t:>8.2f} {c:>8.2f} {p / MiB:>8.0f} MiB   {t / base_t:>7.2f} {p / base_p:>7.2f}")
+            print(f"{step:<9} {label:<12} {t:>8.2f} {c:>8.2f} {p / MiB:>8.0f} MiB   "
+                  f"{t / base[0]:>7.2f} {c / base[1]:>7.2f} {p / base[2]:>7.2f}")
+    print(f"\nload average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+          "(on a busy machine trust the cpu columns over wall time)")
     return 0
 
 
