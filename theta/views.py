@@ -153,8 +153,13 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
     if fmt == "torch":
         removed = [n for n in committed.order if n not in groups and n not in aliases]
         base = committed.structure if committed.structure is not None else st.flat(committed.order)
-        structure = _edit_torch_structure(base, removed, added, file)
-        order = st.tensor_names(structure)
+        try:
+            structure = _edit_torch_structure(base, removed, added, file)
+            order = st.tensor_names(structure)
+        except (TypeError, KeyError, ValueError, IndexError, AttributeError, RecursionError) as e:
+            # the structure comes from metadata text in git, which nothing but our own writer vouches for
+            raise ViewError(f"{_at(file)}the committed torch structure is malformed "
+                            f"({type(e).__name__}: {e}); nothing was staged") from None
     elif fmt == "safetensors":
         dtype_of = {n: (groups[n] if n in groups else groups[aliases[n].of]).dtype for n in kept + added}
         was_library = committed.order == _library_order(committed.order, lambda n: committed.group_for(n).dtype)
@@ -327,6 +332,8 @@ def _edit_torch_structure(structure: dict, removed: list[str], added: list[str],
     """
     tree = copy.deepcopy(structure)
     nodes = _nodes(tree)
+    if sorted(st.tensor_names(tree)) != sorted(n for n, (node, _) in nodes.items() if "tensor" in node):
+        raise ValueError("tensor leaves do not carry their flattened names")
     for n in removed:
         if n not in nodes:
             raise ViewError(f"{_at(file)}the committed metadata lists tensor {n!r} but its structure does not")
@@ -369,6 +376,8 @@ def _nodes(tree: dict) -> dict[str, tuple[dict, dict | None]]:
     out: dict[str, tuple[dict, dict | None]] = {"": (tree, None)}
 
     def walk(node: dict, prefix: str) -> None:
+        if not isinstance(node, dict):
+            raise TypeError(f"node {prefix!r} is a {type(node).__name__}, not an object")
         if "dict" in node or "odict" in node:
             for entry in node.get("dict", node.get("odict")):
                 name = st.join(prefix, entry[0])

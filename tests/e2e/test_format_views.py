@@ -157,6 +157,13 @@ def test_explicit_format_change(repo):
     bad = repo.theta("add", "--format", "npz", "model.safetensors", check=False)
     assert bad.returncode != 0 and b"npz" in bad.stderr
 
+    # a new file: recorded in its own format, or in the one asked for
+    write_committed(repo / "new.h5", "hdf5")
+    write_committed(repo / "other.h5", "hdf5")
+    repo.git("add", "new.h5")
+    repo.theta("add", "--format", "safetensors", "other.h5")
+    assert loads(repo.show(":new.h5")).format == "hdf5" and loads(repo.show(":other.h5")).format == "safetensors"
+
 
 def refused(repo, name: str, *words: str) -> None:
     before = (repo.git_common_dir() / "index").read_bytes()

@@ -284,3 +284,14 @@ def test_as_committed_is_pure_metadata(tmp_path, store):
     view = clean_checkpoint(path, store, meta)
     assert view.format == "torch"
     assert dumps(as_committed(view, meta)) == dumps(as_committed(loads(dumps(view)), loads(dumps(meta)))) == dumps(meta)
+
+
+@pytest.mark.parametrize("structure", [{"dict": "bogus"}, {"dict": [["model", {"odict": 3}]]}, {"list": None}, []])
+def test_malformed_committed_structure_is_an_error_not_a_crash(tmp_path, store, structure):
+    """The committed metadata comes from git (possibly from a remote): a damaged structure is reported."""
+    meta = clean_checkpoint(committed_file(tmp_path, "torch"), store, None)
+    path = check_out(meta, store, tmp_path / "v.safetensors", "safetensors")
+    formats.edit(path, "model/extra", torch.ones(2))
+    meta.structure = structure
+    with pytest.raises(ViewError, match="model.x: the committed torch structure is malformed"):
+        clean_as_committed(path, store, meta, name="model.x")
