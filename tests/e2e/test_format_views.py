@@ -268,6 +268,18 @@ def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
     repo.git("cherry-pick", "exp")
     assert same(state(), exp)
 
+    # a conflicted merge resolved by `git theta merge-resolve`: the result is written as the view too
+    for branch, delta in (("c1", 1.0), ("c2", 3.0)):
+        repo.git("switch", "-q", "-c", branch, "main")
+        formats.edit(repo / "model.safetensors", "layer.0.weight", merged["layer.0.weight"] + delta)
+        repo.git("commit", "-qam", branch)
+    assert repo.git("merge", "--no-edit", "c1", check=False).returncode != 0
+    repo.theta("merge-resolve", "model.safetensors", "--strategy", "average")
+    repo.git("commit", "-q", "--no-edit")
+    resolved = state()
+    assert torch.equal(resolved["layer.0.weight"], merged["layer.0.weight"] + 2.0)
+    repo.git("switch", "-q", "main")
+
     bare = repo.env.init("remote.git", theta=False, bare=True)
     repo.git("remote", "add", "origin", f"file://{bare.path}")
     repo.git("push", "-q", "origin", "main")
