@@ -34,16 +34,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _harness():
-    """The measuring helpers of the git benchmark (run_measured, git_env, sh), wherever it lives now."""
-    for rel in ("scripts/bench/git.py", "scripts/bench_git.py"):
-        path = ROOT / rel
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location("theta_bench_git", path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-            spec.loader.exec_module(mod)
-            return mod
-    raise SystemExit("scripts/bench_git.py (or scripts/bench/git.py) not found: it holds the measuring helpers")
+    """The shared measuring helpers (git_env, sh, run_measured): scripts/bench/harness.py, or on a branch
+    older than it, those of scripts/bench_git.py (same names, same measures)."""
+    try:
+        import harness  # scripts/bench/ is this script's folder, first on sys.path
+
+        return harness
+    except ImportError:
+        pass
+    path = ROOT / "scripts" / "bench_git.py"
+    if not path.is_file():
+        raise SystemExit("scripts/bench/harness.py (or scripts/bench_git.py) not found: it holds the measuring helpers")
+    spec = importlib.util.spec_from_file_location("theta_bench_git", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def make_checkpoint(path: Path, mib: int) -> list[str]:
