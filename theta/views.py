@@ -103,10 +103,10 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
     (dtype, shape and content hash), else takes the view's value with the committed Parameter flags. Tied
     names of the committed file stay tied while the view holds equal values for them (or omits all but one
     of them); a member with another value is untied (the view shows independent tensors). A tensor only in
-    the view is added where the
-    committed format can put it; a tensor missing from the view is removed. File metadata, structure
-    (non-tensor values included) and order are the committed ones, edited only for added/removed tensors.
-    Raises ViewError naming ``file`` and the group for what the committed format cannot hold.
+    the view is added where the committed format can put it; a tensor missing from the view is removed.
+    File metadata, structure (non-tensor values included) and order are the committed ones, edited only for
+    added/removed tensors. Raises ViewError naming ``file`` and the group for what the committed format
+    cannot hold.
     """
     fmt = written_as(committed.format)
     if fmt != "torch":
@@ -141,12 +141,15 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
 
     kept_set = set(kept)
     kept = [n for n in committed.order if n in kept_set]
-    problem = format_problem(fmt, [(n, (groups[n] if n in groups else groups[aliases[n].of]).dtype)
-                                   for n in kept + added])
+
+    def dtype_of(n: str) -> str:
+        return (groups[n] if n in groups else groups[aliases[n].of]).dtype
+
+    problem = format_problem(fmt, [(n, dtype_of(n)) for n in kept + added])
     if problem is not None:
         name, why = problem
-        raise ViewError(f"{_at(file)}group {name!r} cannot be recorded in {committed.format}, the committed format: "
-                        f"{why}; nothing was staged (to change the committed format: "
+        raise ViewError(f"{_at(file)}group {name!r} cannot be recorded in {committed.format}, the format the file "
+                        f"is recorded in: {why}; nothing was staged (to change the recorded format: "
                         f"git theta add --format FORMAT {file or 'PATH'})")
 
     structure = committed.structure
@@ -161,9 +164,8 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
             raise ViewError(f"{_at(file)}the committed torch structure is malformed "
                             f"({type(e).__name__}: {e}); nothing was staged") from None
     elif fmt == "safetensors":
-        dtype_of = {n: (groups[n] if n in groups else groups[aliases[n].of]).dtype for n in kept + added}
         was_library = committed.order == _library_order(committed.order, lambda n: committed.group_for(n).dtype)
-        order = _library_order(kept + added, dtype_of.__getitem__) if was_library else kept + added
+        order = _library_order(kept + added, dtype_of) if was_library else kept + added
     elif fmt == "hdf5" and _hdf5_order(committed.order) == committed.order:
         order = _hdf5_order(kept + added)
     else:  # a file whose reader order we cannot predict (a plugin format, a Keras-named HDF5 file)
