@@ -79,3 +79,8 @@ class MergeConflict(ThetaError):
         self.path = path
         self.problems = problems
         super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
+
+
+class ViewError(ThetaError):
+    """A checkpoint cannot be shown in, or recorded from, another format than the committed one (a group the
+    target format cannot hold: a dtype it lacks, a name it cannot spell, a place the structure does not have)."""

@@ -57,8 +57,14 @@ def add(ctx: typer.Context,
         update_type: Optional[str] = typer.Option(None, "--update-type", help="dense, sparse, low-rank, ia3, delta or auto."),
         update_data: Optional[Path] = typer.Option(None, "--update-data", help="A file holding the update (side-loaded)."),
         option: List[str] = typer.Option([], "--option", "-o", help="KEY=VALUE clean option (GIT_THETA_KEY)."),
+        format: Optional[str] = typer.Option(None, "--format", help="Change the committed format to torch, "
+                                             "safetensors or hdf5 (whatever format the work-tree file has)."),
         ) -> None:
-    """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables."""
+    """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables.
+
+    A file keeps the format it was committed in, whatever format it is checked out in (a view); `--format`
+    is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
+    """
     env = dict(os.environ)
     if update_type:
         env["GIT_THETA_UPDATE_TYPE"] = update_type
@@ -69,6 +75,16 @@ def add(ctx: typer.Context,
         if not sep or not key:
             raise ThetaError(f"--option expects KEY=VALUE, got {kv!r}")
         env["GIT_THETA_" + key.upper().replace("-", "_")] = value
+    if format is not None:
+        from theta.settings import FORMATS
+
+        if format not in FORMATS:
+            raise ThetaError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+        env["GIT_THETA_FORMAT"] = format
+        # a tracked file whose stat matches the index would not be cleaned again by a plain `git add`
+        status = gitutil.passthrough(["add", "--renormalize", *ctx.args, "--", *paths], env=env)
+        if status != 0:
+            raise typer.Exit(status)
     raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
 
 

@@ -169,6 +169,11 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
             new = side_from_file(str(repo / path), path, repo) if (repo / path).exists() else None
         try:
             fd = diff_sides(old, new, path, estimate=estimate)
+            if isinstance(old, MetaSide) and isinstance(new, CheckpointSide) and new.format != old.format:
+                # the work-tree file is a view (theta.views): what `git add` records keeps old's format
+                fd.new_format = old.format
+                if fd.groups:
+                    fd.notes.append(f"the work tree holds a {new.format} view; git add records {old.format}")
         finally:
             for side in (old, new):
                 if isinstance(side, CheckpointSide):

@@ -8,7 +8,9 @@ end up in a file. Fast path: while receiving, the bytes are compared with the wo
 ``pathname``; if every byte matches (the normal `git add` case) that file is cleaned in place and nothing is
 copied. At the first difference (or when there is no such file, e.g. `git hash-object --stdin`) the content
 is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
-Content that already is theta metadata passes through unchanged.
+Content that already is theta metadata passes through unchanged. The metadata keeps the committed format
+(that of the index, else HEAD) whatever format the work-tree file has: a file checked out in another format
+is a view (theta.views); only `git theta add --format F` (env ``GIT_THETA_FORMAT``) changes the format.
 
 Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, then rebuild the
 checkpoint group by group. A torch checkpoint streams to git while it is rebuilt (its writer never seeks);
@@ -154,8 +156,10 @@ class Filter:
         return None
 
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
-        from theta.clean import clean_checkpoint
+        """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
+        checked out in another format is a view of the committed one (theta.views)."""
         from theta.storage.metadata import dumps, is_metadata
+        from theta.views import clean_as_committed
 
         worktree = self.cwd / path if path else None
         got = receive(chunks, self.spool_dir, worktree)
@@ -165,7 +169,8 @@ class Filter:
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
             try:
-                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd))
+                meta = clean_as_committed(got.path, self.store, self.previous(path), settings.clean_options(self.cwd),
+                                          settings.commit_format(), name=path)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
             if before is not None and _stat_key(got.path) != before:
@@ -216,7 +221,7 @@ class Filter:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
-            if stream is not None and streams(meta, fmt):
+            if stream is not None and streams(meta, fmt, Path(path).name):
                 smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
                                  progress=settings.stderr_is_terminal(), verify=verify)
                 return False
