@@ -280,6 +280,16 @@ def test_malformed_metadata_texts_are_refused(text, problem):
         gt.parse_metadata(text, "model.pt")
 
 
+def test_averaged_merge_leaf_of_git_theta_is_refused_by_name():
+    """Git-Theta 0.2.0's averaging merge writes lfs_metadata as a [pointer, null] list (see the format doc)."""
+    leaf = _leaf()
+    leaf["lfs_metadata"] = [leaf["lfs_metadata"], None]
+    with pytest.raises(GitThetaFormatError) as e:
+        gt.parse_metadata(memoryview(json.dumps({"dec.bias": leaf}).encode()), "model.pt")
+    assert (e.value.group, e.value.field) == ("dec.bias", "lfs_metadata")
+    assert "missing or not an object" in str(e.value)
+
+
 def test_nested_metadata_groups_are_keyed_by_path():
     """Nested checkpoints (flax, tensorflow) give nested metadata; torch state dicts a flat one."""
     meta = gt.parse_metadata(json.dumps({"enc": {"layer": {"w": _leaf()}}, "b": _leaf()}), "m")

@@ -11,8 +11,8 @@ passes to :func:`resolve_group` / :func:`resolve_file`. docs/design/git-theta-fo
   ``gittheta``); every ``.zarray`` and every chunk header is validated first, so zarr and blosc only ever see a
   complete chunk grid whose sizes agree with the declared shape and dtype.
 * :func:`apply_sparse`, :func:`apply_low_rank`, :func:`apply_ia3` compute previous -> new exactly as Git-Theta
-  0.2.0 does (same numpy operations in the same order: bit for bit for sparse; low-rank's matmul and ia3's
-  product follow numpy's promotion and may differ from another BLAS in the last bit).
+  0.2.0 does (the same numpy operations in the same order, numpy's dtype promotion): bit for bit for sparse and
+  ia3 (elementwise); low-rank's ``R @ C`` goes through BLAS and may differ in the last bit on another build.
 * :func:`resolve_group` / :func:`resolve_file` follow a group's ``last_commit`` references back to its dense
   value, then apply the updates oldest first.
 """
@@ -132,7 +132,7 @@ def is_git_theta_metadata(data: "bytes | str") -> bool:
     ``lfs_metadata`` (``{}``, an empty checkpoint's metadata, counts). Structural only: :func:`parse_metadata`
     validates. Never raises."""
     try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
+        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
         if not text.lstrip().startswith("{"):
             return False
         tree = json.loads(text)
@@ -158,7 +158,7 @@ def parse_metadata(data: "bytes | str", file: str = "<metadata>") -> FileMetadat
     ``lfs_metadata`` and ``theta_metadata``; unknown extra keys in a leaf are ignored, as Git-Theta does).
     The update type is checked for shape only: an unknown one is reported when a value is resolved."""
     try:
-        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
+        text = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
     except UnicodeDecodeError as e:
         raise GitThetaFormatError(f"not UTF-8 ({e})", file=file) from None
     try:
