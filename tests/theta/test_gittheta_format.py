@@ -12,7 +12,6 @@ import copy
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
