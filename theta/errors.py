@@ -13,6 +13,31 @@ class MetadataError(ThetaError):
     """A metadata text is malformed, of an unknown version, or inconsistent."""
 
 
+class GitThetaFormatError(MetadataError):
+    """A Git-Theta (0.2.0) metadata text, parameter blob or update chain is malformed or inconsistent.
+
+    ``file``, ``group`` and ``field`` say where (each may be None); the message names them too.
+    """
+
+    def __init__(self, problem: str, *, file: str | None = None, group: str | None = None,
+                 field: str | None = None):
+        self.problem, self.file, self.group, self.field = problem, file, group, field
+        where = [f"Git-Theta {file}" if file else "Git-Theta data"]
+        if group is not None:
+            where.append(f"group {group!r}")
+        if field:
+            where.append(field)
+        super().__init__(", ".join(where) + ": " + problem)
+
+
+class GitThetaUpdateTypeError(GitThetaFormatError):
+    """A Git-Theta group uses an update type theta cannot apply (not dense, sparse, low-rank or ia3)."""
+
+
+class GitThetaDependencyError(ThetaError):
+    """Reading Git-Theta parameter blobs needs the optional `gittheta` extra (zarr), which is not installed."""
+
+
 class CodecError(ThetaError):
     """A stored blob cannot be decoded (truncated, corrupt, or of an unknown encoding)."""
 
