@@ -19,8 +19,7 @@ import msgpack
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gitrepo import GitEnv  # noqa: E402
+from support.gitrepo import GitEnv
 
 from theta.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError,  # noqa: E402
                           GitThetaFormatError, GitThetaUpdateTypeError, MetadataError)
