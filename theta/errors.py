@@ -79,3 +79,7 @@ class MergeConflict(ThetaError):
         self.path = path
         self.problems = problems
         super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
+
+
+class PruneError(ThetaError):
+    """`git theta prune` refused to run: it could not prove that what it would delete is not needed."""

@@ -59,8 +59,10 @@ def _write_loose_blob(objects_dir: Path, data: bytes) -> str:
     return sha
 
 
-def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]]) -> str | None:
-    """Run one ``git lfs fetch`` of ``objects`` ((oid, size) pairs) from ``remote`` into the local LFS store.
+def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]],
+                  lfs_storage: str | os.PathLike | None = None) -> str | None:
+    """Run one ``git lfs fetch`` of ``objects`` ((oid, size) pairs) from ``remote`` into the local LFS store
+    (or, with ``lfs_storage``, into ``<lfs_storage>/objects``: a scratch store, e.g. to verify the remote).
 
     Returns git-lfs's last stderr line when it failed, else None; the caller checks what arrived.
     """
@@ -81,8 +83,9 @@ def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tu
                           {**env, "GIT_AUTHOR_NAME": "theta", "GIT_AUTHOR_EMAIL": "theta@localhost",
                            "GIT_COMMITTER_NAME": "theta", "GIT_COMMITTER_EMAIL": "theta@localhost"}).strip()
         # -I/-X "" clear any lfs.fetchinclude/fetchexclude: our synthetic paths must all be fetched.
-        proc = subprocess.run(["git", "lfs", "fetch", "-I", "", "-X", "", remote, commit], cwd=repo_dir, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True)
+        storage = ["-c", f"lfs.storage={os.fspath(lfs_storage)}"] if lfs_storage is not None else []
+        proc = subprocess.run(["git", *storage, "lfs", "fetch", "-I", "", "-X", "", remote, commit], cwd=repo_dir,
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True)
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return err[-1] if err else f"git lfs fetch exited with {proc.returncode}"

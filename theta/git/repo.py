@@ -93,6 +93,25 @@ def config_set(key: str, value: str, cwd=None, scope: str = "global") -> None:
     run(["config", f"--{scope}", key, value], cwd=cwd)
 
 
+def config_unset(key: str, cwd=None, scope: str = "global") -> bool:
+    """Remove every value of ``key`` in ``scope``; False when it was not set."""
+    proc = subprocess.run(["git", "config", f"--{scope}", "--unset-all", key], cwd=cwd, capture_output=True)
+    if proc.returncode == 5:  # not set
+        return False
+    if proc.returncode != 0:
+        raise GitError(f"git config --unset-all {key}: {proc.stderr.decode('utf-8', 'replace').strip()}")
+    return True
+
+
+def config_remove_section_if_empty(section: str, cwd=None, scope: str = "global") -> bool:
+    """Remove ``[section]`` (e.g. ``filter.theta``) from ``scope`` when no key is left in it."""
+    keys = subprocess.run(["git", "config", f"--{scope}", "--get-regexp", "^" + section.replace(".", r"\.") + r"\."],
+                          cwd=cwd, capture_output=True)
+    if keys.returncode == 0 and keys.stdout.strip():
+        return False
+    return run_status(["config", f"--{scope}", "--remove-section", section], cwd) == 0
+
+
 # -- attributes --------------------------------------------------------------------------------------
 def check_attr(attr: str, paths: Iterable[str], cwd=None) -> dict[str, str | None]:
     """The value of ``attr`` for each path (None when unspecified), via one `git check-attr` call."""

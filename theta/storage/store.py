@@ -54,6 +54,15 @@ def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
     return h.hexdigest()
 
 
+def sha256_file(path: "str | os.PathLike") -> str:
+    """sha256 hex of a file's bytes, read in chunks (never whole in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class LfsStore:
     """Content-addressed blobs in a git-lfs objects directory."""
 
@@ -244,6 +253,10 @@ class LfsStore:
         """Move a fully written temp file to its content address; returns the temp path still to remove
         (when the object was already stored: dedup), or None once it is published."""
         if self.has(ref):
+            # stored already: mark it used now, so a concurrent `git theta prune` that planned before this
+            # reuse leaves it (it deletes only blobs unmodified since its plan)
+            with contextlib.suppress(OSError):
+                os.utime(self.path(ref))
             return tmp
         dest = self.path(ref)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,17 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
 
 from theta.errors import TransferError
 from theta.git import lfs
-from theta.storage.store import BlobRef, LfsStore
+from theta.git import repo as gitutil
+from theta.storage.store import BlobRef, LfsStore, sha256_file
+
+VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
 
 
 def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
@@ -52,3 +58,42 @@ def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef]
                             "from a remote that has them first")
     lfs.push_objects(repo_dir, remote, [r.oid for r in unique])
     return len(unique)
+
+
+def verify_on_remote(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str,
+                     on_batch: Callable[[int], None] | None = None) -> set[str]:
+    """The oids of ``refs`` that ``remote``'s LFS server verifiably holds: each is downloaded into a scratch
+    store (git-lfs checks its sha256; so do we) and dropped. The strongest check git-lfs's client allows
+    (it has no "do you have it" request outside its own prune), and it costs the download.
+
+    Works in batches of about :data:`VERIFY_BATCH_BYTES` so the scratch space stays bounded; calls
+    ``on_batch(bytes)`` after each. An object the server lacks (or serves wrong) is simply not returned.
+    """
+    todo = sorted({r.oid: r for r in refs}.values(), key=lambda r: r.oid)
+    verified: set[str] = set()
+    batch: list[BlobRef] = []
+    size = 0
+    for ref in todo + [None]:
+        if ref is not None:
+            batch.append(ref)
+            size += ref.size
+        if batch and (ref is None or size >= VERIFY_BATCH_BYTES):
+            verified |= _verify_batch(repo_dir, batch, remote)
+            if on_batch is not None:
+                on_batch(size)
+            batch, size = [], 0
+    return verified
+
+
+def _verify_batch(repo_dir, batch: list[BlobRef], remote: str) -> set[str]:
+    scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=gitutil.theta_dir(repo_dir)))
+    try:
+        lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in batch], lfs_storage=scratch)
+        got = LfsStore(scratch / "objects")
+        ok = set()
+        for ref in batch:
+            if got.has(ref) and sha256_file(got.path(ref)) == ref.oid:
+                ok.add(ref.oid)
+        return ok
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
