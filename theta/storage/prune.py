@@ -67,13 +67,16 @@ def prune(cwd=None, store: LfsStore | None = None, dry_run: bool = False, verify
         raise PruneError("lfs.storage moves this repository's LFS store, which other repositories may share "
                          "(their needs are invisible from here): prune with --verify-remote")
 
-    needed = retention.needed_refs(retention.scan_needed(cwd), cwd)
+    scan = retention.scan_needed(cwd)
+    needed = retention.needed_refs(scan, cwd)
     report.needed = len(needed)
     for ref in needed.values():
         store.has(ref)  # give every needed blob theta's protected name (blobs stored before theta kept one)
     kept = list(store.kept())
     report.kept = len(kept)
-    report.candidates = sorted((r for r in kept if r.oid not in needed), key=lambda r: r.oid)
+    # an object a git-lfs pointer names is never theta's to delete, even if theta stored the same bytes
+    report.candidates = sorted((r for r in kept if r.oid not in needed and r.oid not in scan.pointers),
+                               key=lambda r: r.oid)
     deletable = report.candidates
     if verify_remote and deletable:
         ok = verify_on_remote(cwd or ".", deletable, report.remote, on_batch=on_verified)

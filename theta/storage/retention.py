@@ -126,9 +126,10 @@ def read_metadata(scan: Scan, cwd=None) -> Iterator[tuple[MetadataText, "Checkpo
 
 
 def needed_refs(scan: Scan, cwd=None) -> dict[str, BlobRef]:
-    """oid -> BlobRef of every blob ``scan``'s metadata and pointers name. Raises MetadataError naming the
-    file when a metadata text cannot be read: what it needs is then unknown, so nothing may be pruned."""
-    refs = dict(scan.pointers)
+    """oid -> BlobRef of every blob ``scan``'s theta metadata names (not its pointers: those are git-lfs's
+    objects). Raises MetadataError naming the file when a metadata text cannot be read: what it needs is
+    then unknown, so nothing may be pruned."""
+    refs: dict[str, BlobRef] = {}
     for text, meta in read_metadata(scan, cwd):
         if isinstance(meta, MetadataError):
             raise MetadataError(f"{text.path} (git blob {text.sha[:12]}, {text.where}): {meta}; cannot tell "
