@@ -119,7 +119,8 @@ def register(app: typer.Typer) -> None:
             _json({"dry_run": report.dry_run, "needed": report.needed, "kept": report.kept,
                    "candidates": len(report.candidates), "deleted": [r.oid for r in report.deleted],
                    "freed": report.freed, "unverified": [r.oid for r in report.unverified],
-                   "recent": [r.oid for r in report.recent], "remote": report.remote})
+                   "recent": [r.oid for r in report.recent], "relinked": [r.oid for r in report.relinked],
+                   "remote": report.remote})
             return
         if verbose:
             for r in report.deleted:
@@ -131,6 +132,9 @@ def register(app: typer.Typer) -> None:
         if report.unverified:
             print(f"prune: kept {len(report.unverified)} blob(s) the remote {report.remote!r} did not give back",
                   file=sys.stderr)
+        if report.relinked:
+            print(f"prune: {'would make' if dry_run else 'made'} {len(report.relinked)} duplicated blob(s) one "
+                  "file again (their two names had become two copies)")
         if report.recent:
             print(f"prune: kept {len(report.recent)} blob(s) used while pruning", file=sys.stderr)
 

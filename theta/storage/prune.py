@@ -14,6 +14,9 @@ Safety, in order:
 - when ``lfs.storage`` moves the store (perhaps shared by other repositories, whose needs this one cannot
   see) only a verified prune may delete.
 Plain git-lfs objects are never candidates: theta only deletes blobs under its own protected name.
+
+A needed blob whose two names are two separate files (a copy of the repository that lost its hard links)
+is made one file again when both copies hash right; the bytes count as freed.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class PruneReport:
     freed: int = 0                                          # bytes freed on disk (dry run: would free)
     unverified: list[BlobRef] = field(default_factory=list)  # the remote did not give them back: kept
     recent: list[BlobRef] = field(default_factory=list)      # used while the prune ran: kept
+    relinked: list[BlobRef] = field(default_factory=list)    # kept blobs whose two names were two copies
     remote: str | None = None                               # the remote verified against
 
 
@@ -74,6 +78,13 @@ def prune(cwd=None, store: LfsStore | None = None, dry_run: bool = False, verify
         store.has(ref)  # give every needed blob theta's protected name (blobs stored before theta kept one)
     kept = list(store.kept())
     report.kept = len(kept)
+    for ref in kept:
+        if ref.oid in needed and store.is_duplicated(ref):
+            # e.g. a repository copied without its hard links: one file again (after checking both)
+            freed = ref.size if dry_run else store.relink(ref)
+            if freed:
+                report.relinked.append(ref)
+                report.freed += freed
     # an object a git-lfs pointer names is never theta's to delete, even if theta stored the same bytes
     report.candidates = sorted((r for r in kept if r.oid not in needed and r.oid not in scan.pointers),
                                key=lambda r: r.oid)

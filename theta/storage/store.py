@@ -172,6 +172,28 @@ class LfsStore:
                 freed += st.st_size  # that was the inode's last name: its blocks are free
         return freed
 
+    def is_duplicated(self, ref: BlobRef) -> bool:
+        """True when the blob's two names are two separate files (copied by a tool that does not keep hard
+        links, such as ``cp -r`` or ``rsync`` without ``-H``, or re-downloaded by git-lfs): twice the disk."""
+        if self.keep_dir is None:
+            return False
+        a, b = _stat(self.path(ref)), _stat(self.keep_path(ref))
+        return a is not None and b is not None and (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino)
+
+    def relink(self, ref: BlobRef) -> int:
+        """Make a duplicated blob's two names one file again, when both copies hash to its oid (otherwise
+        nothing changes: fsck reports the bad one). Returns the bytes freed."""
+        if not self.is_duplicated(ref):
+            return 0
+        keep, lfs = self.keep_path(ref), self.path(ref)
+        try:
+            if sha256_file(keep) != ref.oid or sha256_file(lfs) != ref.oid:
+                return 0
+        except OSError:
+            return 0
+        size = os.stat(lfs).st_size
+        return size if self._link(keep, lfs) and not self.is_duplicated(ref) else 0
+
     def quarantine(self, ref: BlobRef) -> Path | None:
         """Move a (corrupt) blob out of both names into ``<lfs>/theta-quarantine/<oid>``, so a fetch can
         store a good copy; the quarantined path, or None when the blob was not stored."""
