@@ -9,8 +9,8 @@ from collections import OrderedDict
 
 import pytest
 
-from support.checkpoints import assert_same_checkpoint, make_state, save_pt
-from support.gitrepo import GitEnv
+from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
+from support.gitrepo import GitEnv, bare_lfs_objects
 from theta.commands.install import launcher_script
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR
@@ -49,6 +49,11 @@ def test_git_works_from_a_shell_without_the_environment(genv, tmp_path):
     repo.git("checkout", "-q", "HEAD", "--", "model.pt", extra_env=env)
     assert_same_checkpoint(repo / "model.pt", v2)
     assert repo.git("status", "--porcelain", extra_env=env).stdout.decode() == ""
+    # the pre-push hook too: push uploads the blobs
+    bare = genv.init("remote.git", theta=False, bare=True)
+    repo.git("remote", "add", "origin", f"file://{bare.path}")
+    repo.git("push", "-q", "origin", "main", extra_env=env)
+    assert blob_oids(repo, "HEAD:model.pt") | blob_oids(repo, "HEAD~1:model.pt") <= bare_lfs_objects(bare.path)
     # the config names the launcher by absolute path, never a bare git-theta
     cmd = repo.out("config", "--local", "filter.theta.process")
     assert cmd.startswith(str(repo.git_common_dir() / "theta" / "bin" / "git-theta")) and cmd.endswith(" filter-process")

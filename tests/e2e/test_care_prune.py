@@ -21,7 +21,7 @@ from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, s
 from support.gitrepo import GitEnv, Repo
 from support.lfs_server import GiftlessServer
 from theta.storage.metadata import loads
-from theta.storage.store import KEEP_DIR, LfsStore
+from theta.storage.store import KEEP_DIR, BlobRef, LfsStore
 
 pytestmark = pytest.mark.lfs_server
 
@@ -178,7 +178,12 @@ def test_nothing_needed_is_pruned_by_git_lfs_or_theta(tmp_path, server, monkeypa
     assert set(dry["deleted"]) == set(sc.pushed_only) | set(sc.orphan) and dry["dry_run"]
     assert keep_oids(repo) == before
 
-    # 3. --verify-remote: v1's blobs come back from the server -> deleted; the orphan was never pushed -> kept
+    # 3. --verify-remote: v1's blobs come back from the server -> deleted; the orphan was never pushed -> kept.
+    #    Both under git-lfs's name too: git-lfs copies from a local store it can see instead of downloading,
+    #    and a verification must not be fooled by that
+    store = LfsStore.for_repo(repo.path)
+    for oid, size in {**sc.orphan, **sc.pushed_only}.items():
+        assert store.has(BlobRef(oid, size)) and store.path(oid).exists()
     rep = json.loads(repo.theta("prune", "--verify-remote", "--json").stdout)
     assert set(rep["deleted"]) == set(sc.pushed_only)
     assert set(rep["unverified"]) == set(sc.orphan)

@@ -6,14 +6,10 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Callable, Iterable
 
 from theta.errors import TransferError
 from theta.git import lfs
-from theta.git import repo as gitutil
 from theta.storage.store import BlobRef, LfsStore, sha256_file
 
 VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
@@ -62,9 +58,10 @@ def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef]
 
 def verify_on_remote(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str,
                      on_batch: Callable[[int], None] | None = None) -> set[str]:
-    """The oids of ``refs`` that ``remote``'s LFS server verifiably holds: each is downloaded into a scratch
-    store (git-lfs checks its sha256; so do we) and dropped. The strongest check git-lfs's client allows
-    (it has no "do you have it" request outside its own prune), and it costs the download.
+    """The oids of ``refs`` that ``remote``'s LFS server verifiably holds: each is downloaded into a throwaway
+    repository sharing nothing local (:func:`theta.git.lfs.fetched_elsewhere`; git-lfs checks the sha256, so
+    do we) and dropped. git-lfs's client has no "do you have it" request outside its own prune, so this is
+    the check available through it; it costs the download.
 
     Works in batches of about :data:`VERIFY_BATCH_BYTES` so the scratch space stays bounded; calls
     ``on_batch(bytes)`` after each. An object the server lacks (or serves wrong) is simply not returned.
@@ -86,14 +83,6 @@ def verify_on_remote(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remot
 
 
 def _verify_batch(repo_dir, batch: list[BlobRef], remote: str) -> set[str]:
-    scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=gitutil.theta_dir(repo_dir)))
-    try:
-        lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in batch], lfs_storage=scratch)
-        got = LfsStore(scratch / "objects")
-        ok = set()
-        for ref in batch:
-            if got.has(ref) and sha256_file(got.path(ref)) == ref.oid:
-                ok.add(ref.oid)
-        return ok
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with lfs.fetched_elsewhere(repo_dir, remote, [(r.oid, r.size) for r in batch]) as (objects_dir, _err):
+        got = LfsStore(objects_dir)
+        return {ref.oid for ref in batch if got.has(ref) and sha256_file(got.path(ref)) == ref.oid}
