@@ -19,6 +19,31 @@ def _json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def problem_lines(problems) -> list[str]:
+    """One line per bad blob (naming every file, group and version that needs it) and per broken chain or
+    unreadable metadata text."""
+    from collections import OrderedDict
+
+    merged: "OrderedDict[tuple, list]" = OrderedDict()
+    for p in problems:
+        key = (p.kind, p.oid, p.detail, p.repaired) if p.oid else (p.kind, p.file, p.group, p.detail, p.repaired, id(p))
+        merged.setdefault(key, []).append(p)
+    lines = []
+    for ps in merged.values():
+        p = ps[0]
+        state = "repaired " if p.repaired else ""
+        if p.oid:
+            users: "OrderedDict[tuple, list[str]]" = OrderedDict()
+            for q in ps:
+                users.setdefault((q.file, q.group), []).append(q.where)
+            needed = "; ".join(f"{f} group {g!r} ({', '.join(dict.fromkeys(w))})" for (f, g), w in users.items())
+            lines.append(f"{state}{p.kind}: blob {p.oid} ({human_bytes(p.size)}): {p.detail}; needed by {needed}")
+        else:
+            group = f" group {p.group!r}" if p.group else ""
+            lines.append(f"{state}{p.kind}: {p.file} ({p.where}){group}: {p.detail}")
+    return lines
+
+
 def register(app: typer.Typer) -> None:
     """Add the care commands to the `git theta` app."""
 
@@ -76,15 +101,11 @@ def register(app: typer.Typer) -> None:
         if as_json:
             _json(report.to_json())
         else:
-            for p in report.problems:
-                where = f" ({p.where})" if p.where else ""
-                group = f" group {p.group!r}" if p.group else ""
-                blob = f" blob {p.oid} ({human_bytes(p.size)})" if p.oid else ""
-                state = "repaired " if p.repaired else ""
-                print(f"{state}{p.kind}: {p.file}{where}{group}{blob}: {p.detail}")
+            for line in problem_lines(report.problems):
+                print(line)
             what = "metadata text(s)" if pointers else (f"metadata text(s), {report.groups} group chain(s), "
                                                        f"{report.blobs} blob(s) ({human_bytes(report.bytes)})")
-            left = sum(1 for p in report.problems if not p.repaired)
+            left = len(problem_lines([p for p in report.problems if not p.repaired]))
             verdict = "OK" if report.ok else f"{left} problem(s)"
             extra = f", {report.repaired} blob(s) refetched" if report.repaired else ""
             print(f"checked {report.files} {what}: {verdict}{extra}", file=sys.stderr)

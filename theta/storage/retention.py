@@ -31,7 +31,7 @@ LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1\n"
 LFS_POINTER_MAX = 1024  # git-lfs's own limit: a larger blob is never a pointer
 
 # where a metadata text was found, in the order reports name them
-LOCAL = "local only"      # unpushed history, reflog, stash, worktree HEADs and indexes
+LOCAL = "local-only history"  # unpushed or reflog-only commits, stash entries, other worktrees' indexes
 TIP = "ref tip"
 REV = "revision"
 
