@@ -159,6 +159,27 @@ class CatFile:
         self.proc.stdout.read(1)  # the newline after the content
         return ObjectInfo(sha, typ, size), data
 
+    def read_if(self, spec: str, prefixes: tuple[bytes, ...]) -> bytes | None:
+        """The content of ``spec`` when it starts with one of ``prefixes``, else None; a blob that does not
+        is skipped in chunks, never held whole in memory."""
+        self.proc.stdin.write(spec.encode() + b"\n")
+        self.proc.stdin.flush()
+        header = self.proc.stdout.readline().decode().split()
+        if len(header) != 3:
+            return None
+        size = int(header[2])
+        want = max(len(x) for x in prefixes)
+        head = self.proc.stdout.read(min(size, want))
+        if head.startswith(prefixes) or any(x.startswith(head) for x in prefixes if len(head) < len(x)):
+            data = head + self.proc.stdout.read(size - len(head))
+            self.proc.stdout.read(1)
+            return data if data.startswith(prefixes) else None
+        left = size - len(head)
+        while left:
+            left -= len(self.proc.stdout.read(min(left, 1 << 20)))
+        self.proc.stdout.read(1)
+        return None
+
     def close(self) -> None:
         if self.proc.stdin:
             self.proc.stdin.close()

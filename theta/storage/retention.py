@@ -17,17 +17,17 @@ blobs cannot be metadata and git leaves them out) and keeps those that are metad
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from theta.errors import MetadataError
 from theta.git import inventory
 from theta.git import repo as gitutil
-from theta.storage.metadata import MAX_METADATA_BYTES, CheckpointMeta, is_metadata, loads
+from theta.storage.metadata import MAGIC, MAX_METADATA_BYTES, CheckpointMeta, is_metadata, loads
 from theta.storage.store import BlobRef
 
 LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1\n"
+METADATA_PREFIX = (MAGIC + " ").encode()
 LFS_POINTER_MAX = 1024  # git-lfs's own limit: a larger blob is never a pointer
 
 # where a metadata text was found, in the order reports name them
@@ -67,7 +67,9 @@ class Scan:
             for sha, path in blobs:
                 if sha in self.metadata:
                     continue
-                _, data = cat.read(sha)
+                data = cat.read_if(sha, (METADATA_PREFIX, LFS_POINTER_PREFIX))
+                if data is None:
+                    continue
                 if is_metadata(data):
                     self.metadata[sha] = MetadataText(sha, path, where)
                 elif len(data) < LFS_POINTER_MAX and data.startswith(LFS_POINTER_PREFIX):
@@ -151,7 +153,3 @@ def refs_holding(text: MetadataText, cwd=None) -> list[str]:
 def lfs_storage_is_custom(cwd=None) -> bool:
     """True when ``lfs.storage`` moves the LFS store (it may then be shared with other repositories)."""
     return bool(gitutil.config_get("lfs.storage", cwd))
-
-
-def worktree_paths(cwd=None) -> list[str]:
-    return [w.path for w in inventory.worktrees(cwd) if not w.bare and os.path.isdir(w.path)]
