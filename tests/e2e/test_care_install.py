@@ -120,7 +120,7 @@ def test_global_uninstall_round_trip(genv):
     assert launcher.exists() and str(launcher) in gitconfig.read_text()
     genv.run(["git", "theta", "uninstall"], cwd=genv.home)
     assert gitconfig.read_bytes() == before
-    assert not launcher.exists()
+    assert not (genv.home / ".local" / "share" / "git-theta").exists()
 
 
 def test_install_protects_blobs_an_older_theta_stored(genv, tmp_path):

@@ -134,6 +134,8 @@ def uninstall(local: bool = False, cwd=None) -> InstallReport:
         report.changed.append(f"removed the launcher {launcher}")
         with contextlib.suppress(OSError):
             launcher.parent.rmdir()  # bin/, when empty
+            if not local:
+                launcher.parent.parent.rmdir()  # ~/.local/share/git-theta, when empty
     if in_repo:
         done, warnings = hooks.uninstall_hooks(cwd)
         report.changed.extend(done)

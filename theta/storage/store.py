@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -128,7 +129,7 @@ class LfsStore:
     def _link(self, src: Path, dest: Path) -> bool:
         """Give ``src``'s file the name ``dest`` (atomically, replacing a stale one); a copy where this
         file system cannot hard-link. False (and nothing changed) when the directory is not writable."""
-        tmp = dest.with_name(f".{dest.name}.theta-link-{os.getpid()}")
+        tmp = dest.with_name(f".{dest.name}.theta-link-{os.getpid()}-{threading.get_ident()}")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
