@@ -153,8 +153,8 @@ def test_nothing_needed_is_pruned_by_git_lfs_or_theta(tmp_path, server, monkeypa
     assert sc.needed <= before and set(sc.orphan) <= before and set(sc.pushed_only) <= before
     lfs_data = blob_oids_of_pointer(repo, "main:data.bin")
 
-    # 1. the real `git lfs prune` (and `git lfs fetch --prune`), every way a user may run it: it deletes git-lfs's names of theta's blobs
-    #    (it cannot see theta's metadata) and nothing needed is lost
+    # 1. the real `git lfs prune` (and `git lfs fetch --prune`), every way a user may run it: it deletes
+    #    git-lfs's names of theta's blobs (it cannot see theta's metadata) and nothing needed is lost
     for args in ((), ("--verify-remote",), ("--force",), ("--recent",), ("fetch", "--prune")):
         proc = repo.git("lfs", *args) if args[:1] == ("fetch",) else repo.git("lfs", "prune", *args)
         assert proc.returncode == 0

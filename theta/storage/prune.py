@@ -96,10 +96,10 @@ def prune(cwd=None, store: LfsStore | None = None, dry_run: bool = False, verify
     if not dry_run:
         _refuse_while_git_writes(cwd)
     for ref in deletable:
-        st = _stat(store.keep_path(ref)) or _stat(store.path(ref))
-        if st is None:
+        stats = [st for st in (_stat(store.keep_path(ref)), _stat(store.path(ref))) if st is not None]
+        if not stats:
             continue  # gone meanwhile
-        if st.st_mtime > started:
+        if max(st.st_mtime for st in stats) > started:
             report.recent.append(ref)
             continue
         report.deleted.append(ref)
