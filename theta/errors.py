@@ -109,3 +109,5 @@ class MergeConflict(ThetaError):
 class ViewError(ThetaError):
     """A checkpoint cannot be shown in, or recorded from, another format than the committed one (a group the
     target format cannot hold: a dtype it lacks, a name it cannot spell, a place the structure does not have)."""
+class PruneError(ThetaError):
+    """`git theta prune` refused to run: it could not prove that what it would delete is not needed."""

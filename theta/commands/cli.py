@@ -12,7 +12,32 @@ from theta.errors import ThetaError
 from theta.git import repo as gitutil
 
 app = typer.Typer(name="git-theta", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
                   help="Version ML checkpoints in git, parameter group by parameter group, with groups in Git LFS.")
+
+
+def version() -> str:
+    """This installation's version (package metadata; the source tree's pyproject when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("zipslice-theta")
+    except PackageNotFoundError:
+        import theta
+
+        return theta.__version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"git-theta {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print the version and exit.")) -> None:
+    """Version ML checkpoints in git, parameter group by parameter group, with groups in Git LFS."""
 
 
 def _err(msg: str) -> None:
@@ -89,12 +114,21 @@ def add(ctx: typer.Context,
 
 
 @app.command("ls-files")
-def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default: the index).")) -> None:
+def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default: the index)."),
+             as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+             ) -> None:
     """Theta-tracked checkpoints with group count, size and stored size."""
+    import dataclasses
+    import json
+
     from theta.commands.lsfiles import list_tracked
     from zipslice.progress import human_bytes as human
 
     files = list_tracked(rev)
+    if as_json:
+        sys.stdout.write(json.dumps({"rev": rev, "files": [dataclasses.asdict(f) for f in files]}, indent=2,
+                                    sort_keys=True) + "\n")
+        return
     if not files:
         print("no theta-tracked checkpoints", file=sys.stderr)
         return
@@ -162,11 +196,13 @@ def pre_push(remote: str, url: str = typer.Argument("")) -> None:
 
 
 def _register_areas() -> None:
+    from theta.commands import care as cli_care
     from theta.commands import merge as cli_merge
     from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
+    cli_care.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

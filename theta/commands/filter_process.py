@@ -140,25 +140,34 @@ class Filter:
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self._verify: str | None = None
 
-    def previous(self, path: str):
-        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
-        from theta.errors import MetadataError
-        from theta.storage.metadata import is_metadata, loads
+    def previous_text(self, path: str) -> bytes | None:
+        """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from theta.storage.metadata import is_metadata
 
         for spec in (f":{path}", f"HEAD:{path}"):
             data = gitutil.read_blob(spec, self.cwd)
             if data is not None and is_metadata(data):
-                try:
-                    return loads(data)
-                except MetadataError as e:
-                    log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
-                    return None
+                return data
         return None
+
+    def previous(self, path: str, text: bytes | None = None):
+        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from theta.errors import MetadataError
+        from theta.storage.metadata import loads
+
+        data = text if text is not None else self.previous_text(path)
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except MetadataError as e:
+            log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
+            return None
 
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
         checked out in another format is a view of the committed one (theta.views)."""
-        from theta.storage.metadata import dumps, is_metadata
+        from theta.storage.metadata import dumps, is_metadata, same_content
         from theta.views import clean_as_committed
 
         worktree = self.cwd / path if path else None
@@ -168,9 +177,10 @@ class Filter:
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
+            previous_text = self.previous_text(path)
             try:
-                meta = clean_as_committed(got.path, self.store, self.previous(path), settings.clean_options(self.cwd),
-                                          settings.commit_format(), name=path)
+                meta = clean_as_committed(got.path, self.store, self.previous(path, previous_text),
+                                          settings.clean_options(self.cwd), settings.commit_format(), name=path)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
             if before is not None and _stat_key(got.path) != before:
@@ -178,7 +188,10 @@ class Filter:
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
-            return dumps(meta).encode("utf-8")
+            text = dumps(meta).encode("utf-8")
+            if previous_text is not None and previous_text != text and same_content(previous_text, text):
+                return previous_text  # the same checkpoint committed by an older theta: keep its bytes
+            return text
         finally:
             got.cleanup()
 
