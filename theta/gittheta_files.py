@@ -200,3 +200,47 @@ def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+class GitThetaSide:
+    """A version given as Git-Theta metadata, for :func:`theta.diff.diff_sides` (`git theta diff`, the
+    diff driver). Values are rebuilt on demand; there is no theta LSH signature to estimate from."""
+
+    format = "torch"
+
+    def __init__(self, gtf: GitThetaFile, label: str):
+        self.gtf, self.label = gtf, label
+        self._hashes: dict[str, str] = {}
+        self._fetched = False
+
+    def names(self) -> list[str]:
+        return self.gtf.names()
+
+    def aliases(self) -> set[str]:
+        return set()
+
+    def info(self, name: str):
+        from theta.diff import GroupInfo
+
+        self.prefetch(())
+        return GroupInfo(dtypes.from_numpy(self.gtf.dtype(name)).name, self.gtf.shape(name),
+                         self.gtf.update_type(name), len(self.gtf.chain(name)))
+
+    def hash(self, name: str) -> str:
+        from theta.updates import content_hash
+
+        if name not in self._hashes:
+            self._hashes[name] = content_hash(self.array(name))
+        return self._hashes[name]
+
+    def signature(self, name: str) -> list[int] | None:
+        return None
+
+    def prefetch(self, names) -> None:
+        if not self._fetched:
+            self.gtf.fetch()
+            self._fetched = True
+
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
+        self.prefetch(())
+        return self.gtf.value(name)
