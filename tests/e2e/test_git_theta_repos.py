@@ -107,3 +107,91 @@ def test_new_commit_on_top_is_stored_in_theta_format_and_history_mixes(clone):
     assert clone.status() == ""
     out = clone.theta("diff", HEAD_SHA, "HEAD").stdout.decode()
     assert "modified  fc1.bias" in out and "1 modified" in out
+
+
+# ---------------------------------------------------------------- Git-Theta's side-loaded workflow
+
+def _base_model() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {"fc.weight": torch.randn(8, 6, generator=g), "fc.bias": torch.randn(8, generator=g),
+            "norm.weight": torch.randn(6, generator=g), "other": torch.arange(5, dtype=torch.int64)}
+
+
+def _update(kind: str, base: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """Git-Theta's update file and the values Git-Theta's arithmetic gives (numpy, as in its updates/)."""
+    g = torch.Generator().manual_seed(11)
+    w = base["fc.weight"].numpy()
+    if kind == "low-rank":
+        R, C = torch.randn(8, 2, generator=g), torch.randn(2, 6, generator=g)
+        return {"fc.weight/R": R, "fc.weight/C": C}, {"fc.weight": R.numpy() @ C.numpy() + w}
+    if kind == "ia3":
+        s = torch.rand(8, 1, generator=g) + 0.5
+        return {"fc.weight/ia3": s}, {"fc.weight": w * s.numpy()}
+    idx = torch.tensor([0, 7, 30], dtype=torch.int32)
+    vals = torch.tensor([1.5, -2.0, 0.25])
+    dense = np.zeros(48, np.float32)
+    dense[idx.numpy()] += vals.numpy()
+    return ({"fc.weight/data": vals, "fc.weight/indices": idx, "fc.weight/indptr": torch.tensor([0, 3], dtype=torch.int32),
+             "fc.weight/shape": torch.tensor([8, 6])}, {"fc.weight": dense.reshape(8, 6) + w})
+
+
+@pytest.fixture()
+def theta_repo(tmp_path) -> Repo:
+    env = GitEnv.create(tmp_path)
+    repo = env.init("work")
+    torch.save(_base_model(), repo / "model.pt")
+    repo.commit("base", ".gitattributes", "model.pt")
+    return repo
+
+
+@pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
+@pytest.mark.parametrize("form", ["original", "updated"])
+def test_side_loaded_update_both_forms(theta_repo, kind, form):
+    repo = theta_repo
+    base = _base_model()
+    update, want = _update(kind, base)
+    torch.save(update, repo / "update.bin")
+    if form == "updated":  # the current form: the work tree already holds previous-with-update
+        torch.save({**base, "fc.weight": torch.from_numpy(want["fc.weight"])}, repo / "model.pt")
+    flag = "--update-path" if kind == "low-rank" else "--update-data"  # both spellings work
+    repo.theta("add", "model.pt", "--update-type", kind, flag, "update.bin")
+    repo.git("commit", "-q", "-m", f"{kind} {form}")
+    got = checked_out(repo / "model.pt")  # the work tree, as the add left it
+    assert np.array_equal(got["fc.weight"], want["fc.weight"]), "previous (+ or *) update, Git-Theta's arithmetic"
+    for name in ("fc.bias", "norm.weight", "other"):
+        assert np.array_equal(got[name], base[name].numpy())
+    assert repo.status() == "?? update.bin"
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "model.pt")
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want["fc.weight"])
+    steps = [json.loads(line) for line in repo.show("HEAD:model.pt").decode().splitlines()[1:]]
+    fc = next(s for s in steps if s.get("group") == "fc.weight")
+    assert fc["steps"][-1]["type"] == kind
+
+
+def test_side_loaded_update_refuses_a_third_value(theta_repo):
+    repo = theta_repo
+    base = _base_model()
+    update, _ = _update("ia3", base)
+    torch.save(update, repo / "update.bin")
+    torch.save({**base, "fc.weight": base["fc.weight"] + 3}, repo / "model.pt")
+    before = (repo / "model.pt").read_bytes()
+    proc = repo.theta("add", "model.pt", "--update-type", "ia3", "--update-data", "update.bin", check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "'fc.weight' is neither the previous version (max abs difference 3)" in err
+    assert "previous version with the ia3 update" in err and "max abs difference" in err.split("applied")[1]
+    assert (repo / "model.pt").read_bytes() == before
+    assert repo.out("diff", "--cached", "--name-only") == ""
+
+
+def test_side_loaded_update_on_git_theta_history(clone):
+    """The original checkpoint (as Git-Theta checked it out) plus a side-loaded update, on Git-Theta history."""
+    w = checked_out(clone / "model.pt")["fc1.weight"]
+    s = np.linspace(0.5, 1.5, 8, dtype=np.float32).reshape(8, 1)
+    torch.save({"fc1.weight/ia3": torch.from_numpy(s)}, clone / "upd.bin")
+    clone.theta("add", "model.pt", "--update-type", "ia3", "--update-data", "upd.bin")
+    clone.git("commit", "-q", "-m", "ia3 on Git-Theta history")
+    assert np.array_equal(checked_out(clone / "model.pt")["fc1.weight"], w * s)
+    assert clone.status() == "?? upd.bin"
+    assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")

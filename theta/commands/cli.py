@@ -55,7 +55,9 @@ def track(patterns: Optional[List[str]] = typer.Argument(None, help="gitattribut
 def add(ctx: typer.Context,
         paths: List[str] = typer.Argument(..., help="Paths to add (and any `git add` options)."),
         update_type: Optional[str] = typer.Option(None, "--update-type", help="dense, sparse, low-rank, ia3, delta or auto."),
-        update_data: Optional[Path] = typer.Option(None, "--update-data", help="A file holding the update (side-loaded)."),
+        update_data: Optional[Path] = typer.Option(None, "--update-data", "--update-path",
+                                                   help="A file holding the update (side-loaded; Git-Theta's "
+                                                        "README spells it --update-path)."),
         option: List[str] = typer.Option([], "--option", "-o", help="KEY=VALUE clean option (GIT_THETA_KEY)."),
         format: Optional[str] = typer.Option(None, "--format", help="Change the committed format to torch, "
                                              "safetensors or hdf5 (whatever format the work-tree file has)."),
@@ -66,6 +68,12 @@ def add(ctx: typer.Context,
     is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
     """
     env = dict(os.environ)
+    if update_type and update_data:
+        # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
+        from theta.commands.sideload_add import prepare
+
+        for note in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
+            print(note, file=sys.stderr)
     if update_type:
         env["GIT_THETA_UPDATE_TYPE"] = update_type
     if update_data:
