@@ -195,3 +195,34 @@ def test_side_loaded_update_on_git_theta_history(clone):
     assert np.array_equal(checked_out(clone / "model.pt")["fc1.weight"], w * s)
     assert clone.status() == "?? upd.bin"
     assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+
+
+# ---------------------------------------------------------------- migrate
+
+def test_migrate_stages_theta_format_and_keeps_values(clone):
+    proc = clone.theta("migrate")
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert "migrated model.pt: 11 groups" in out and "migrated head.pt" in out and "migrated sub/emb.pt" in out
+    assert "stays in Git-Theta's format" in err
+    assert sorted(clone.status().splitlines()) == ["M  head.pt", "M  model.pt", "M  sub/emb.pt"]
+    for f in ("model.pt", "head.pt", "sub/emb.pt"):
+        assert clone.show(f":{f}").startswith(b"theta-metadata 1\n")
+    clone.git("commit", "-q", "-m", "migrate")
+    for f in ("model.pt", "head.pt", "sub/emb.pt"):
+        (clone / f).unlink()
+    clone.git("checkout", "--", ".")
+    assert_matches_git_theta(clone, COMMITS[-1])
+    assert clone.status() == ""
+    assert "nothing to migrate" in clone.theta("migrate").stderr.decode()
+
+
+def test_migrate_refuses_an_unknown_update_type_and_stages_nothing(clone):
+    text = clone.show("HEAD:head.pt").replace(b'"update_type": "low-rank"', b'"update_type": "lora-x"', 1)
+    oid = clone.git("hash-object", "-w", "--stdin", input=text).stdout.decode().strip()
+    clone.git("update-index", "--cacheinfo", f"100644,{oid},head.pt")
+    index_before = clone.out("ls-files", "-s")
+    proc = clone.theta("migrate", check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1
+    assert "head.pt" in err and "head.bias" in err and "'lora-x'" in err
+    assert clone.out("ls-files", "-s") == index_before

@@ -96,6 +96,22 @@ def add(ctx: typer.Context,
     raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
 
 
+@app.command()
+def migrate(paths: Optional[List[str]] = typer.Argument(None, help="Files to migrate (default: every "
+                                                                   "Git-Theta-format tracked file).")) -> None:
+    """Rewrite the staged version of Git-Theta-format checkpoints in theta's format (then `git commit`)."""
+    from theta.commands.migrate import migrate as do_migrate
+
+    done = do_migrate(paths or [])
+    if not done:
+        print("nothing to migrate: no staged file is in Git-Theta's format", file=sys.stderr)
+        return
+    head = gitutil.run_text(["rev-parse", "--short", "HEAD"], check=False) or "HEAD"
+    for m in done:
+        print(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
+    print(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish", file=sys.stderr)
+
+
 @app.command("ls-files")
 def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default: the index).")) -> None:
     """Theta-tracked checkpoints with group count, size and stored size."""
