@@ -59,6 +59,9 @@ def add(ctx: typer.Context,
                                                    help="A file holding the update (side-loaded; Git-Theta's "
                                                         "README spells it --update-path)."),
         option: List[str] = typer.Option([], "--option", "-o", help="KEY=VALUE clean option (GIT_THETA_KEY)."),
+        checkpoint_type: Optional[str] = typer.Option(None, "--checkpoint-type", hidden=True,
+                                                      help="Git-Theta's option: theta reads the format from the "
+                                                           "file's bytes; use --format to change the committed one."),
         format: Optional[str] = typer.Option(None, "--format", help="Change the committed format to torch, "
                                              "safetensors or hdf5 (whatever format the work-tree file has)."),
         ) -> None:
@@ -68,6 +71,9 @@ def add(ctx: typer.Context,
     is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
     """
     env = dict(os.environ)
+    if checkpoint_type:
+        print(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
+              f"from the file (use --format to change the committed format)", file=sys.stderr)
     if update_type and update_data:
         # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
         from theta.commands.sideload_add import prepare
@@ -175,6 +181,14 @@ def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) ->
         sys.stdout.buffer.flush()
 
     Filter(os.getcwd()).smudge(path, _stdin_chunks(), send)
+
+
+@app.command("post-commit", hidden=True)
+def post_commit() -> None:
+    """Git-Theta's post-commit hook body: theta needs none (blobs to push are found from the pushed commits)."""
+    print("theta needs no post-commit hook: `git push` uploads the blobs the pushed commits reference "
+          "(pre-push hook installed by `git theta install`); you can delete Git-Theta's .git/hooks/post-commit",
+          file=sys.stderr)
 
 
 @app.command("pre-push", hidden=True)
