@@ -297,7 +297,7 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
     with zipslice.load(path) as ckpt:
         for group in data.keys:
             if group not in ckpt:
-                raise UpdateDataError(f"update data {data.path}: group {group!r} is not in {path}")
+                raise UpdateDataError(f"update data {data.path}: group {group!r} is not in the checkpoint {path}")
             previous = previous_value(group)
             if previous is None:
                 raise UpdateDataError(f"update data {data.path}: group {group!r} has no previous version to "
@@ -313,9 +313,10 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
                 form.updated.append(group)
                 continue
             raise UpdateDataError(
-                f"{path}: group {group!r} is neither the previous version (max abs difference "
-                f"{_max_abs(have, previous):.3g}) nor the previous version with the {data.update_type} update of "
-                f"{data.path} applied (max abs difference {_max_abs(have, applied):.3g}); refusing to add it")
+                f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
+                f"{_max_abs(have, previous):.3g}) nor the previous version with the {data.update_type} update "
+                f"applied (max abs difference {_max_abs(have, applied):.3g}): it differs from the saved model "
+                f"{path}; refusing to add it")
         if not form.original:
             return form
         plan = plan_write(ckpt, ckpt.format)
