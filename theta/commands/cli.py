@@ -78,8 +78,13 @@ def track(patterns: Optional[List[str]] = typer.Argument(None, help="gitattribut
 def add(ctx: typer.Context,
         paths: List[str] = typer.Argument(..., help="Paths to add (and any `git add` options)."),
         update_type: Optional[str] = typer.Option(None, "--update-type", help="dense, sparse, low-rank, ia3, delta or auto."),
-        update_data: Optional[Path] = typer.Option(None, "--update-data", help="A file holding the update (side-loaded)."),
+        update_data: Optional[Path] = typer.Option(None, "--update-data", "--update-path",
+                                                   help="A file holding the update (side-loaded; Git-Theta's "
+                                                        "README spells it --update-path)."),
         option: List[str] = typer.Option([], "--option", "-o", help="KEY=VALUE clean option (GIT_THETA_KEY)."),
+        checkpoint_type: Optional[str] = typer.Option(None, "--checkpoint-type", hidden=True,
+                                                      help="Git-Theta's option: theta reads the format from the "
+                                                           "file's bytes; use --format to change the committed one."),
         format: Optional[str] = typer.Option(None, "--format", help="Change the committed format to torch, "
                                              "safetensors or hdf5 (whatever format the work-tree file has)."),
         ) -> None:
@@ -89,6 +94,15 @@ def add(ctx: typer.Context,
     is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
     """
     env = dict(os.environ)
+    if checkpoint_type:
+        print(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
+              f"from the file (use --format to change the committed format)", file=sys.stderr)
+    if update_type and update_data:
+        # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
+        from theta.commands.sideload_add import prepare
+
+        for note in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
+            print(note, file=sys.stderr)
     if update_type:
         env["GIT_THETA_UPDATE_TYPE"] = update_type
     if update_data:
@@ -109,6 +123,22 @@ def add(ctx: typer.Context,
         if status != 0:
             raise typer.Exit(status)
     raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
+
+
+@app.command()
+def migrate(paths: Optional[List[str]] = typer.Argument(None, help="Files to migrate (default: every "
+                                                                   "Git-Theta-format tracked file).")) -> None:
+    """Rewrite the staged version of Git-Theta-format checkpoints in theta's format (then `git commit`)."""
+    from theta.commands.migrate import migrate as do_migrate
+
+    done = do_migrate(paths or [])
+    if not done:
+        print("nothing to migrate: no staged file is in Git-Theta's format", file=sys.stderr)
+        return
+    head = gitutil.run_text(["rev-parse", "--short", "HEAD"], check=False) or "HEAD"
+    for m in done:
+        print(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
+    print(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish", file=sys.stderr)
 
 
 @app.command("ls-files")
@@ -183,6 +213,14 @@ def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) ->
         sys.stdout.buffer.flush()
 
     Filter(os.getcwd()).smudge(path, _stdin_chunks(), send)
+
+
+@app.command("post-commit", hidden=True)
+def post_commit() -> None:
+    """Git-Theta's post-commit hook body: theta needs none (blobs to push are found from the pushed commits)."""
+    print("theta needs no post-commit hook: `git push` uploads the blobs the pushed commits reference "
+          "(pre-push hook installed by `git theta install`); you can delete Git-Theta's .git/hooks/post-commit",
+          file=sys.stderr)
 
 
 @app.command("pre-push", hidden=True)

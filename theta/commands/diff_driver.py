@@ -21,6 +21,7 @@ from theta.git import repo as gitutil
 from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
 from theta.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
+from theta.storage.store import LfsStore
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -139,6 +140,11 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     if data is None:
         return None
     if not is_metadata(data[:64]):
+        from theta.gittheta_files import GitThetaFile, GitThetaSide, is_git_theta
+
+        if is_git_theta(data):  # committed by Git-Theta: its values, rebuilt as Git-Theta checks them out
+            path = spec.split(":", 1)[1]
+            return GitThetaSide(GitThetaFile(data, path, repo, LfsStore.for_repo(repo), label=spec), label)
         raise ThetaError(f"{spec} is not theta metadata (committed without the theta filter?)")
     return MetaSide(loads(data), label, repo)
 

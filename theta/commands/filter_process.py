@@ -164,9 +164,26 @@ class Filter:
             log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
             return None
 
+    def git_theta_committed(self, path: str):
+        """``(text, GitThetaFile)`` when the index (else HEAD) holds Git-Theta metadata for ``path``, else None."""
+        from theta.gittheta_files import GitThetaFile, is_git_theta
+
+        for spec in (f":{path}", f"HEAD:{path}"):
+            data = gitutil.read_blob(spec, self.cwd)
+            if data is not None:
+                if not is_git_theta(data):
+                    return None
+                return data, GitThetaFile(data, path, self.cwd, self.store, label=spec)
+        return None
+
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
-        checked out in another format is a view of the committed one (theta.views)."""
+        checked out in another format is a view of the committed one (theta.views).
+
+        A file whose committed version Git-Theta wrote: if the content holds exactly the values that
+        metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
+        otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
+        from theta.gittheta_files import is_git_theta, to_theta_metadata
         from theta.storage.metadata import dumps, is_metadata, same_content
         from theta.views import clean_as_committed
 
@@ -175,12 +192,24 @@ class Filter:
         try:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
+            if got.head[:1] == b"{" and got.size <= _MAX_GIT_THETA_TEXT:
+                data = got.path.read_bytes()
+                if is_git_theta(data):
+                    return data  # Git-Theta's own metadata text: already clean
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
             previous_text = self.previous_text(path)
+            previous = self.previous(path, previous_text)
+            committed = self.git_theta_committed(path) if previous is None and path else None
+            if committed is not None:
+                text, gtf = committed
+                gtf.fetch()
+                if gtf.matches(got.path):
+                    return text
+                previous = to_theta_metadata(gtf, self.spool_dir)
             try:
-                meta = clean_as_committed(got.path, self.store, self.previous(path, previous_text),
-                                          settings.clean_options(self.cwd), settings.commit_format(), name=path)
+                meta = clean_as_committed(got.path, self.store, previous, settings.clean_options(self.cwd),
+                                          settings.commit_format(), name=path)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
             if before is not None and _stat_key(got.path) != before:
@@ -218,6 +247,8 @@ class Filter:
         else:
             got = receive(chunks, self.spool_dir, None)
         try:
+            if got is not None and got.head[:1] == b"{" and self._smudge_git_theta(path, got, out, stream):
+                return False
             if got is not None and not is_metadata(got.head):  # committed before theta tracked it: pass through
                 with open(got.path, "rb") as f:
                     out(f)
@@ -252,6 +283,32 @@ class Filter:
             if got is not None:
                 got.cleanup()
 
+    def _smudge_git_theta(self, path: str, got: "Received", out, stream) -> bool:
+        """Check out Git-Theta metadata as Git-Theta would (theta.gittheta_files); False if it is not that."""
+        from theta.gittheta_files import GitThetaFile, is_git_theta
+
+        if got.size > _MAX_GIT_THETA_TEXT:
+            return False
+        data = got.path.read_bytes()
+        if not is_git_theta(data):
+            return False
+        gtf = GitThetaFile(data, path, self.cwd, self.store)
+        gtf.fetch()
+        fmt = settings.checkout_format(path, self.cwd)
+        if stream is not None and fmt in (None, "torch"):
+            gtf.write_to(_Lazy(stream), Path(path).name)
+            return True
+        fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
+        os.close(fd)
+        try:
+            gtf.write(tmp, fmt)
+            with open(tmp, "rb") as f:
+                out(f)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
+
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
         if self._verify is None:
@@ -283,6 +340,10 @@ class Filter:
         self.ready.update(self.delayed)
         self.delayed.clear()
         return paths
+
+
+# Git-Theta metadata is JSON of ~1 KB per group; larger "{"-content is a checkpoint, not metadata.
+_MAX_GIT_THETA_TEXT = 256 << 20
 
 
 class _Lazy:

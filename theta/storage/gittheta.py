@@ -327,6 +327,34 @@ def decode_group_blob(blob: bytes, *, file: str | None = None, group: str | None
     return parts
 
 
+def part_dtypes(blob: bytes, *, file: str | None = None, group: str | None = None) -> dict[str, np.dtype]:
+    """``{part name: dtype}`` of one group's LFS object from its ``.zarray`` headers alone (nothing is
+    decompressed): what a writer needs before the values, e.g. the dtype numpy's promotion gives an update."""
+    try:
+        outer = msgpack.unpackb(blob, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated classes for corrupt input
+        raise GitThetaFormatError(f"blob is not a msgpack map ({type(e).__name__}: {e})", file=file,
+                                  group=group) from None
+    if not isinstance(outer, dict) or not outer or len(outer) > MAX_PARTS:
+        raise GitThetaFormatError("blob is not a non-empty msgpack map of arrays", file=file, group=group)
+    out = {}
+    for name, files in outer.items():
+        if not isinstance(name, str) or not isinstance(files, dict):
+            raise GitThetaFormatError("expected a map of zarr file names to bytes", file=file, group=group,
+                                      field=f"part {name!r}")
+        out[name] = _parse_zarray(files.get(".zarray"), file, group, f"part {name!r}").dtype.newbyteorder("=")
+    return out
+
+
+def result_dtype(update_type: str, parts: Mapping[str, np.dtype], previous: np.dtype) -> np.dtype:
+    """The dtype :func:`apply_update` gives (numpy's promotion, as in Git-Theta), from dtypes alone."""
+    if update_type == "sparse":
+        used = [parts["data"]] if "data" in parts else []
+    else:
+        used = [d for k, d in parts.items() if k in ("R", "C", "parameter", "ia3")]
+    return np.result_type(previous, *used)
+
+
 @dataclass(frozen=True)
 class _ZarrSpec:
     shape: tuple[int, ...]
