@@ -237,7 +237,7 @@ def main() -> int:
     args = ap.parse_args()
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
-    env = git_env(root / "home")
+    env = git_env(root / "home", pythonpath=True)  # measure this checkout's code
     threads = [int(t) for t in args.threads.split(",")]
     tools = args.tools.split(",")
 

@@ -86,3 +86,21 @@ class SparseUpdate:
         out = np.array(previous, copy=True, order="C")
         out.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
         return out
+
+    def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
+        """:meth:`apply` from the step's part blobs; with ``in_place`` the previous value is updated itself
+        (no group-sized copy)."""
+        from theta.storage.codec import decode_parts_of
+
+        parts = decode_parts_of(blobs)
+        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous):
+            return self.apply(parts, params, previous)
+        if "gaps" not in parts or "values" not in parts:
+            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
+        indices = decode_indices(parts["gaps"])
+        values = parts["values"]
+        if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
+            raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
+                                  f"({indices.size} indices, {values.size} values)")
+        previous.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
+        return previous
