@@ -145,6 +145,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
     # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
     # read-ahead never adds more than that to peak memory).
+    # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
+    # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
+    largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -155,9 +158,11 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 got = _read_group(lsd, key, previous)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
+            held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
+            budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_THREADS:
                 size = lsd.info(group_keys[nxt]).nbytes
-                if ahead + size > READ_AHEAD_BYTES:
+                if ahead + size > budget:
                     break
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
                 ahead += size

@@ -10,7 +10,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 CORES = os.cpu_count() or 1
-# clean reads, and smudge rebuilds, the next group(s) ahead only up to this many bytes (so read-ahead never
+# clean reads, and smudge rebuilds, the next group(s) ahead only up to this many bytes, and clean only within
+# 2 x the largest group minus what the group being encoded holds (so read-ahead never
 # adds more than this to peak memory)
 READ_AHEAD_BYTES = 64 << 20
 READ_AHEAD_THREADS = 1  # 2 measured no faster on 2 cores, and held more memory

@@ -36,7 +36,7 @@ from theta.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"
-FRAME_BYTES = 8 << 20
+FRAME_BYTES = 4 << 20
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
 # preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1

@@ -59,7 +59,10 @@ def _combine(new_words: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarr
         return diff
     signed = diff.view(diff.dtype.str.replace("u", "i"))
     bits = diff.dtype.itemsize * 8
-    return ((signed << 1) ^ (signed >> (bits - 1))).view(diff.dtype)  # zigzag: small |d| -> small code
+    sign = signed >> (bits - 1)  # zigzag: small |d| -> small code, (d << 1) ^ (d >> bits-1), one temporary
+    np.left_shift(signed, 1, out=signed)
+    np.bitwise_xor(signed, sign, out=signed)
+    return diff
 
 
 def _uncombine(code: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarray:
