@@ -20,6 +20,7 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
 from dataclasses import dataclass
@@ -236,9 +237,28 @@ def _array_layout(blob: memoryview) -> tuple[dtypes.DType, tuple, str, list]:
     return dt, shape, enc, jobs
 
 
+def _forget(blob: memoryview, start: int, stop: int) -> None:
+    """Drop bytes [start, stop) of ``blob`` from this process's resident set when it is a read-only memory map
+    (LfsStore.mapped): they stay in the page cache, but a decoded frame's compressed bytes no longer count
+    toward the process's memory on top of the decoded value."""
+    m = blob.obj
+    if not isinstance(m, mmap.mmap) or stop - start < 2 * mmap.PAGESIZE:
+        return
+    try:
+        base = np.frombuffer(m, np.uint8).ctypes.data
+        here = np.frombuffer(blob, np.uint8).ctypes.data - base  # where blob starts in the map
+        first = -(-(here + start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (here + stop) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            m.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except (ValueError, OSError, AttributeError):
+        pass  # closed map or no madvise on this platform: only a memory optimisation
+
+
 def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
     """Decompress one frame into ``dest`` (uint8, count * item bytes)."""
     _, count, o, sizes = job
+    _forget_after = (o, o + sum(sizes))
     d = _decompressor()
     try:
         if enc == "planes":
@@ -256,6 +276,7 @@ def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) 
             dest[:] = np.frombuffer(data, np.uint8)
     except zstandard.ZstdError as e:
         raise CodecError(f"theta array blob is corrupt: {e}") from None
+    _forget(blob, *_forget_after)
 
 
 def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
