@@ -21,7 +21,7 @@ LAYERS = {
     "theta.squash": 3, "theta.lsh": 3, "theta.numeric": 3, "theta.views": 3,
     "theta.storage": 2,
     "theta.git": 1,
-    "theta.errors": 0, "theta.parallel": 0, "theta.heap": 0, "theta": 0,
+    "theta.errors": 0, "theta.parallel": 0, "theta": 0,
 }
 # theta/__init__.py is the public API: it re-exports names from every layer (loaded lazily), so it sits above
 # them all, and no module of theta may import it (a module importing `theta` itself would import upward).
