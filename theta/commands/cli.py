@@ -157,9 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["filter-process"]:  # the hot path git starts for every add/checkout: skip building the CLI
         return filter_main()
-    from theta.heap import bound_heap
-
-    bound_heap()  # merge driver, squash...: freed group-sized temporaries leave RSS (see theta/heap.py)
     _register_areas()
     try:
         app(args=argv, standalone_mode=True)

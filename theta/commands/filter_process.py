@@ -312,9 +312,6 @@ def _grow_pipes(*streams: BinaryIO) -> None:
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:
-    from theta.heap import bound_heap
-
-    bound_heap()  # a long-lived filter: freed group-sized temporaries must leave RSS (see theta/heap.py)
     _grow_pipes(stdin, stdout)
     r, w = PktReader(stdin), PktWriter(stdout)
     hello = r.read_text_list()
