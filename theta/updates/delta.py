@@ -65,12 +65,16 @@ def _combine(new_words: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarr
     return diff
 
 
-def _uncombine(code: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarray:
+def _uncombine(code: np.ndarray, prev_words: np.ndarray, op: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The new words from the codes and the previous words (into ``out``, which may be ``prev_words``)."""
     if op == "xor":
-        return np.bitwise_xor(code, prev_words)
+        return np.bitwise_xor(code, prev_words, out=out)
     if op == "zigzag":
-        code = (code >> 1) ^ (np.zeros_like(code) - (code & 1))
-    return np.add(code, prev_words)
+        sign = np.bitwise_and(code, 1)
+        np.negative(sign, out=sign)  # unsigned: 0 or all ones
+        code = np.right_shift(code, 1)
+        np.bitwise_xor(code, sign, out=code)
+    return np.add(code, prev_words, out=out)
 
 
 def to_planes(words: np.ndarray) -> np.ndarray:
@@ -167,5 +171,5 @@ class DeltaUpdate:
             result = out.view(previous.dtype).reshape(previous.shape)
         for start, codes in codec.iter_decode_array(blobs["codes"]):
             stop = start + codes.size
-            out[start:stop] = _uncombine(codes, prev_words[start:stop], op)
+            _uncombine(codes, prev_words[start:stop], op, out=out[start:stop])
         return result
