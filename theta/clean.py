@@ -27,7 +27,7 @@ from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
-from theta.errors import BlobMissingError, CheckpointError
+from theta.errors import BlobMissingError, CheckpointError, UpdateTypeError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, reconstruct
@@ -240,16 +240,26 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         sig = lsh.signature(arr)  # same bytes but side-loaded: the reader skipped it
 
     cached: list = []
+    checking: list = []  # the hash of the rebuilt previous value, computed on the hash thread meanwhile
 
     def previous_value() -> np.ndarray | None:
         if prev is None:
             return None
         if not cached:
             try:
-                cached.append(reconstruct(prev, store, file=path))
+                # its final hash is checked on another thread while it is compared with / encoded against
+                # (check_previous() before anything built on it is returned)
+                value = reconstruct(prev, store, file=path, verify=False)
+                checking.append(parallel.pool("hash").submit(content_hash, value))
+                cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
         return cached[0]
+
+    def check_previous() -> None:
+        if checking and checking.pop().result() != prev.hash:
+            raise UpdateTypeError(f"{path}: group {key!r}: its previous version rebuilt from the store does not "
+                                  f"match its content hash (corrupt object?)")
 
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
@@ -259,12 +269,19 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         if maybe:
             old = previous_value()
             if old is not None and numeric.allclose(arr, old, options.rtol, options.atol):
+                check_previous()
                 stats.close += 1
                 return keep(prev)
 
     before = store.written_bytes
-    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
-                                 reshaped_previous=got.reshaped)
+    try:
+        steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
+                                     reshaped_previous=got.reshaped)
+    except BaseException:
+        for fut in checking:
+            fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
+        raise
+    check_previous()
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
