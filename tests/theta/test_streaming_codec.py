@@ -267,3 +267,25 @@ def test_reconstruct_never_updates_a_cached_value_in_place(tmp_path):
     snapshot = bits(base)
     out = reconstruct(group, store, cache)
     assert bits(out) == bits(v[2]) and bits(base) == snapshot and bits(cache[first.hash]) == snapshot
+
+
+def test_clean_refuses_to_build_on_a_previous_value_that_does_not_match_its_hash(tmp_path):
+    """The rebuilt previous value's hash is checked on another thread while the change is encoded against it:
+    a mismatch still fails the clean, naming the file and the group."""
+    import safetensors.numpy
+
+    from theta.clean import clean_checkpoint
+    from theta.errors import UpdateTypeError
+
+    store = LfsStore(tmp_path / "objects")
+    rng = np.random.default_rng(11)
+    w = weights(rng, (64, 64), np.float32)
+    path = tmp_path / "m.safetensors"
+    safetensors.numpy.save_file({"w": w}, str(path))
+    first = clean_checkpoint(path, store, None)
+    safetensors.numpy.save_file({"w": tuned(rng, w)}, str(path))
+    good = clean_checkpoint(path, store, first)
+    assert good.groups["w"].steps[-1].type == "delta"
+    first.groups["w"].hash = "0" * 64  # as if its blob decoded to other values
+    with pytest.raises(UpdateTypeError, match=r"m\.safetensors.*'w'.*content hash"):
+        clean_checkpoint(path, store, first)
