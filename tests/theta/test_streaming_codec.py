@@ -289,3 +289,23 @@ def test_clean_refuses_to_build_on_a_previous_value_that_does_not_match_its_hash
     first.groups["w"].hash = "0" * 64  # as if its blob decoded to other values
     with pytest.raises(UpdateTypeError, match=r"m\.safetensors.*'w'.*content hash"):
         clean_checkpoint(path, store, first)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.001, 0.3, 1.0])
+def test_lazy_sparse_blob_equals_the_eager_one(monkeypatch, fraction):
+    import theta.updates.delta as delta
+    import theta.updates.sparse as sparse
+
+    monkeypatch.setattr(delta, "CHUNK", 1000)
+    monkeypatch.setattr(sparse, "CHUNK", 1000)  # changes spread over many chunks and frames
+    rng = np.random.default_rng(12)
+    prev = weights(rng, 25_013, np.float32)
+    new = prev.copy()
+    idx = rng.choice(new.size, int(fraction * new.size), replace=False)
+    new[idx] = weights(rng, idx.size, np.float32)
+    lazy = get("sparse").encode(new, prev)
+    eager = get("sparse").encode(new, prev, lazy=False)
+    assert isinstance(lazy.parts["gaps"], codec.LazyArray) and lazy.params == eager.params
+    blob = codec.encode_parts(lazy.parts)
+    assert blob == codec.encode_parts(eager.parts)
+    assert bits(get("sparse").apply(codec.decode_parts(blob), lazy.params, prev)) == bits(new)
