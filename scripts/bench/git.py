@@ -249,6 +249,7 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="4 GiB checkpoint of 64 MiB groups: theta peak RSS only")
     ap.add_argument("--big-gib", type=float, default=4.0)
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
+    ap.add_argument("--spool", action="store_true", help="also time clean's two input paths (git hash-object of v1)")
     ap.add_argument("--json", type=Path, help="also write every step's figures to this file (for tests)")
     args = ap.parse_args()
     root = args.workdir
@@ -301,6 +302,11 @@ def main() -> int:
                 ok &= m.peak_tree_rss <= limit
     if args.json:
         write_json(args.json, results, info)
+    if args.spool and theta_labels:
+        repo = new_repo(root, "theta", "theta", env)
+        commit_version(repo, paths[0], "v1", env)
+        spool(root, paths[0], env)
+        shutil.rmtree(repo, ignore_errors=True)
     if len(theta_labels) > 1:
         print("\nthread scaling (theta, CPU seconds / wall seconds per step):")
         print(f"  {'step':<23}" + "".join(f"{label:>22}" for label in theta_labels))
