@@ -294,6 +294,23 @@ class HDF5Checkpoint(LazyCheckpoint):
             dset.read_direct(arr)
         return memoryview(arr.reshape(-1).view(np.uint8))
 
+    def _read_selection(self, info: TensorInfo, sel):
+        """Chunked / compressed datasets: h5py's own slicing, which reads only the chunks it touches."""
+        if info.offset is not None:
+            return super()._read_selection(info, sel)
+        if self._closed:
+            raise ZipsliceError(self.path, "checkpoint is closed")
+        carrier = dtypes.get(info.dtype).carrier
+        if sel.numel == 0:
+            return np.empty(sel.shape, dtype=carrier)
+        dset = self._dsets[info.name]
+        with _h5_errors(self.path, info.name):
+            arr = dset[sel.numpy_index()] if sel.dims else dset[()]
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        return arr.view(carrier).reshape(sel.shape)
+
     def close(self) -> None:
         if getattr(self, "_h5", None) is not None:
             self._dsets.clear()

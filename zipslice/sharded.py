@@ -120,6 +120,9 @@ class ShardedCheckpoint(LazyCheckpoint):
     def _read_span(self, info: TensorInfo):
         return self._shard(info.name)._read_span(info)
 
+    def _read_selection(self, info: TensorInfo, sel):
+        return self._shard(info.name)._read_selection(info, sel)
+
     def tensor(self, key: str):
         return self._shard(key).tensor(key)
 

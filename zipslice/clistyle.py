@@ -1,0 +1,421 @@
+"""One style for the project's command lines, ``zipslice`` and ``git theta``: typer parses, rich prints.
+
+A command module uses it like this::
+
+    app = clistyle.make_app("zipslice", "Inspect ... checkpoints.", version=zipslice.__version__)
+
+    @app.command("ls")
+    def ls_cmd(path: Path = typer.Argument(..., metavar="PATH", help="checkpoint file"),
+               as_json: bool = clistyle.JSON_OPTION, quiet: bool = clistyle.QUIET_OPTION) -> None:
+        clistyle.set_quiet(quiet)
+        ...
+        clistyle.emit_json({...})        # --json: one JSON document on stdout
+        clistyle.note("wrote x")         # stderr, silenced by -q
+
+    def main(argv=None):
+        clistyle.run(app, "zipslice", argv, user_errors=(ZipsliceError, OSError), error_status=2)
+
+What every command gets:
+
+- ``-h`` and ``--help``; help rendered by :func:`render_help` (no boxes, no type tags, names never cut,
+  wrapped at the terminal width, plain text when stdout is not a terminal); ``--version`` on the app.
+- errors in the command line's own terms: a usage error prints ``PROG CMD: error: MESSAGE`` and a hint to
+  ``-h`` (status 2); an expected failure (the ``user_errors`` classes given to :func:`run`) prints
+  ``PROG: error: MESSAGE`` on one line (status ``error_status``); Ctrl-C is status 130; a closed pipe
+  (``| head``) ends quietly. Anything else is a bug and keeps its traceback.
+- ``emit_json`` (``--json`` output: NaN/Inf as strings, UTF-8, one document), ``natural_key`` (sort
+  ``layer.2`` before ``layer.10``), ``out_console`` (rich on stdout: colour only on a terminal, long
+  lines never folded), ``note``/``set_quiet`` (messages on stderr that ``-q`` silences), ``one_of``
+  (choice validation with a one-line error and shell completion of the choices).
+
+No click import: typer vendors its own click in recent versions, so the classes are reached through typer.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+# click's exception classes, whichever click typer uses (its vendored copy or the click package)
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+HELP_OPTIONS = ["-h", "--help"]
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+# -- shared options --------------------------------------------------------------------------------
+
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout instead of a table.")
+QUIET_OPTION = typer.Option(False, "--quiet", "-q", help="Print nothing but the data asked for and errors.")
+
+
+@dataclass
+class _State:
+    quiet: bool = False
+
+
+_state = _State()
+
+
+def set_quiet(quiet: bool) -> None:
+    """Silence :func:`note` for the rest of this command (``-q``); a root ``-q`` stays in force."""
+    _state.quiet = _state.quiet or bool(quiet)
+
+
+def is_quiet() -> bool:
+    return _state.quiet
+
+
+def note(message: str) -> None:
+    """A message for the person at the terminal (what was written, what to do next): stderr, unless ``-q``."""
+    if not _state.quiet:
+        print(message, file=sys.stderr)
+
+
+def one_of(choices: Sequence[str], what: str = "value") -> dict[str, Any]:
+    """Keyword arguments for ``typer.Option`` that accept exactly ``choices`` (or None).
+
+    The error is one line naming the flag and the choices; the shell completes the choices.
+    """
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r} is not a {what}; choose one of {', '.join(choices)}")
+        return value
+
+    def complete(incomplete: str) -> list[str]:
+        return [c for c in choices if c.startswith(incomplete)]
+
+    return {"callback": check, "autocompletion": complete}
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders digit runs by value: ``layer.2`` before ``layer.10``; ties fall back to the text."""
+    parts = _DIGITS.split(name)
+    return tuple((0, int(p), p) if i % 2 else (1, p.casefold(), p) for i, p in enumerate(parts) if p != ""), name
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with non-finite floats as strings ("nan", "inf", "-inf"), tuples as lists, bytes as text:
+    what strict JSON readers (``jq``, JavaScript) accept."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return jsonable(value.item())
+    return value
+
+
+def emit_json(obj: Any) -> None:
+    """Write ``obj`` as one strict JSON document (see :func:`jsonable`) and a newline on stdout."""
+    sys.stdout.write(json.dumps(jsonable(obj), indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def out_console(stderr: bool = False):
+    """A rich Console for stdout (or stderr): colour only on a terminal; lines are never folded or cut, so a
+    long name stays whole (a terminal wraps it softly, a pipe gets it on one line)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    return Console(file=stream, soft_wrap=True, highlight=False, force_terminal=tty, no_color=not tty,
+                   width=shutil.get_terminal_size().columns if tty else 1 << 16)
+
+
+def columns(rows: Iterable[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+    """Plain aligned columns, two spaces apart. The last column (put names there) is never padded or cut,
+    so no line carries trailing blanks and a name can be copied whole. ``right``: right-aligned columns."""
+    rows = [[str(c) for c in r] for r in rows]
+    if not rows:
+        return []
+    n = max(len(r) for r in rows)
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(n - 1)]
+    out = []
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r[:-1])]
+        out.append("  ".join([*cells, r[-1]]))
+    return out
+
+
+# -- help ------------------------------------------------------------------------------------------
+
+@dataclass
+class ParamDoc:
+    """One argument or option as help, man page and reference page show it."""
+
+    names: str            # "-q, --quiet", "--to FORMAT", "PATH"
+    help: str
+    kind: str             # "argument" | "option"
+    required: bool = False
+    default: str | None = None
+
+
+@dataclass
+class CommandDoc:
+    """A command (or the app itself) as help, man page and reference page show it."""
+
+    path: str                                   # "zipslice convert"
+    usage: str                                  # "zipslice convert [OPTIONS] SRC DST"
+    summary: str                                # first paragraph of the docstring
+    body: list[str]                             # further paragraphs
+    arguments: list[ParamDoc] = field(default_factory=list)
+    options: list[ParamDoc] = field(default_factory=list)
+    commands: list[tuple[str, str]] = field(default_factory=list)   # visible subcommands: (name, summary)
+
+
+def _metavar(param) -> str:
+    if param.metavar:
+        return param.metavar
+    return (param.name or "VALUE").upper().replace("_", "-")
+
+
+def _paragraphs(text: str | None) -> list[str]:
+    text = textwrap.dedent(text or "").strip("\n")
+    return [p.strip("\n") for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _param_doc(param) -> ParamDoc | None:
+    if getattr(param, "hidden", False):
+        return None
+    if param.param_type_name == "argument":
+        name = _metavar(param)
+        if param.nargs != 1:
+            name += "..."
+        return ParamDoc(name, param.help or "", "argument", required=param.required)
+    opts = sorted(param.opts, key=lambda o: (o.startswith("--"), o))
+    names = ", ".join(opts)
+    if param.secondary_opts:
+        names += " / " + ", ".join(param.secondary_opts)
+    if not param.is_flag:
+        names += f" {_metavar(param)}"
+        if param.multiple:
+            names += " (repeatable)"
+    default = None
+    if not param.is_flag and param.default not in (None, (), [], "") and not callable(param.default):
+        default = str(getattr(param.default, "value", param.default))
+    return ParamDoc(names, param.help or "", "option", required=param.required, default=default)
+
+
+def _usage(ctx, command) -> str:
+    pieces = [ctx.command_path]
+    if any(p.param_type_name == "option" and not getattr(p, "hidden", False) for p in command.params):
+        pieces.append("[OPTIONS]")
+    for p in command.params:
+        if p.param_type_name != "argument":
+            continue
+        name = _metavar(p) + ("..." if p.nargs != 1 else "")
+        pieces.append(name if p.required else f"[{name}]")
+    if hasattr(command, "commands"):
+        pieces.append("COMMAND [ARGS]...")
+    return " ".join(pieces)
+
+
+def describe(command, ctx) -> CommandDoc:
+    """The help of ``command`` (a click command made by typer) as data."""
+    paras = _paragraphs(command.help)
+    doc = CommandDoc(path=ctx.command_path, usage=_usage(ctx, command),
+                     summary=paras[0] if paras else "", body=paras[1:])
+    for p in command.get_params(ctx):
+        d = _param_doc(p)
+        if d is not None:
+            (doc.arguments if d.kind == "argument" else doc.options).append(d)
+    for name, sub in getattr(command, "commands", {}).items():
+        if not sub.hidden:
+            doc.commands.append((name, short_help(sub)))
+    return doc
+
+
+def short_help(command) -> str:
+    """The first sentence of a command's help, for command lists."""
+    paras = _paragraphs(command.help)
+    first = " ".join(paras[0].split()) if paras else ""
+    m = re.match(r"(.+?[.!?])(\s|$)", first)
+    return (m.group(1) if m else first).rstrip(".")
+
+
+def _wrap(text: str, width: int, indent: str) -> str:
+    """Rewrap a paragraph; an indented paragraph (an example) keeps its lines."""
+    lines = text.splitlines()
+    if lines and all(line.startswith(" ") or not line.strip() for line in lines):
+        return "\n".join(indent + line for line in lines)
+    return textwrap.fill(" ".join(text.split()), width=max(width, 40), initial_indent=indent,
+                         subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def render_help(doc: CommandDoc, width: int | None = None, color: bool = False) -> str:
+    """Help text in the style of both commands: usage, description, arguments, options, commands.
+
+    A name or flag is never broken: entries too long for their column get their description on the next line.
+    """
+    width = width or min(shutil.get_terminal_size().columns, 100)
+    bold = (lambda s: f"\x1b[1m{s}\x1b[0m") if color else (lambda s: s)
+    out = [f"{bold('Usage:')} {doc.usage}", ""]
+    for para in [doc.summary, *doc.body]:
+        if para:
+            out += [_wrap(para, width - 2, "  "), ""]
+
+    def section(title: str, entries: list[tuple[str, str]]) -> None:
+        if not entries:
+            return
+        out.append(bold(title + ":"))
+        col = min(max(len(n) for n, _ in entries) + 4, 30)
+        for name, text in entries:
+            head = "  " + bold(name)
+            text = " ".join(text.split())
+            if len(name) + 4 > col:  # the name keeps its line; the text goes below
+                out.append(head)
+                if text:
+                    out.append(_wrap(text, width, " " * col))
+                continue
+            body = textwrap.fill(text, width=max(width - col, 20), break_long_words=False,
+                                 break_on_hyphens=False).splitlines() or [""]
+            out.append(head + " " * (col - len(name) - 2) + body[0])
+            out += [" " * col + line for line in body[1:]]
+        out.append("")
+
+    def param_text(p: ParamDoc) -> str:
+        extra = " (required)" if p.required and p.kind == "option" else ""
+        if p.default is not None:
+            extra += f" (default: {p.default})"
+        return p.help + extra
+
+    section("Arguments", [(p.names, param_text(p)) for p in doc.arguments])
+    section("Options", [(p.names, param_text(p)) for p in doc.options])
+    section("Commands", doc.commands)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _format_help(self, ctx, formatter) -> None:
+    color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    formatter.write(render_help(describe(self, ctx), color=color))
+
+
+class StyledCommand(TyperCommand):
+    """typer's command with this module's help."""
+
+    format_help = _format_help
+
+
+class StyledGroup(TyperGroup):
+    """typer's group with this module's help; lists only visible commands."""
+
+    format_help = _format_help
+
+
+class App(typer.Typer):
+    """A typer app whose commands use :class:`StyledCommand` (``-h`` included) unless told otherwise."""
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", StyledCommand)
+        return super().command(*args, **kwargs)
+
+
+def make_app(name: str, help: str, version: str, *, callback: Callable | None = None) -> App:
+    """A typer app in the shared style, with ``--version``, ``-q`` and ``-h`` on the app itself.
+
+    ``callback(quiet)``, if given, runs before any command (after the shared options are handled).
+    """
+    app = App(name=name, help=help, cls=StyledGroup, no_args_is_help=True, add_completion=False,
+              rich_markup_mode=None, pretty_exceptions_enable=False,
+              context_settings={"help_option_names": HELP_OPTIONS})
+
+    def show_version(value: bool) -> None:
+        if value:
+            print(f"{name} {version}")
+            raise typer.Exit(0)
+
+    @app.callback()
+    def root(version_flag: bool = typer.Option(False, "--version", help="Print the version and exit.",
+                                               is_eager=True, callback=show_version),
+             quiet: bool = QUIET_OPTION) -> None:
+        set_quiet(quiet)
+        if callback is not None:
+            callback(quiet)
+
+    root.__doc__ = help
+    return app
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line in the user's terms (OSError: 'path: reason'; KeyError: its message)."""
+    if isinstance(e, KeyError) and e.args:
+        text = str(e.args[0])
+    elif isinstance(e, OSError) and e.filename is not None:
+        text = f"{e.filename}: {e.strerror or e}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
+
+
+def _usage_error(prog: str, e) -> None:
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else prog
+    print(f"{where}: error: {one_line(e)}", file=sys.stderr)
+    print(f"Try '{where} -h' for help.", file=sys.stderr)
+
+
+def run(app: typer.Typer, prog: str, argv: Sequence[str] | None = None, *,
+        user_errors: tuple[type[BaseException], ...] = (), error_status: int = 1,
+        translate: Callable[[BaseException], str | None] | None = None) -> int:
+    """Run ``app`` as the program ``prog`` and return its exit status (see the module docstring).
+
+    ``translate(e)`` may return a better one-line message for a user error (for example to name a flag
+    where the Python API named a keyword argument), or None to keep ``one_line(e)``.
+    """
+    _state.quiet = False
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=prog,
+                          standalone_mode=False)
+    except _USAGE_ERROR as e:
+        _usage_error(prog, e)
+        return getattr(e, "exit_code", EXIT_USAGE) or EXIT_USAGE
+    except _CLICK_EXCEPTION as e:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return getattr(e, "exit_code", 1) or 1
+    except typer.Exit as e:
+        return int(getattr(e, "exit_code", 0) or 0)
+    except (KeyboardInterrupt, typer.Abort):
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+    except user_errors as e:
+        if isinstance(e, OSError) and e.errno == errno.EPIPE:
+            _silence_stdout()
+            return 1
+        message = (translate(e) if translate else None) or one_line(e)
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return error_status
+    return rv if isinstance(rv, int) else 0
+
+
+def _silence_stdout() -> None:
+    """After ``| head`` closed the pipe: point stdout at /dev/null so the interpreter's final flush is quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
