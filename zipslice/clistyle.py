@@ -84,6 +84,12 @@ def note(message: str) -> None:
         print(message, file=sys.stderr)
 
 
+def say(message: str) -> None:
+    """A line of a command's report on stdout (what changed), silenced by ``-q``; data is printed directly."""
+    if not _state.quiet:
+        print(message)
+
+
 def one_of(choices: Sequence[str], what: str = "value") -> dict[str, Any]:
     """Keyword arguments for ``typer.Option`` that accept exactly ``choices`` (or None).
 
@@ -130,6 +136,15 @@ def jsonable(value: Any) -> Any:
 def emit_json(obj: Any) -> None:
     """Write ``obj`` as one strict JSON document (see :func:`jsonable`) and a newline on stdout."""
     sys.stdout.write(json.dumps(jsonable(obj), indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``), so a hostile name cannot break a line
+    or drive the terminal. --json output keeps the exact text."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def out_console(stderr: bool = False):
@@ -273,7 +288,7 @@ def render_help(doc: CommandDoc, width: int | None = None, color: bool = False) 
     out = [f"{bold('Usage:')} {doc.usage}", ""]
     for para in [doc.summary, *doc.body]:
         if para:
-            out += [_wrap(para, width - 2, "  "), ""]
+            out.extend([_wrap(para, width - 2, "  "), ""])
 
     def section(title: str, entries: list[tuple[str, str]]) -> None:
         if not entries:
@@ -291,7 +306,7 @@ def render_help(doc: CommandDoc, width: int | None = None, color: bool = False) 
             body = textwrap.fill(text, width=max(width - col, 20), break_long_words=False,
                                  break_on_hyphens=False).splitlines() or [""]
             out.append(head + " " * (col - len(name) - 2) + body[0])
-            out += [" " * col + line for line in body[1:]]
+            out.extend(" " * col + line for line in body[1:])
         out.append("")
 
     def param_text(p: ParamDoc) -> str:
@@ -331,7 +346,8 @@ class App(typer.Typer):
         return super().command(*args, **kwargs)
 
 
-def make_app(name: str, help: str, version: str, *, callback: Callable | None = None) -> App:
+def make_app(name: str, help: str, version: str | Callable[[], str], *,
+             callback: Callable | None = None) -> App:
     """A typer app in the shared style, with ``--version``, ``-q`` and ``-h`` on the app itself.
 
     ``callback(quiet)``, if given, runs before any command (after the shared options are handled).
@@ -342,7 +358,7 @@ def make_app(name: str, help: str, version: str, *, callback: Callable | None = 
 
     def show_version(value: bool) -> None:
         if value:
-            print(f"{name} {version}")
+            print(f"{name} {version() if callable(version) else version}")
             raise typer.Exit(0)
 
     @app.callback()
@@ -355,6 +371,54 @@ def make_app(name: str, help: str, version: str, *, callback: Callable | None = 
 
     root.__doc__ = help
     return app
+
+
+# -- shell completion ------------------------------------------------------------------------------
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+def _complete_var(prog: str) -> str:
+    return "_" + re.sub(r"\W", "_", prog).upper() + "_COMPLETE"
+
+
+def completion_script(prog: str, shell: str) -> str:
+    """The completion script of ``prog`` (a console script built on typer) for ``shell``.
+
+    typer answers completion requests itself when ``_PROG_COMPLETE`` is set; the scripts only ask it.
+    For ``git-theta`` the bash script also defines ``_git_theta``, which git's own bash completion calls
+    for ``git theta <TAB>``.
+    """
+    var = _complete_var(prog)
+    func = "_" + re.sub(r"\W", "_", prog) + "_completion"
+    if shell == "bash":
+        script = (f"{func}() {{\n"
+                  f"    local IFS=$'\\n'\n"
+                  f"    COMPREPLY=( $(env COMP_WORDS=\"${{COMP_WORDS[*]}}\" COMP_CWORD=$COMP_CWORD "
+                  f"{var}=complete_bash {prog}) )\n"
+                  f"}}\n"
+                  f"complete -o default -F {func} {prog}\n")
+        if prog.startswith("git-"):
+            sub = prog[4:]
+            script += (f"# git {sub} <TAB>: git's bash completion calls _git_{sub}\n"
+                       f"_git_{sub}() {{\n"
+                       f"    local IFS=$'\\n'\n"
+                       f"    COMPREPLY=( $(env COMP_WORDS=\"{prog} ${{COMP_WORDS[*]:2}}\" "
+                       f"COMP_CWORD=$((COMP_CWORD - 1)) {var}=complete_bash {prog}) )\n"
+                       f"}}\n")
+        return script
+    if shell == "zsh":
+        return (f"#compdef {prog}\n"
+                f"{func}() {{\n"
+                f"  eval $(env _TYPER_COMPLETE_ARGS=\"${{words[1,$CURRENT]}}\" {var}=complete_zsh {prog})\n"
+                f"}}\n"
+                f"compdef {func} {prog}\n")
+    if shell == "fish":
+        args = f"{var}=complete_fish _TYPER_COMPLETE_ARGS=(commandline -cp) {prog}"
+        return (f"complete --command {prog} --no-files --arguments "
+                f"\"(env _TYPER_COMPLETE_FISH_ACTION=get-args {args})\" "
+                f"--condition \"env _TYPER_COMPLETE_FISH_ACTION=is-args {args}\"\n")
+    raise ValueError(f"no completion script for {shell!r}; choose one of {', '.join(SHELLS)}")
 
 
 # -- running ---------------------------------------------------------------------------------------
@@ -370,26 +434,38 @@ def one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _usage_message(e) -> str:
+    """click's message, with a missing parameter named as the help shows it (``SRC``, ``--to``)."""
+    param = getattr(e, "param", None)
+    if type(e).__name__ == "MissingParameter" and param is not None:
+        if param.param_type_name == "argument":
+            return f"missing argument {_metavar(param)}"
+        return f"missing option {max(param.opts, key=len)}"
+    return " ".join((e.format_message() if hasattr(e, "format_message") else str(e)).split())
+
+
 def _usage_error(prog: str, e) -> None:
     ctx = getattr(e, "ctx", None)
     where = ctx.command_path if ctx is not None else prog
-    print(f"{where}: error: {one_line(e)}", file=sys.stderr)
+    print(f"{where}: error: {_usage_message(e)}", file=sys.stderr)
     print(f"Try '{where} -h' for help.", file=sys.stderr)
 
 
 def run(app: typer.Typer, prog: str, argv: Sequence[str] | None = None, *,
         user_errors: tuple[type[BaseException], ...] = (), error_status: int = 1,
-        translate: Callable[[BaseException], str | None] | None = None) -> int:
+        translate: Callable[[BaseException], str | None] | None = None, complete_var: str | None = None) -> int:
     """Run ``app`` as the program ``prog`` and return its exit status (see the module docstring).
 
     ``translate(e)`` may return a better one-line message for a user error (for example to name a flag
-    where the Python API named a keyword argument), or None to keep ``one_line(e)``.
+    where the Python API named a keyword argument), or None to keep ``one_line(e)``. ``complete_var``: the
+    environment variable that asks for shell completion (default ``_PROG_COMPLETE``; see
+    :func:`completion_script`), needed when ``prog`` is not the console script's name (``git theta``).
     """
     _state.quiet = False
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=prog,
-                          standalone_mode=False)
+                          complete_var=complete_var or _complete_var(prog), standalone_mode=False)
     except _USAGE_ERROR as e:
         _usage_error(prog, e)
         return getattr(e, "exit_code", EXIT_USAGE) or EXIT_USAGE

@@ -32,7 +32,7 @@ from .info import TensorInfo, TensorSource
 
 LAYOUT_KEY = "zipslice.layout"
 CAST_TARGETS = ("bfloat16", "float16", "float32")
-FORMATS = ("torch", "safetensors", "hdf5")
+FORMATS = ("torch", "safetensors", "hdf5", "sharded")
 _CAST_CHUNK = 1 << 22  # elements converted at a time: bounds the float32 intermediate to 16 MiB
 
 
@@ -249,11 +249,14 @@ def bytes_to_write(sources: Sequence[TensorSource], shares_storage: bool) -> int
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None, dtype: str | None = None,
-            progress: Callable[[int, int], None] | None = None, *, keep_layout: bool = True) -> ConvertResult:
+            progress: Callable[[int, int], None] | None = None, *, keep_layout: bool = True,
+            max_shard_bytes: int | None = None) -> ConvertResult:
     """Convert ``src`` (any format zipslice reads) to ``dst`` in format ``to`` (default: from dst's name).
 
     ``dtype`` (bfloat16, float16, float32) casts real floating tensors; others are copied bit for bit.
     ``progress(nbytes, total)`` is called after each tensor is read. Returns what was written.
+    ``to="sharded"`` (or ``dst`` named ``*.index.json``) writes shards of at most ``max_shard_bytes``
+    (default: :data:`zipslice.sharded.DEFAULT_MAX_SHARD_BYTES`) in the format named before ``.index.json``.
     """
     import zipslice
 
@@ -271,7 +274,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
         if progress is not None:
             total = bytes_to_write(plan.sources, shares_storage=fmt == "torch")
             written = [_reporting(s, progress, total) for s in plan.sources]
-        options = {"structure": plan.structure} if fmt == "torch" else {}
+        options: dict = {"structure": plan.structure} if fmt == "torch" else {}
+        if fmt == "sharded" and max_shard_bytes is not None:
+            options["max_shard_bytes"] = max_shard_bytes
         writer = formats.get(fmt).writer_function()
         writer(dst, written, metadata=plan.metadata or None, **options)
     sources, n_cast = plan.sources, plan.cast

@@ -199,7 +199,9 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     stem, ext = os.path.splitext(base)
     fmt = _SHARD_FORMATS.get(ext)
     if fmt is None:
-        raise ValueError(f"{path!r}: cannot tell the shard format from {ext!r}; use one of {', '.join(_SHARD_FORMATS)}")
+        raise ValueError(f"{path!r}: cannot tell the shard format from {ext or 'the name'!r}; name the index "
+                         f"NAME<ext>.index.json with <ext> one of {', '.join(_SHARD_FORMATS)} "
+                         f"(e.g. model.safetensors.index.json)")
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
     writer = formats.get(fmt).writer_function()
