@@ -265,7 +265,7 @@ def short_help(command) -> str:
     """The first sentence of a command's help, for command lists."""
     paras = _paragraphs(command.help)
     first = " ".join(paras[0].split()) if paras else ""
-    m = re.match(r"(.+?[.!?])(\s|$)", first)
+    m = re.match(r"(.+?(?<!e\.g)(?<!i\.e)[.!?])(\s|$)", first)
     return (m.group(1) if m else first).rstrip(".")
 
 
