@@ -114,7 +114,7 @@ _DIGITS = re.compile(r"(\d+)")
 def natural_key(name: str) -> tuple:
     """Sort key that orders digit runs by value: ``layer.2`` before ``layer.10``; ties fall back to the text."""
     parts = _DIGITS.split(name)
-    return tuple((0, int(p), p) if i % 2 else (1, p.casefold(), p) for i, p in enumerate(parts) if p != ""), name
+    return tuple((0, int(p)) if i % 2 else (1, p.casefold()) for i, p in enumerate(parts) if p != ""), name
 
 
 def jsonable(value: Any) -> Any:
@@ -462,10 +462,15 @@ def run(app: typer.Typer, prog: str, argv: Sequence[str] | None = None, *,
     :func:`completion_script`), needed when ``prog`` is not the console script's name (``git theta``).
     """
     _state.quiet = False
+    complete_var = complete_var or _complete_var(prog)
+    if complete_var in os.environ:  # a shell asks for completions: typer answers once its shells are known
+        from typer.completion import completion_init
+
+        completion_init()
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=prog,
-                          complete_var=complete_var or _complete_var(prog), standalone_mode=False)
+                          complete_var=complete_var, standalone_mode=False)
     except _USAGE_ERROR as e:
         _usage_error(prog, e)
         return getattr(e, "exit_code", EXIT_USAGE) or EXIT_USAGE
