@@ -10,7 +10,7 @@ the dataset attribute ``dtype`` naming it (``dtype="bfloat16"``). Keras 3 reads 
 back as bfloat16 (``np.array(dset, dtype=ml_dtypes.bfloat16)``); h5py alone shows opaque ``|V2`` values
 whose bits are the bfloat16 bits, never numbers that look valid. The reader also honours the attribute
 ``zipslice_dtype`` on unsigned integers of the same width (files written by zipslice before 0.2).
-See README.md ("Keras naming") for the naming rules.
+See docs/reference/formats.md ("Keras naming") for the naming rules.
 """
 from __future__ import annotations
 

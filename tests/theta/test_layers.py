@@ -23,6 +23,10 @@ LAYERS = {
     "theta.git": 1,
     "theta.errors": 0, "theta.parallel": 0, "theta": 0,
 }
+# theta/__init__.py is the public API: it re-exports names from every layer (loaded lazily), so it sits above
+# them all, and no module of theta may import it (a module importing `theta` itself would import upward).
+FACADE = "theta"
+FACADE_RANK = max(LAYERS.values()) + 1
 
 
 def module_name(path: Path) -> str:
@@ -34,6 +38,8 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> tuple[str, int]:
+    if module == FACADE:
+        return "theta (public API)", FACADE_RANK
     best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)
     return best, LAYERS[best]
 

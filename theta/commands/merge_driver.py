@@ -34,7 +34,7 @@ NO_STRATEGY_HINT = (
     "no merge strategy is configured for groups changed on both sides. Choose one, e.g. "
     "`git config theta.merge.strategy average` (or ties, task-arithmetic, dare, slerp, ours, theirs), "
     "or GIT_THETA_MERGE_STRATEGY=ties for one command, or per-group rules in " + RULES_FILE
-    + " (see README.md, 'Merging and diffing models with theta') and run the merge again (git merge --abort first); or resolve this conflict "
+    + " (see docs/guide/merging.md) and run the merge again (git merge --abort first); or resolve this conflict "
     "now with `git theta merge-resolve PATH --strategy NAME`; or merge by hand: `git theta merge-manual PATH` "
     "writes ours/theirs/ancestor checkpoints")
 

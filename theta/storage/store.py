@@ -50,6 +50,7 @@ class LfsStore:
 
     @classmethod
     def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
+        """The store of the repository containing ``cwd`` (``lfs.storage`` honoured); StoreError outside one."""
         try:
             common = gitutil.common_dir(cwd)
         except (GitError, OSError):
@@ -65,16 +66,19 @@ class LfsStore:
         return f"LfsStore({str(self.objects_dir)!r})"
 
     def path(self, ref: "BlobRef | str") -> Path:
+        """Where the object ``ref`` (a BlobRef or an oid) lives: ``objects/<oid[0:2]>/<oid[2:4]>/<oid>``."""
         oid = ref if isinstance(ref, str) else ref.oid
         return self.objects_dir / oid[0:2] / oid[2:4] / oid
 
     def has(self, ref: BlobRef) -> bool:
+        """True when the object is local and has the recorded size."""
         try:
             return self.path(ref).stat().st_size == ref.size
         except FileNotFoundError:
             return False
 
     def put(self, data: "bytes | bytearray | memoryview") -> BlobRef:
+        """Store ``data`` once (an existing object is never rewritten) and return its reference."""
         return self.put_chunks([data])
 
     def put_chunks(self, chunks: "list[bytes | bytearray | memoryview]") -> BlobRef:
@@ -142,6 +146,8 @@ class LfsStore:
         return ref
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
+        """The blob's bytes. BlobMissingError (naming ``group`` and ``file``) when it is not local,
+        BlobCorruptError when its size (or, with ``verify``, its sha256) differs from ``ref``."""
         p = self.path(ref)
         try:
             with open(p, "rb") as f:

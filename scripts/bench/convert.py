@@ -13,8 +13,8 @@ The checkpoint is made by torch.save: N GiB of 64 MiB float32 tensors (default 8
 Files go to --dir (default /tmp) and are removed at the end. Before each run the source is read once
 (warm page cache, so every contender reads from memory alike) and `sync` flushes earlier writes. Outputs are checked to hold the same tensors.
 
-    python3 scripts/bench_convert.py --quick
-    python3 scripts/bench_convert.py            # 8 GiB
+    python3 scripts/bench/convert.py --quick
+    python3 scripts/bench/convert.py            # 8 GiB
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD_PRELUDE = """
 import json, resource, sys, time

@@ -34,11 +34,11 @@ interpreter's and torch's libraries stay cached as on a machine in use). Targets
 open time within 2x between sizes; open RSS < baseline + 50 MiB; one tensor <= baseline + tensor +
 32 MiB; stream <= baseline + 2 x largest tensor + 32 MiB and time <= 1.2 x torch.load(mmap=True).
 
-    python3 scripts/bench_read.py --quick
-    python3 scripts/bench_read.py                 # 1 GiB and 8 GiB (needs ~9 GiB free under /tmp)
-    python3 scripts/bench_read.py --sizes 0.5,2 --tensor-mib 32 --repeat 3
-    python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 5 --cold   # page cache evicted
-    python3 scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 3 --mem-limit 4   # 8 GiB > "RAM"
+    python3 scripts/bench/read.py --quick
+    python3 scripts/bench/read.py                 # 1 GiB and 8 GiB (needs ~9 GiB free under /tmp)
+    python3 scripts/bench/read.py --sizes 0.5,2 --tensor-mib 32 --repeat 3
+    python3 scripts/bench/read.py --sizes 1,8 --no-full-load --repeat 5 --cold   # page cache evicted
+    python3 scripts/bench/read.py --sizes 1,8 --no-full-load --repeat 3 --mem-limit 4   # 8 GiB > "RAM"
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from harness import MemCgroup  # noqa: E402
 from zipslice import pagecache  # noqa: E402  (the checkout's zipslice, as the children use)
 MiB = 1 << 20
 # contenders that read one tensor at a time; zipslice-mmap is zipslice.load(path, mmap=True)
@@ -187,31 +188,7 @@ def _warm(path: str) -> None:
 
 
 # --mem-limit: every child runs in this memory cgroup, whose limit covers its page cache too
-_CGROUP: str | None = None
-
-
-def _make_cgroup(limit: int) -> str:
-    """A memory cgroup (v2, else v1) limited to ``limit`` bytes: a machine with that much RAM, as far as
-    the page cache is concerned. Root only."""
-    v2 = "/sys/fs/cgroup/cgroup.controllers"
-    if os.path.exists(v2) and "memory" in open(v2).read().split():
-        path, knob = "/sys/fs/cgroup/zipslice-bench-read", "memory.max"
-    elif os.path.isdir("/sys/fs/cgroup/memory"):
-        path, knob = "/sys/fs/cgroup/memory/zipslice-bench-read", "memory.limit_in_bytes"
-    else:
-        raise SystemExit("--mem-limit needs a memory cgroup controller (cgroup v1 or v2)")
-    try:
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, knob), "w") as f:
-            f.write(str(limit))
-    except OSError as e:
-        raise SystemExit(f"--mem-limit: cannot set up {path} ({e}); run as root") from None
-    return path
-
-
-def _join_cgroup() -> None:
-    with open(os.path.join(_CGROUP, "cgroup.procs"), "w") as f:
-        f.write(str(os.getpid()))
+_CGROUP = None  # a harness.MemCgroup
 
 
 def _run(kind: str, op: str, path: str, cold: bool) -> dict:
@@ -221,9 +198,15 @@ def _run(kind: str, op: str, path: str, cold: bool) -> dict:
         _evict(path)
     else:
         _warm(path)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, op, path],
-                         check=True, capture_output=True, text=True,
-                         preexec_fn=_join_cgroup if _CGROUP else None)
+    child = _CGROUP.child() if _CGROUP else None
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, op, path],
+                             check=True, capture_output=True, text=True,
+                             preexec_fn=(lambda: (child / "cgroup.procs").write_text(str(os.getpid())))
+                             if child else None)
+    finally:
+        if child:
+            _CGROUP.remove(child)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -278,9 +261,12 @@ def main() -> None:
     os.makedirs(args.dir, exist_ok=True)
     global _CGROUP
     if args.mem_limit:
-        _CGROUP = _make_cgroup(int(args.mem_limit * (1 << 30)))
+        why = MemCgroup.available()
+        if why:
+            raise SystemExit(f"--mem-limit: {why}")
+        _CGROUP = MemCgroup(int(args.mem_limit * (1 << 30)), "bench-read")
         args.cold = True  # a warm-up read could not stay cached anyway
-        print(f"every run in memory cgroup {_CGROUP} limited to {args.mem_limit:g} GiB (page cache included)")
+        print(f"every run in memory cgroup {_CGROUP.path} limited to {args.mem_limit:g} GiB (page cache included)")
     cold = args.cold and hasattr(os, "posix_fadvise")
     if args.cold and not cold:
         print("cannot evict pages here (no posix_fadvise): warm-cache figures")

@@ -12,9 +12,9 @@ For each step: wall time of `git add` + `git commit` (or `git checkout`), stored
 .git/lfs/objects) and peak RSS of the git process tree (psutil polling every 20 ms: the sum over the tree and the
 largest single process), then ratios theta / git-lfs.
 
-    python3 scripts/bench_git.py              # ~340 MiB history (a few minutes)
-    python3 scripts/bench_git.py --big        # 4 GiB checkpoint of 64 MiB groups: theta add + checkout peak RSS
-    python3 scripts/bench_git.py --scale 0.25 # smaller history (quick look)
+    python3 scripts/bench/git.py              # ~340 MiB history (a few minutes)
+    python3 scripts/bench/git.py --big        # 4 GiB checkpoint of 64 MiB groups: theta add + checkout peak RSS
+    python3 scripts/bench/git.py --scale 0.25 # smaller history (quick look)
 
 Large files go under --workdir (default /tmp/theta-bench), never into the repository.
 """
@@ -22,91 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-MiB = 1 << 20
-
-
-# -- measuring ---------------------------------------------------------------------------------------------
-@dataclass
-class Measure:
-    seconds: float
-    peak_tree_rss: int
-    peak_proc_rss: int
-    peak_proc_name: str
-    cpu: float = 0.0  # user + system seconds of the whole process tree (robust on a busy machine)
-    peak_filter_rss: int = 0  # the largest git-theta / git-lfs helper process (not git itself)
-
-
-def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
-    """Run a command; poll the RSS of its whole process tree every 20 ms."""
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = psutil.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = {"tree": 0, "proc": 0, "name": "", "filter": 0}
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            try:
-                procs = [proc] + proc.children(recursive=True)
-            except psutil.NoSuchProcess:
-                break
-            total = 0
-            for p in procs:
-                try:
-                    rss = p.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-                total += rss
-                if rss > peak["filter"]:
-                    try:
-                        cmd = " ".join(p.cmdline()[:3])
-                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                        cmd = ""
-                    if "theta" in cmd or "git-lfs" in cmd:
-                        peak["filter"] = rss
-                if rss > peak["proc"]:
-                    try:
-                        peak["proc"], peak["name"] = rss, " ".join(p.cmdline()[:3])
-                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                        peak["proc"] = rss
-            peak["tree"] = max(peak["tree"], total)
-            done.wait(0.02)
-
-    th = threading.Thread(target=poll, daemon=True)
-    th.start()
-    out, err = proc.communicate()
-    elapsed = time.perf_counter() - t0
-    done.set()
-    th.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed in {cwd}:\n{err.decode(errors='replace')}")
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return Measure(elapsed, peak["tree"], peak["proc"], peak["name"], cpu, peak["filter"])
-
-
-def dir_bytes(*dirs: Path) -> int:
-    total = 0
-    for d in dirs:
-        for root, _, files in os.walk(d):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(root, f)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
+from harness import Measure, MiB, dir_bytes, git_env, new_repo, run_measured, sh
 
 
 def stored_bytes(repo: Path) -> int:
@@ -181,51 +104,18 @@ def make_big(data: Path, gib: float) -> Path:
     return out
 
 
-# -- the two contenders ------------------------------------------------------------------------------------
-def git_env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
-                "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config")})
-    # git-theta straight from the interpreter's bin directory, as in a virtualenv (a pyenv shim adds ~0.4 s)
-    own = Path(sys.executable).parent
-    if (own / "git-theta").exists():
-        env["PATH"] = str(own) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def sh(args, cwd, env):
-    subprocess.run(args, cwd=cwd, env=env, check=True, capture_output=True)
-
-
-def setup_repo(root: Path, tool: str, env: dict) -> Path:
-    repo = root / tool
-    if repo.exists():
-        shutil.rmtree(repo)
-    sh(["git", "init", "-q", str(repo)], root, env)
-    sh(["git", "config", "user.name", "bench"], repo, env)
-    sh(["git", "config", "user.email", "bench@example.com"], repo, env)
-    if tool == "lfs":
-        sh(["git", "lfs", "install", "--local"], repo, env)
-        sh(["git", "lfs", "track", "*.pt"], repo, env)
-    else:
-        sh(["git", "theta", "install", "--local"], repo, env)
-        sh(["git", "theta", "track", "*.pt"], repo, env)
-    sh(["git", "add", ".gitattributes"], repo, env)
-    sh(["git", "commit", "-q", "-m", "attributes"], repo, env)
-    return repo
-
-
 def commit_version(repo: Path, src: Path, msg: str, env: dict) -> Measure:
     shutil.copyfile(src, repo / "model.pt")
     m = run_measured(["git", "add", "model.pt"], repo, env)
     c = run_measured(["git", "commit", "-q", "-m", msg], repo, env)
-    return Measure(m.seconds + c.seconds, max(m.peak_tree_rss, c.peak_tree_rss), max(m.peak_proc_rss, c.peak_proc_rss),
-                   m.peak_proc_name if m.peak_proc_rss >= c.peak_proc_rss else c.peak_proc_name, m.cpu + c.cpu,
-                   max(m.peak_filter_rss, c.peak_filter_rss))
+    return Measure(seconds=m.seconds + c.seconds, cpu=m.cpu + c.cpu,
+                   peak_tree_rss=max(m.peak_tree_rss, c.peak_tree_rss), peak_proc_rss=max(m.peak_proc_rss, c.peak_proc_rss),
+                   peak_proc_name=m.peak_proc_name if m.peak_proc_rss >= c.peak_proc_rss else c.peak_proc_name,
+                   peak_filter_rss=max(m.peak_filter_rss, c.peak_filter_rss), cgroup_peak=max(m.cgroup_peak, c.cgroup_peak))
 
 
 def run_history(root: Path, paths: list[Path], tool: str, env: dict) -> list[tuple[str, Measure, int]]:
-    repo = setup_repo(root, tool, env)
+    repo = new_repo(root, tool, tool, env)
     rows = []
     base = stored_bytes(repo)
     for i, p in enumerate(paths, 1):
@@ -243,10 +133,6 @@ def run_history(root: Path, paths: list[Path], tool: str, env: dict) -> list[tup
     return rows
 
 
-def fmt_mib(n: int) -> str:
-    return f"{n / MiB:8.1f}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
@@ -257,9 +143,7 @@ def main() -> int:
     args = ap.parse_args()
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
-    home = root / "home"
-    home.mkdir(exist_ok=True)
-    env = git_env(home)
+    env = git_env(root / "home")
 
     if args.big:
         return big(root, args.big_gib, env)
@@ -333,7 +217,7 @@ def spool(root: Path, v1: Path, env: dict) -> None:
 def big(root: Path, gib: float, env: dict) -> int:
     print(f"making a {gib:g} GiB checkpoint of 64 MiB groups under {root} ...", flush=True)
     path = make_big(root / "data", gib)
-    repo = setup_repo(root, "theta-big", env)
+    repo = new_repo(root, "theta-big", "theta", env)
     m = commit_version(repo, path, "big", env)
     os.unlink(repo / "model.pt")
     c = run_measured(["git", "checkout", "--", "model.pt"], repo, env)

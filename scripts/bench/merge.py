@@ -11,76 +11,24 @@ sum over the tree, and the largest single process):
   theta    `git merge` with GIT_THETA_MERGE_STRATEGY=average / ties (merge driver + smudge of the result)
   torch    python: torch.load x3 (weights_only, mmap=False) + the same math in torch + torch.save
 
-    python3 scripts/bench_merge.py                 # ~310 MiB
-    python3 scripts/bench_merge.py --layers 2      # quick look (~80 MiB)
-    python3 scripts/bench_merge.py --big-group-mib 256   # one 256 MiB group: the driver's memory bound
+    python3 scripts/bench/merge.py                 # ~310 MiB
+    python3 scripts/bench/merge.py --layers 2      # quick look (~80 MiB)
+    python3 scripts/bench/merge.py --big-group-mib 256   # one 256 MiB group: the driver's memory bound
 
 Large files go under --workdir (default /tmp/theta-bench-merge), never into the repository.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import resource
+from harness import MiB, git_env, run_measured
 
-import psutil
-
-MiB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Measure:
-    seconds: float
-    cpu: float          # user + system seconds of the whole process tree (robust on a busy machine)
-    tree_rss: int
-    proc_rss: int
-    proc_name: str
-
-
-def run_measured(args: list[str], cwd: Path, env: dict) -> Measure:
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = psutil.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = {"tree": 0, "proc": 0, "name": ""}
-
-    def poll():
-        while proc.poll() is None:
-            try:
-                procs = [proc] + proc.children(recursive=True)
-                total = 0
-                for p in procs:
-                    try:
-                        rss = p.memory_info().rss
-                    except psutil.Error:
-                        continue
-                    total += rss
-                    if rss > peak["proc"]:
-                        peak["proc"], peak["name"] = rss, " ".join(p.cmdline()[:3])
-                peak["tree"] = max(peak["tree"], total)
-            except psutil.Error:
-                pass
-            time.sleep(0.02)
-
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    out, err = proc.communicate()
-    seconds = time.perf_counter() - t0
-    t.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{out.decode()}\n{err.decode()}")
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return Measure(seconds, cpu, peak["tree"], peak["proc"], peak["name"])
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_models(workdir: Path, layers: int, big_mib: int = 0) -> tuple[list[str], int, int]:
@@ -150,12 +98,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     home = work / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
-    env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
-                "GIT_TERMINAL_PROMPT": "0", "PYTHONPATH": str(ROOT)})
-    for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
-        git(["config", "--global", k, v], home, env)
+    env = git_env(home, pythonpath=True)
 
     names, total, largest = make_models(work, args.layers, args.big_group_mib)
     print(f"model: {len(names)} groups, {total / MiB:.0f} MiB fp32, largest group {largest / MiB:.1f} MiB; "
@@ -200,15 +143,15 @@ def main() -> None:
     for strategy, theta, torch_m, driver in rows:
         for label, m in (("theta  git merge (driver + smudge)", theta), ("theta  merge driver alone", driver),
                          ("torch  load x3 + math + save", torch_m)):
-            print(f"{strategy:<9} {label:<40} {m.seconds:>7.1f} {m.cpu:>7.1f} {m.tree_rss / MiB:>13.0f} {m.proc_rss / MiB:>13.0f}")
+            print(f"{strategy:<9} {label:<40} {m.seconds:>7.1f} {m.cpu:>7.1f} {m.peak_tree_rss / MiB:>13.0f} {m.peak_proc_rss / MiB:>13.0f}")
         print(f"{'':<9} {'ratio git merge / torch':<40} {theta.seconds / torch_m.seconds:>7.2f} {theta.cpu / torch_m.cpu:>7.2f} "
-              f"{theta.tree_rss / torch_m.tree_rss:>13.2f} {theta.proc_rss / torch_m.proc_rss:>13.2f}")
+              f"{theta.peak_tree_rss / torch_m.peak_tree_rss:>13.2f} {theta.peak_proc_rss / torch_m.peak_proc_rss:>13.2f}")
         print(f"{'':<9} {'ratio merge driver / torch':<40} {driver.seconds / torch_m.seconds:>7.2f} {driver.cpu / torch_m.cpu:>7.2f} "
-              f"{driver.tree_rss / torch_m.tree_rss:>13.2f} {driver.proc_rss / torch_m.proc_rss:>13.2f}")
+              f"{driver.peak_tree_rss / torch_m.peak_tree_rss:>13.2f} {driver.peak_proc_rss / torch_m.peak_proc_rss:>13.2f}")
     print(f"\npeak RSS budget for the merge driver (4 x largest group + 150 MiB): {budget / MiB:.0f} MiB; measured: "
-          + ", ".join(f"{s} {d.proc_rss / MiB:.0f} MiB" for s, _, _, d in rows)
+          + ", ".join(f"{s} {d.peak_proc_rss / MiB:.0f} MiB" for s, _, _, d in rows)
           + f"\nlargest process inside `git merge`: "
-          + ", ".join(f"{s} {t.proc_rss / MiB:.0f} MiB ({t.proc_name})" for s, t, _, _ in rows)
+          + ", ".join(f"{s} {t.peak_proc_rss / MiB:.0f} MiB ({t.peak_proc_name})" for s, t, _, _ in rows)
           + "\n(git itself buffers the whole smudged file in memory when it writes a filtered file to the work tree)")
 
 

@@ -17,8 +17,8 @@ process tree: robust when the machine is busy), peak RSS (ru_maxrss of the large
 usually git itself, which buffers a smudged file whole with git-lfs too) and the theta filter process's own
 peak RSS (psutil, polled every 10 ms). Files go under --workdir (default /tmp/theta-bench-updates), removed unless --keep.
 
-    python3 scripts/bench_updates.py               # ~300 MiB
-    python3 scripts/bench_updates.py --layers 1 --vocab 4000   # quick look (~70 MiB)
+    python3 scripts/bench/updates.py               # ~300 MiB
+    python3 scripts/bench/updates.py --layers 1 --vocab 4000   # quick look (~70 MiB)
 """
 from __future__ import annotations
 
@@ -31,53 +31,18 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from harness import MiB, git_env, run_measured  # noqa: E402
 from theta.storage.metadata import loads  # noqa: E402
-
-MiB = 1 << 20
-MEASURE = r"""
-import json, resource, subprocess, sys, threading, time
-import psutil
-t = time.perf_counter()
-proc = psutil.Popen(json.loads(sys.argv[1]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-peak = {"filter": 0}
-done = threading.Event()
-def poll():  # the theta filter's own peak (git itself buffers a smudged file whole, as with git-lfs)
-    while not done.is_set():
-        try:
-            kids = proc.children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        for p in kids:
-            try:
-                if "theta" in " ".join(p.cmdline()[:3]):
-                    peak["filter"] = max(peak["filter"], p.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        time.sleep(0.01)
-th = threading.Thread(target=poll, daemon=True)
-th.start()
-err = proc.stderr.read()
-rc = proc.wait()
-done.set()
-th.join()
-wall = time.perf_counter() - t
-ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-sys.stderr.buffer.write(err)
-print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024,
-                  "filter_mib": peak["filter"] / 2**20}))
-"""
 
 
 def measured(cmd: list[str], cwd: Path, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(cmd)], cwd=cwd, env=env,
-                         capture_output=True, text=True)
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["rc"] != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{out.stderr}")
-    return res
+    """The harness's measure of ``cmd`` as this benchmark's row: wall, CPU, largest process, theta filter."""
+    m = run_measured(cmd, cwd, env)
+    return {"rc": m.returncode, "wall": m.seconds, "cpu": m.cpu, "rss_mib": m.peak_proc_rss / 2**20,
+            "filter_mib": m.peak_filter_rss / 2**20, "tree_mib": m.peak_tree_rss / 2**20}
 
 
 class Env:
@@ -86,12 +51,7 @@ class Env:
     def __init__(self, work: Path):
         self.work = work
         home = work / "home"
-        home.mkdir(parents=True, exist_ok=True)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
-        self.env.update(HOME=str(home), GIT_CONFIG_GLOBAL=str(home / ".gitconfig"), GIT_CONFIG_NOSYSTEM="1",
-                        GIT_TERMINAL_PROMPT="0")
-        for k, v in (("user.name", "bench"), ("user.email", "bench@example.com"), ("init.defaultBranch", "main")):
-            self.git(home, "config", "--global", k, v)
+        self.env = git_env(home)
         self.run(["git", "theta", "install"], home)
         self.run(["git", "lfs", "install", "--skip-repo"], home)
 

@@ -9,8 +9,8 @@ with zipslice (torch tensors and numpy arrays) and safetensors.safe_open (framew
 plus safetensors.torch.load_file for "all" (what many users call: it holds the whole file at once).
 Timings are the median of --repeat runs with the file in the page cache (one warm-up read first).
 
-    python3 scripts/bench_safetensors.py            # 2 GiB
-    python3 scripts/bench_safetensors.py --quick    # 512 MiB
+    python3 scripts/bench/safetensors_read.py            # 2 GiB
+    python3 scripts/bench/safetensors_read.py --quick    # 512 MiB
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 CONTENDERS = {
     "zipslice (torch)": "zs_pt",

@@ -7,14 +7,13 @@
    torch.save (and its bf16 copy). Each contender runs in its own subprocess; wall time and peak RSS
    (ru_maxrss of that subprocess) are printed with ratios.
 
-    python3 scripts/bench_codec.py            # ~300 MiB fp32 checkpoint (+ bf16 copy)
-    python3 scripts/bench_codec.py --quick    # ~75 MiB
+    python3 scripts/bench/codec.py            # ~300 MiB fp32 checkpoint (+ bf16 copy)
+    python3 scripts/bench/codec.py --quick    # ~75 MiB
 Files go under a temp dir in /tmp and are removed afterwards.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -22,30 +21,20 @@ import sys
 import tempfile
 import time
 
+from pathlib import Path
+
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-MEASURE = r"""
-import resource, subprocess, sys, time, json
-cmd = json.loads(sys.argv[1]); stdin = sys.argv[2] or None; stdout = sys.argv[3] or None
-t = time.perf_counter()
-with open(stdin, "rb") if stdin else open("/dev/null", "rb") as i, open(stdout or "/dev/null", "wb") as o:
-    rc = subprocess.run(cmd, stdin=i, stdout=o, cwd=sys.argv[4]).returncode
-wall = time.perf_counter() - t
-ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024}))
-"""
-
+from harness import run_measured  # noqa: E402
 
 def measure(cmd: list[str], cwd: str, stdin: str = "", stdout: str = "") -> dict:
-    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(cmd), stdin, stdout, cwd],
-                         capture_output=True, text=True, check=True)
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["rc"] != 0:
-        raise SystemExit(f"{cmd} failed with exit code {res['rc']}")
-    return res
+    """The harness's measure of ``cmd`` with stdin/stdout connected to files: wall, CPU, largest process."""
+    with open(stdin or os.devnull, "rb") as i, open(stdout or os.devnull, "wb") as o:
+        m = run_measured(cmd, Path(cwd), None, stdin=i, stdout=o)
+    return {"rc": m.returncode, "wall": m.seconds, "cpu": m.cpu, "rss_mib": m.peak_proc_rss / 2**20}
 
 
 def codec_table(numel: int, repeats: int) -> None:
