@@ -247,7 +247,13 @@ def show_cmd(path: Path = PATH_ARG,
                                                  help="Print the values of a slice, numpy style: '0:10, ::2' or "
                                                       "'..., 3'. Reads only the bytes the slice needs."),
              as_json: bool = JSON_OPTION) -> None:
-    """Metadata of one tensor and statistics of its values (streamed), or the values of a slice of it."""
+    """Metadata of one tensor and statistics of its values (streamed), or the values of a slice of it.
+
+    Statistics are streamed in chunks of 2^20 elements: min, max, mean and std over the finite values (std with
+    correction 1, like torch.std), and the NaN / +Inf / -Inf counts; integer min and max are exact; complex
+    tensors report |z|. With --rows or --slice, only the slice is read (see the guide, "Reading part of a
+    tensor"), its values are printed after the table and the statistics describe the slice.
+    """
     import zipslice
     from .slicing import parse_index
 
@@ -343,7 +349,12 @@ def convert_cmd(src: Path = typer.Argument(..., metavar="SRC", help="Checkpoint 
                 no_layout: bool = typer.Option(False, "--no-layout",
                                                help="Write a flat dict: drop nesting, ties and non-tensor values."),
                 quiet: bool = QUIET_OPTION) -> None:
-    """Convert a checkpoint one tensor at a time; nesting, ties and non-tensor values survive (see the docs)."""
+    """Convert a checkpoint one tensor at a time; nesting, ties and non-tensor values survive (see the docs).
+
+    DST is written beside its final name and renamed over it once complete. Casting rounds to nearest even,
+    like torch. A flat format gets a zipslice.layout metadata entry only when the torch file holds more than
+    a plain dict of tensors (see the formats reference).
+    """
     import zipslice
     from .convert import convert
 
@@ -379,7 +390,10 @@ def diff_cmd(a: Path = typer.Argument(..., metavar="A", help="First checkpoint."
              as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
     """Per tensor, in natural name order: added, removed or changed (dtype, shape, elements changed, max |a-b|).
 
-    Exit status 0 when the checkpoints hold the same values, 1 when they differ.
+    The two files may be of any formats; values are compared in chunks, so a huge tensor is never in memory
+    twice. A dtype change counts as changed even when every value converts exactly. Non-tensor values
+    (epoch counters, ...) are compared too. Exit status 0 when the checkpoints hold the same values, 1 when
+    they differ.
     """
     from .diff import diff
 
