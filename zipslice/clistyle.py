@@ -472,6 +472,9 @@ def run(app: typer.Typer, prog: str, argv: Sequence[str] | None = None, *,
         rv = command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=prog,
                           complete_var=complete_var, standalone_mode=False)
     except _USAGE_ERROR as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and getattr(e, "ctx", None) is not None:
+            print(e.ctx.get_help())  # no command given: the help, as status 2 (nothing was done)
+            return EXIT_USAGE
         _usage_error(prog, e)
         return getattr(e, "exit_code", EXIT_USAGE) or EXIT_USAGE
     except _CLICK_EXCEPTION as e:

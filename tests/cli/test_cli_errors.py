@@ -161,6 +161,13 @@ def test_theta_user_errors(capsys, tmp_path, monkeypatch, argv, status, message)
 
 # -- help, version, completion -----------------------------------------------------------------------
 
+def test_no_command_prints_the_help(capsys):
+    code, out, err = zipslice(capsys)
+    assert code == 2 and out.startswith("Usage: zipslice [OPTIONS] COMMAND") and err == ""
+    code, out, err = theta(capsys)
+    assert code == 2 and out.startswith("Usage: git theta [OPTIONS] COMMAND") and "ls-files" in out and err == ""
+
+
 def test_versions(capsys):
     from zipslice.version import package_version
 

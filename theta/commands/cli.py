@@ -136,7 +136,6 @@ def export(spec: str = typer.Argument(..., metavar="REV:PATH", help="A committed
     note(f"wrote {out} ({fmt})")
 
 
-@app.command("help")
 def help_cmd(ctx: typer.Context,
              command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
                                                            help="The command to explain (default: all).")) -> None:
@@ -154,7 +153,6 @@ def help_cmd(ctx: typer.Context,
     print(sub_ctx.get_help())
 
 
-@app.command("completion")
 def completion_cmd(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish.",
                                                **clistyle.one_of(clistyle.SHELLS, "shell"))) -> None:
     """Print the shell completion script (bash: for both `git theta` and `git-theta`); see the docs."""
@@ -214,6 +212,9 @@ def _register_areas() -> None:
 
     cli_updates.register(app)
     cli_merge.register(app)
+    # last in `git theta -h`: about the command line itself
+    app.command("help")(help_cmd)
+    app.command("completion")(completion_cmd)
 
 
 _registered = False
