@@ -129,6 +129,8 @@ def test_git_help_finds_the_man_page(inst):
         pytest.skip("no man(1) on this machine")
     out = inst.run("git", "theta", "--help").stdout
     assert "GIT-THETA(1)" in out and "git theta ls-files" in out
+    # after a command, git passes --help through to git-theta: the command's own help
+    assert inst.run("git", "theta", "ls-files", "--help").stdout.startswith("Usage: git theta ls-files")
     assert "ZIPSLICE(1)" in inst.run("man", "zipslice").stdout
 
 
