@@ -349,3 +349,21 @@ def test_version_1_layouts_still_read(tmp_path):
     convert(tmp_path / "v1.safetensors", tmp_path / "v1.pt")
     got = torch.load(tmp_path / "v1.pt", weights_only=True)
     assert isinstance(got["m"]["w"], torch.nn.Parameter) and got["m"]["w"].requires_grad
+
+
+def test_nested_checkpoint_round_trips_through_shards(tmp_path):
+    """The layout of a sharded output lives in its index (a shard alone stays a plain flat file)."""
+    ck = _checkpoint()
+    torch.save(ck, tmp_path / "m.pt")
+    convert(tmp_path / "m.pt", tmp_path / "s.safetensors.index.json", max_shard_bytes=600)
+    index = json.loads((tmp_path / "s.safetensors.index.json").read_text())
+    assert LAYOUT_KEY in index["metadata"] and index["metadata"]["total_size"] > 0
+    shards = sorted(tmp_path.glob("s-*.safetensors"))
+    assert len(shards) > 1
+    for shard in shards:
+        with safe_open(shard, "pt") as f:
+            assert LAYOUT_KEY not in (f.metadata() or {})
+        convert(shard, tmp_path / "one.pt")  # a single shard converts on its own
+    convert(tmp_path / "s.safetensors.index.json", tmp_path / "back.pt")
+    got = torch.load(tmp_path / "back.pt", weights_only=True)
+    _same_checkpoint(got, ck)
