@@ -8,29 +8,34 @@ raise ``IndexError`` (torch has no negative steps either).
 How the bytes are read, per layout:
 
 - **addressable** (safetensors, uncompressed torch storages, contiguous HDF5 datasets: ``info.offset`` is
-  known): the slice is a strided view of the file. Its elements form runs of consecutive bytes; runs
-  less than a page (:data:`PAGE`) apart are read together (the same pages would be read from disk
-  anyway), every other gap is skipped. ``[0:10]`` of a row-major matrix is one read of exactly ten rows;
-  ``[:, 3]`` is one small read per row. Memory: the result, plus one merged range at a time.
+  known): the slice is a strided view of the file, read block by block (see :func:`read_selection`), so
+  at most about twice the needed bytes are read. ``[0:10]`` of a row-major matrix is one read of exactly
+  ten rows, straight into the result; ``[:, 3]`` is one small read per row; ``[:, ::2]`` reads the rows
+  whole. Memory: the result, plus at most one merged read (:data:`MAX_READ`) at a time.
 - **chunked or compressed HDF5**: h5py's own slicing, which reads only the chunks the slice touches.
 - anything else (a compressed torch record, a plugin format): the tensor is read whole, then sliced.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from . import dtypes
-from .fileio import pread_array
+from .errors import CorruptCheckpointError
+from .fileio import _fill
 from .info import TensorInfo
 
-#: runs closer than this many bytes are read with one read: they would touch the same pages anyway.
+#: two blocks share a read when the gap between them is under a page (the disk reads those pages anyway)
+#: and no longer than a block (so at most about twice the needed bytes are read)
 PAGE = 4096
-#: elements gathered per vectorised copy when runs are small (bounds the index arrays to 8 MiB)
-_GATHER_ELEMENTS = 1 << 20
+#: a merged read is at most this long: memory stays the slice plus one such buffer
+MAX_READ = 16 << 20
+#: elements gathered per vectorised copy from a merged read (bounds the index arrays to 512 KiB)
+_GATHER_ELEMENTS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -125,9 +130,13 @@ def parse_index(text: str) -> tuple:
 def read_selection(fd: int, info: TensorInfo, sel: Selection,
                    on_read: Callable[[int, int, int], None] | None = None) -> np.ndarray:
     """The selected values of an addressable tensor (``info.offset`` known) as a C-contiguous array of its
-    dtype's carrier type (little-endian), reading only the byte runs the selection touches.
+    dtype's carrier type (little-endian), reading only the byte ranges the selection needs.
 
-    ``on_read(fd, offset, nbytes)`` is called after each positioned read (page-cache policy).
+    The selection is a strided view of the file. Its innermost dimensions form a *block* whose bytes are read
+    in one piece when that costs at most twice the needed bytes (a dense row; every other element of a row)
+    and at most :data:`MAX_READ`; the outer dimensions enumerate the blocks. Blocks less than a page apart
+    (and no further apart than a block is long) share a read. ``on_read(fd, offset, nbytes)`` is called
+    after each positioned read (page-cache policy).
     """
     dt = dtypes.get(info.dtype)
     carrier = dt.carrier
@@ -137,47 +146,88 @@ def read_selection(fd: int, info: TensorInfo, sel: Selection,
     # the selection as a strided view of the file, in elements from the tensor's first element
     base = sum(start * stride for (start, _, _, _), stride in zip(sel.dims, info.stride))
     view = [(count, step * stride) for (_, step, count, _), stride in zip(sel.dims, info.stride) if count > 1]
-    # read order: largest stride outermost; the innermost dims that are dense form one run
-    order = sorted(range(len(view)), key=lambda i: -view[i][1])
+    order = sorted(range(len(view)), key=lambda i: -view[i][1])  # read order: largest stride outermost
     dims = [view[i] for i in order]
-    run = 1
-    while dims and dims[-1][1] == run:
-        run *= dims.pop()[0]
+    block: list[tuple[int, int]] = []
+    while dims:
+        cand = [dims[-1], *block]
+        need, span = math.prod(c for c, _ in cand), 1 + sum((c - 1) * st for c, st in cand)
+        if span > 2 * need or span * item > MAX_READ:
+            break
+        block = cand
+        dims.pop()
+    need = math.prod(c for c, _ in block)
+    span = 1 + sum((c - 1) * st for c, st in block)
+    dense = span == need
+    inner = None if dense else np.zeros(1, dtype=np.int64)
+    for count, stride in ([] if dense else block):  # offsets of a block's elements from its first, C order
+        inner = (inner[:, None] + np.arange(count, dtype=np.int64)[None, :] * stride).reshape(-1)
     starts = np.full(1, base, dtype=np.int64)
-    for count, stride in dims:  # run starts in C order of the outer dims
+    for count, stride in dims:  # block starts in C order of the outer dims
         starts = (starts[:, None] + np.arange(count, dtype=np.int64)[None, :] * stride).reshape(-1)
-    out = np.empty(starts.size * run, dtype=carrier)
+    out = np.empty(starts.size * need, dtype=carrier)
     by_offset = np.argsort(starts, kind="stable")
     s_sorted = starts[by_offset]
-    # group runs into ranges: a new range wherever the gap to the previous run's end is a page or more
-    ends = s_sorted + run
-    running_end = np.maximum.accumulate(ends)
-    breaks = np.nonzero((s_sorted[1:] - running_end[:-1]) * item >= PAGE)[0] + 1
-    bounds = np.concatenate(([0], breaks, [s_sorted.size]))
+    ends = np.maximum.accumulate(s_sorted + span)  # overlapping views (stride 0) may revisit bytes
+    end_of_data = info.offset + int(ends[-1]) * item
+    if end_of_data > os.fstat(fd).st_size:
+        raise CorruptCheckpointError(info.file, f"needs bytes up to {end_of_data} but the file is shorter "
+                                                f"(truncated?)", info.name)
+    # reads: a new one at every gap of a page or more, or longer than a block, or past MAX_READ
+    gaps = (s_sorted[1:] - ends[:-1]) * item
+    breaks = list(np.nonzero((gaps >= PAGE) | (gaps > span * item))[0] + 1)
+    bounds = _cap_ranges([0, *breaks, s_sorted.size], s_sorted, ends, MAX_READ // item)
+    out_view = memoryview(out.view(np.uint8))
+    dest = out.reshape(-1, need)
+    batch = max(1, _GATHER_ELEMENTS // need)
+    block_bytes = need * item
+    starts_l, ends_l, blocks_l = s_sorted.tolist(), ends.tolist(), by_offset.tolist()  # python ints: a fast loop
+    base_offset = info.offset
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        first, last = int(s_sorted[lo]), int(running_end[hi - 1])
-        nbytes = (last - first) * item
-        offset = info.offset + first * item
-        buf = pread_array(fd, nbytes, offset, info.file, info.name).view(carrier)
+        first, last = starts_l[lo], ends_l[hi - 1]
+        offset, nbytes = base_offset + first * item, (last - first) * item
+        if hi - lo == 1 and dense:  # one dense block: straight into the result
+            k = blocks_l[lo]
+            target = out_view[k * block_bytes:(k + 1) * block_bytes]
+            if os.preadv(fd, [target], offset) != block_bytes:  # short read: finish it carefully
+                _fill(fd, target, offset, info.file, info.name)
+        else:
+            buf = np.empty(nbytes, dtype=np.uint8)
+            _fill(fd, buf, offset, info.file, info.name)
+            buf = buf.view(carrier)
+            blocks = by_offset[lo:hi]
+            rel = s_sorted[lo:hi] - first
+            if inner is None:  # dense blocks sharing one read
+                inner = np.arange(need, dtype=np.int64)
+            for j in range(0, blocks.size, batch):  # vectorised gather, in bounded batches
+                dest[blocks[j:j + batch]] = buf[rel[j:j + batch, None] + inner[None, :]]
         if on_read is not None:
             on_read(fd, offset, nbytes)
-        runs = by_offset[lo:hi]
-        rel = s_sorted[lo:hi] - first
-        if run * item >= PAGE or hi - lo == 1:
-            for k, r in zip(runs.tolist(), rel.tolist()):
-                out[k * run:(k + 1) * run] = buf[r:r + run]
-        else:  # many small runs: gather them in vectorised batches
-            step = max(1, _GATHER_ELEMENTS // run)
-            inner = np.arange(run, dtype=np.int64)
-            dest = out.reshape(-1, run)
-            for j in range(0, runs.size, step):
-                dest[runs[j:j + step]] = buf[rel[j:j + step, None] + inner[None, :]]
     # back from read order to the selection's order
     kept_shape = [view[i][0] for i in order]
     arr = out.reshape(kept_shape) if kept_shape else out.reshape(())
     inverse = np.argsort(order)
     arr = np.ascontiguousarray(arr.transpose(inverse)) if len(order) > 1 else arr
     return to_little_endian(arr.reshape(sel.shape), info)
+
+
+def _cap_ranges(bounds: list[int], starts: np.ndarray, ends: np.ndarray, max_elems: int) -> list[int]:
+    """``bounds`` with ranges longer than ``max_elems`` split between runs (a single run is never split)."""
+    b = np.asarray(bounds, dtype=np.int64)
+    if b.size < 2 or int((ends[b[1:] - 1] - starts[b[:-1]]).max()) <= max_elems:
+        return bounds  # the common case, checked in one vectorised pass
+    out = [bounds[0]]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        first = int(starts[lo])
+        if int(ends[hi - 1]) - first <= max_elems:
+            out.append(hi)
+            continue
+        for i in range(lo + 1, hi):  # long range of many runs: cut before the run that would overflow it
+            if int(ends[i]) - first > max_elems:
+                out.append(i)
+                first = int(starts[i])
+        out.append(hi)
+    return out
 
 
 def to_little_endian(arr: np.ndarray, info: TensorInfo) -> np.ndarray:
