@@ -6,7 +6,7 @@
 
 The man pages are installed with the package (share/man/man1, see pyproject.toml): `git theta --help` is
 turned by git into `man git-theta`, and `man zipslice` works too. Everything comes from
-:func:`zipslice.clistyle.describe`, the same data `-h` prints.
+:func:`zipslice.clihelp.describe`, the same data `-h` prints.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zipslice import clistyle  # noqa: E402
+from zipslice import clihelp  # noqa: E402
 
 REFERENCE = ROOT / "docs" / "reference" / "cli.md"
 MAN_DIR = ROOT / "docs" / "man"
@@ -41,14 +41,14 @@ def apps():
 def walk(command, prog: str):
     """(root doc, [(name, doc)] of visible subcommands, [(name, summary)] of hidden ones)."""
     root_ctx = command.make_context(prog, [], resilient_parsing=True)
-    root = clistyle.describe(command, root_ctx)
+    root = clihelp.describe(command, root_ctx)
     subs, hidden = [], []
     for name, sub in command.commands.items():
         if sub.hidden:
-            hidden.append((name, clistyle.short_help(sub)))
+            hidden.append((name, clihelp.short_help(sub)))
             continue
         ctx = sub.make_context(name, [], parent=root_ctx, resilient_parsing=True)
-        subs.append((name, clistyle.describe(sub, ctx)))
+        subs.append((name, clihelp.describe(sub, ctx)))
     return root, subs, hidden
 
 
@@ -58,12 +58,12 @@ def _md_cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _params(doc: clistyle.CommandDoc, root: bool) -> list[clistyle.ParamDoc]:
+def _params(doc: clihelp.CommandDoc, root: bool) -> list[clihelp.ParamDoc]:
     """Arguments and options; -h/--help is listed once, for the program, not under every command."""
     return [*doc.arguments, *(p for p in doc.options if root or "--help" not in p.names)]
 
 
-def _md_params(doc: clistyle.CommandDoc, root: bool = False) -> list[str]:
+def _md_params(doc: clihelp.CommandDoc, root: bool = False) -> list[str]:
     out = []
     params = [(p.kind, p) for p in _params(doc, root)]
     if params:
@@ -117,7 +117,7 @@ def _roff(text: str) -> str:
     return "\n".join(lines)
 
 
-def _roff_params(doc: clistyle.CommandDoc, root: bool = False) -> list[str]:
+def _roff_params(doc: clihelp.CommandDoc, root: bool = False) -> list[str]:
     out = []
     for p in _params(doc, root):
         extra = " (required)" if p.required and p.kind == "option" else ""

@@ -1,4 +1,5 @@
-"""zipslice.clistyle, the style both command lines share, and the reference docs generated from them."""
+"""zipslice.clistyle and zipslice.clihelp, the style both command lines share, and the reference docs generated
+from them."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zipslice import clistyle
+from zipslice import clihelp, clistyle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,12 +40,12 @@ def test_jsonable_is_strict_json():
 
 @pytest.mark.parametrize("width", [40, 80, 100])
 def test_help_wraps_text_and_keeps_names_whole(width):
-    doc = clistyle.CommandDoc(
+    doc = clihelp.CommandDoc(
         path="p c", usage="p c [OPTIONS] SRC", summary="A summary that is long enough to need wrapping " * 3,
         body=["    an example line that stays as it is, however long it is, because it is indented"],
-        options=[clistyle.ParamDoc("--a-really-long-option-name-that-wont-fit VALUE", "what it does " * 6,
-                                   "option"), clistyle.ParamDoc("-q, --quiet", "quiet", "option")])
-    text = clistyle.render_help(doc, width=width)
+        options=[clihelp.ParamDoc("--a-really-long-option-name-that-wont-fit VALUE", "what it does " * 6,
+                                   "option"), clihelp.ParamDoc("-q, --quiet", "quiet", "option")])
+    text = clihelp.render_help(doc, width=width)
     lines = text.splitlines()
     assert "  --a-really-long-option-name-that-wont-fit VALUE" in lines  # on its own line, whole
     assert "    an example line that stays as it is, however long it is, because it is indented" in text
