@@ -26,8 +26,9 @@ What every command gets:
   (``| head``) ends quietly. Anything else is a bug and keeps its traceback.
 - ``emit_json`` (``--json`` output: NaN/Inf as strings, UTF-8, one document), ``natural_key`` (sort
   ``layer.2`` before ``layer.10``), ``out_console`` (rich on stdout: colour only on a terminal, long
-  lines never folded), ``note``/``set_quiet`` (messages on stderr that ``-q`` silences), ``one_of``
-  (choice validation with a one-line error and shell completion of the choices).
+  lines never folded), ``columns`` (aligned rows, the name last and never padded), ``printable`` (control
+  characters escaped), ``note``/``say``/``set_quiet`` (messages for people, on stderr / stdout, that ``-q``
+  silences), ``one_of`` (choice validation with a one-line error and shell completion of the choices).
 
 No click import: typer vendors its own click in recent versions, so the classes are reached through typer.
 """
