@@ -95,17 +95,20 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
-                     options: CleanOptions | None = None, *, stats: CleanStats | None = None) -> CheckpointMeta:
-    """The metadata of the checkpoint at ``path``; new/changed groups are put in ``store``.
+                     options: CleanOptions | None = None, *, stats: CleanStats | None = None,
+                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None) -> CheckpointMeta:
+    """The metadata of the checkpoint at ``path``, in the file's own format; new/changed groups are put in ``store``.
 
-    ``previous`` is the metadata of the last committed version of the same path (for reuse), if any.
-    A corrupt, unsafe or unreadable checkpoint raises CheckpointError naming the file.
+    ``previous`` is the metadata of the last committed version of the same path (for reuse by tensor name),
+    if any. ``opener`` opens the file (default :func:`zipslice.load`). A corrupt, unsafe or unreadable
+    checkpoint raises CheckpointError naming the file. To record a file in its committed format whatever
+    format it has in the work tree, see :func:`theta.views.clean_as_committed`.
     """
     options = options or CleanOptions()
     stats = stats if stats is not None else CleanStats()
     path = os.fspath(path)
     try:
-        lsd = zipslice.load(path)
+        lsd = (opener or zipslice.load)(path)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:

@@ -22,7 +22,8 @@ PROG = "git theta"           # how users type it (help, usage and error lines)
 SCRIPT = "git-theta"         # the console script git runs (shell completion asks it)
 
 
-def _version() -> str:
+def version() -> str:
+    """This installation's version (package metadata; the source tree's pyproject when not installed)."""
     from zipslice.version import package_version
 
     return package_version()
@@ -31,7 +32,7 @@ def _version() -> str:
 app = clistyle.make_app(
     SCRIPT, "Version ML checkpoints in git, parameter group by parameter group, with the groups stored in "
             "Git LFS. Run `git theta install` once, `git theta track '*.pt'` per repository, then use git as usual.",
-    version=_version)
+    version=version)
 
 
 @app.command()
@@ -76,13 +77,34 @@ def add(ctx: typer.Context,
         paths: List[str] = typer.Argument(..., metavar="PATH", help="Paths to add (and any `git add` options)."),
         update_type: Optional[str] = typer.Option(None, "--update-type", metavar="TYPE",
                                                   help="dense, sparse, low-rank, ia3, delta, rows or auto."),
-        update_data: Optional[Path] = typer.Option(None, "--update-data", metavar="FILE",
-                                                   help="A file holding the update (side-loaded)."),
+        update_data: Optional[Path] = typer.Option(None, "--update-data", "--update-path", metavar="FILE",
+                                                   help="A file holding the update (side-loaded; Git-Theta's "
+                                                        "README spells it --update-path)."),
         option: List[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE",
                                          help="A clean option, passed to the filter as GIT_THETA_KEY."),
+        checkpoint_type: Optional[str] = typer.Option(None, "--checkpoint-type", hidden=True,
+                                                      help="Git-Theta's option: theta reads the format from the "
+                                                           "file's bytes; use --format to change the committed one."),
+        format: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                             help="Change the committed format to torch, safetensors or hdf5 "
+                                                  "(whatever format the work-tree file has).",
+                                             **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
         ) -> None:
-    """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables."""
+    """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables.
+
+    A file keeps the format it was committed in, whatever format it is checked out in (a view); `--format`
+    is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
+    """
     env = dict(os.environ)
+    if checkpoint_type:
+        note(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
+             f"from the file (use --format to change the committed format)")
+    if update_type and update_data:
+        # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
+        from theta.commands.sideload_add import prepare
+
+        for message in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
+            note(message)
     if update_type:
         env["GIT_THETA_UPDATE_TYPE"] = update_type
     if update_data:
@@ -92,21 +114,51 @@ def add(ctx: typer.Context,
         if not sep or not key:
             raise typer.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="'--option'")
         env["GIT_THETA_" + key.upper().replace("-", "_")] = value
+    if format is not None:
+        from theta.settings import FORMATS
+
+        if format not in FORMATS:
+            raise ThetaError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+        env["GIT_THETA_FORMAT"] = format
+        # a tracked file whose stat matches the index would not be cleaned again by a plain `git add`
+        status = gitutil.passthrough(["add", "--renormalize", *ctx.args, "--", *paths], env=env)
+        if status != 0:
+            raise typer.Exit(status)
     raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
+
+
+@app.command()
+def migrate(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH",
+                                                        help="Files to migrate (default: every Git-Theta-format "
+                                                             "tracked file)."),
+            quiet: bool = QUIET_OPTION) -> None:
+    """Rewrite the staged version of Git-Theta-format checkpoints in theta's format (then `git commit`)."""
+    from theta.commands.migrate import migrate as do_migrate
+
+    set_quiet(quiet)
+    done = do_migrate(paths or [])
+    if not done:
+        note("nothing to migrate: no staged file is in Git-Theta's format")
+        return
+    head = gitutil.run_text(["rev-parse", "--short", "HEAD"], check=False) or "HEAD"
+    for m in done:
+        say(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
+    note(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish")
 
 
 @app.command("ls-files")
 def ls_files(rev: Optional[str] = typer.Argument(None, metavar="REV", help="A revision (default: the index)."),
              as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
     """Theta-tracked checkpoints with format, group count, size, stored size and whether every blob is local."""
+    import dataclasses
+
     from theta.commands.lsfiles import list_tracked
     from zipslice.progress import human_bytes as human
 
     set_quiet(quiet)
     files = sorted(list_tracked(rev), key=lambda f: natural_key(f.path))
-    if as_json:
-        emit_json({"rev": rev, "files": [{"path": f.path, "format": f.format, "groups": f.groups, "nbytes": f.size,
-                                          "stored_nbytes": f.stored, "local": f.local} for f in files]})
+    if as_json:  # size: bytes of the groups' values; stored: bytes of the distinct blobs that rebuild it
+        emit_json({"rev": rev, "files": [dataclasses.asdict(f) for f in files]})
         return
     if not files:
         note("no theta-tracked checkpoints")
@@ -161,7 +213,8 @@ def completion_cmd(shell: str = typer.Argument(..., metavar="SHELL", help="bash,
 
 # -- what git runs (hidden) -----------------------------------------------------------------------
 
-_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "merge-driver", "diff-driver", "diff-textconv")
+_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-commit", "merge-driver", "diff-driver",
+             "diff-textconv")
 
 
 @app.command("filter-process", hidden=True)
@@ -198,6 +251,14 @@ def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git pas
     Filter(os.getcwd()).smudge(path, _stdin_chunks(), send)
 
 
+@app.command("post-commit", hidden=True)
+def post_commit() -> None:
+    """Git-Theta's post-commit hook body: theta needs none (blobs to push are found from the pushed commits)."""
+    print("theta needs no post-commit hook: `git push` uploads the blobs the pushed commits reference "
+          "(pre-push hook installed by `git theta install`); you can delete Git-Theta's .git/hooks/post-commit",
+          file=sys.stderr)
+
+
 @app.command("pre-push", hidden=True)
 def pre_push(remote: str = typer.Argument(..., metavar="REMOTE"), url: str = typer.Argument("", metavar="URL")) -> None:
     """The pre-push hook: upload blobs referenced by pushed commits, then run the chained hook."""
@@ -206,25 +267,30 @@ def pre_push(remote: str = typer.Argument(..., metavar="REMOTE"), url: str = typ
     raise typer.Exit(run_pre_push(remote, url, sys.stdin.buffer.read()))
 
 
+_registered = False
+
+
 def _register_areas() -> None:
+    """Add every command area to the app, once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from theta.commands import care as cli_care
     from theta.commands import merge as cli_merge
     from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
+    cli_care.register(app)
     # last in `git theta -h`: about the command line itself
     app.command("help")(help_cmd)
     app.command("completion")(completion_cmd)
 
 
-_registered = False
-
-
 def _app() -> typer.Typer:
-    global _registered
-    if not _registered:
-        _register_areas()
-        _registered = True
+    """The app with every area's commands (registered once)."""
+    _register_areas()
     return app
 
 
@@ -258,7 +324,7 @@ def filter_main(argv: list[str] | None = None) -> int:
         sys.stdout.write(FILTER_HELP)
         return 0
     if args and args[0] == "--version":
-        print(f"git-theta-filter {_version()}")
+        print(f"git-theta-filter {version()}")
         return 0
     if args:
         print(f"git-theta-filter: error: unexpected argument {args[0]!r}; git starts this filter without "

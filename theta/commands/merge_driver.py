@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from theta import settings
 from theta.commands.merge_menu import MANUAL, ask
 from theta.errors import MergeConflict, ThetaError
 from theta.merges import get as get_strategy, names as strategy_names
@@ -190,6 +191,7 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
             f.write_bytes(stages[n] or b"")
             files.append(str(f))
         meta = merge_files(*files, rel, repo_dir=repo, config=config, err=err)
-    smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel)
+    # in the work tree's format: a path checked out as a view (theta-format, theta.checkoutFormat) stays one
+    smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel, fmt=settings.checkout_format(rel, repo))
     gitutil.run(["add", "--", rel], cwd=repo)
     return meta
