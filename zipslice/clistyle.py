@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import typer
 from .clihelp import StyledCommand, StyledGroup, _complete_var, _metavar
-from .clihelp import SHELLS, completion_script  # re-exported: command modules need only clistyle
+from .clihelp import SHELLS, completion_script  # noqa: F401 (re-exported: command modules need only clistyle)
 
 # click's exception classes, whichever click typer uses (its vendored copy or the click package)
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 import zipslice
 from zipslice import dtypes
-from zipslice.slicing import PAGE, parse_index, select
+from zipslice.slicing import parse_index, select
 
 INDICES = [(), np.s_[0], np.s_[-1], np.s_[1:3], np.s_[::2], np.s_[:, 1], np.s_[..., 2], np.s_[1, ..., 1:6:2],
            np.s_[:, 2:5, ::3], np.s_[2, 3, 4], np.s_[5:100], np.s_[3:1], np.s_[:, :, -2:]]
