@@ -20,8 +20,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # public name -> (module, attribute in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
@@ -91,6 +89,10 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
 
 def __getattr__(name: str) -> Any:
     """Load a public name on first use (PEP 562) and keep it in the module for the next lookup."""
+    if name == "__version__":  # one version for the distribution (zipslice-theta), from its package metadata
+        from zipslice.version import package_version
+
+        return package_version()
     try:
         module, attribute = _EXPORTS[name]
     except KeyError:
@@ -101,4 +103,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})

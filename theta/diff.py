@@ -14,6 +14,7 @@ from typing import Iterable, Protocol
 import numpy as np
 
 from theta import lsh
+from zipslice.clistyle import natural_key
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
 from theta.updates import content_hash, reconstruct
@@ -230,7 +231,7 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
         o, n = old.meta, new.meta
         ov, nv = _plain_values(o.structure), _plain_values(n.structure)
         if ov != nv:
-            keys = sorted(k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k))
+            keys = sorted((k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k)), key=natural_key)
             shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
             fd.notes.append(f"non-tensor values changed: {shown}")
         if o.metadata != n.metadata:

@@ -17,9 +17,17 @@ from .info import TensorInfo, TensorSource
 from .sniff import sniff
 
 __all__ = [
-    "load", "save", "sniff", "LazyCheckpoint", "TensorInfo", "TensorSource", "ZipsliceError",
+    "__version__", "load", "save", "sniff", "LazyCheckpoint", "TensorInfo", "TensorSource", "ZipsliceError",
     "UnsafeCheckpointError", "CorruptCheckpointError", "NotACheckpointError", "UnsupportedCheckpointError",
 ]
+
+def __getattr__(name: str):
+    if name == "__version__":  # read from the package metadata on first use, not at import
+        from .version import package_version
+
+        return package_version()
+    raise AttributeError(f"module 'zipslice' has no attribute {name!r}")
+
 
 def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None) -> LazyCheckpoint:
     """Open a checkpoint lazily; the format is sniffed from its bytes.

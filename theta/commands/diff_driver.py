@@ -7,11 +7,12 @@ an added or removed file. Output goes to stdout, coloured (rich) when stdout is 
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +23,7 @@ from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide,
 from theta.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.store import LfsStore
+from zipslice.clistyle import jsonable
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -149,9 +151,9 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     return MetaSide(loads(data), label, repo)
 
 
-def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat: bool = False,
-                 out: TextIO | None = None, color: bool | None = None, cwd: str | os.PathLike = ".") -> int:
-    """Print the model diff of the theta-tracked paths; returns how many files differ."""
+def file_diffs(revs: list[str], paths: list[str], estimate: bool = False,
+               cwd: str | os.PathLike = ".") -> Iterator[FileDiff]:
+    """The model diff of each theta-tracked path that differs (see :func:`diff_command` for the sides)."""
     if len(revs) > 2:
         raise ThetaError("git theta diff takes at most two revisions")
     repo = gitutil.toplevel(cwd)
@@ -164,8 +166,6 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
         changed = _names(["diff-index", "-z", "--name-only", "--no-renames", revs[0], *spec], repo)
     else:  # index vs working tree, by stat (plumbing: never runs the clean filter)
         changed = _names(["diff-files", "-z", "--name-only", *spec], repo)
-    console = make_console(out, color)
-    count = 0
     for path in theta_paths(changed, repo):
         if len(revs) == 2:
             old = _meta_at(f"{revs[0]}:{path}", repo, path)
@@ -185,9 +185,50 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
                 if isinstance(side, CheckpointSide):
                     side.close()
         if fd.groups or fd.notes or fd.old_format is None or fd.new_format is None:
-            render(fd, console, stat=stat)
-            count += 1
+            yield fd
+
+
+def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat: bool = False,
+                 out: TextIO | None = None, color: bool | None = None, cwd: str | os.PathLike = ".",
+                 as_json: bool = False) -> int:
+    """Print the model diff of the theta-tracked paths; returns how many files differ.
+
+    No revision: the index against the working tree; one: that revision against the working tree; two: the
+    two revisions. ``as_json``: one JSON document (see :func:`file_diff_json`) instead of the report.
+    """
+    if as_json:
+        docs = [file_diff_json(fd) for fd in file_diffs(revs, paths, estimate, cwd)]
+        (out or sys.stdout).write(json.dumps(jsonable({"revs": revs, "files": docs}), indent=1,
+                                             ensure_ascii=False, allow_nan=False) + "\n")
+        return len(docs)
+    console = make_console(out, color)
+    count = 0
+    for fd in file_diffs(revs, paths, estimate, cwd):
+        render(fd, console, stat=stat)
+        count += 1
     return count
+
+
+def file_diff_json(fd: FileDiff) -> dict:
+    """A file's model diff as JSON-able data: per group status, dtype/shape/update on each side, statistics."""
+    def side(i: GroupInfo | None):
+        return None if i is None else {"dtype": i.dtype, "shape": list(i.shape), "update": i.update,
+                                       "chain": i.chain}
+
+    groups = []
+    for g in fd.groups:
+        doc = {"name": g.name, "status": g.status, "old": side(g.old), "new": side(g.new)}
+        if g.stats is not None:
+            s = g.stats
+            doc["stats"] = {"numel": s.numel, "changed": s.changed, "l2": s.l2, "relative": s.relative,
+                            "max_abs": s.max_abs, "old_l2": s.old_l2}
+        if g.estimate is not None:
+            doc["estimate_l2"] = g.estimate
+        groups.append(doc)
+    counts = {s: fd.count(s) for s in ("modified", "added", "removed", "reshaped", "retyped")}
+    counts["unchanged"] = fd.unchanged
+    return {"path": fd.path, "old_format": fd.old_format, "new_format": fd.new_format, "estimated": fd.estimated,
+            "notes": fd.notes, "counts": counts, "groups": groups}
 
 
 # ---------- textconv: a line per group, for `git log -p` / `git show` without --ext-diff ----------------------

@@ -178,12 +178,12 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
     if stages[2] is None or stages[3] is None:
         raise ThetaError(f"{rel}: no ours/theirs stages in the index; is the file in conflict?")
     config = MergeConfig.load(repo)
-    config.env_strategy, config.interactive = strategy, False
+    config.cli_strategy, config.interactive = strategy, False
     for key, value in (params or {}).items():
         try:
-            config.env_params[key] = float(value)
+            config.cli_params[key] = float(value)
         except (TypeError, ValueError):
-            raise ThetaError(f"merge parameter {key}={value!r} is not a number") from None
+            raise ThetaError(f"--param {key}={value}: {value!r} is not a number") from None
     with tempfile.TemporaryDirectory(dir=gitutil.theta_dir(repo)) as d:
         files = []
         for n, role in ((1, "ancestor"), (2, "ours"), (3, "theirs")):

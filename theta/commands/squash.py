@@ -46,16 +46,20 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the `git theta` app."""
 
     @app.command()
-    def squash(paths: List[str] = typer.Argument(..., help="Theta-tracked checkpoints to squash.")) -> None:
+    def squash(paths: List[str] = typer.Argument(..., metavar="PATH", help="Theta-tracked checkpoints to squash."),
+               quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")) -> None:
         """Make the staged version of each PATH self-contained: every group becomes one dense step.
 
         Update chains (sparse/low-rank/ia3/delta/rows steps on earlier values) are rebuilt and stored as
         plain values, so the next commit no longer needs the older blobs. The working tree is unchanged.
         """
+        from zipslice.clistyle import say, set_quiet
+
+        set_quiet(quiet)
         for p in paths:
             r = squash_path(p)
             if r.rewritten:
-                print(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
+                say(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
                       f"({r.new_blob_bytes / 2**20:.1f} MiB stored); the result is staged")
             else:
-                print(f"{r.path}: already self-contained ({r.groups} groups)")
+                say(f"{r.path}: already self-contained ({r.groups} groups)")

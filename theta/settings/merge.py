@@ -112,15 +112,20 @@ class MergeConfig:
     interactive: bool = True
     # non-tensor values (epoch counters, ...) changed differently on both sides: None = conflict, "ours", "theirs"
     values: str | None = None
+    # given on the command line (`git theta merge-resolve --strategy/--param`): above everything else
+    cli_strategy: str | None = None
+    cli_params: dict[str, float] = field(default_factory=dict)
 
     @property
     def configured(self) -> bool:
-        return bool(self.env_strategy or self.git_strategy or self.file_strategy
+        return bool(self.cli_strategy or self.env_strategy or self.git_strategy or self.file_strategy
                     or any(r.strategy for r in self.rules))
 
     def choose(self, path: str, group: str) -> Choice:
         rule = next((r for r in self.rules if r.strategy and r.matches(path, group)), None)
-        if self.env_strategy:
+        if self.cli_strategy:
+            strategy, source = self.cli_strategy, "--strategy"
+        elif self.env_strategy:
             strategy, source = self.env_strategy, "environment GIT_THETA_MERGE_STRATEGY"
         elif rule is not None:
             strategy, source = rule.strategy, rule.label
@@ -137,11 +142,13 @@ class MergeConfig:
         for r in reversed([r for r in self.rules if r.matches(path, group)]):
             params.update(r.params)
         params.update(self.env_params)
+        params.update(self.cli_params)
         return Choice(strategy, params, source)
 
     def check_parameters(self, known: set[str]) -> None:
         """Refuse parameter names no installed strategy knows (a typo must not silently use a default)."""
-        sources = [("environment GIT_THETA_MERGE_", self.env_params), ("git config theta.merge.", self.git_params),
+        sources = [("--param ", self.cli_params), ("environment GIT_THETA_MERGE_", self.env_params),
+                   ("git config theta.merge.", self.git_params),
                    (f"{RULES_FILE} [default] ", self.file_params)]
         sources += [(f"{r.label} ", r.params) for r in self.rules]
         for where, params in sources:
