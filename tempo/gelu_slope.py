@@ -1,0 +1,174 @@
+"""GELU'(x) from y = GELU(x) and one branch bit (x < x*), without keeping x.
+
+GELU has one minimum, (x*, y*) = (-0.7517915, -0.1699712) for the erf form and (-0.7524614, -0.1700408)
+for the tanh form, so y alone does not fix x: one bit per element says which side of the minimum x was on.
+On each side the slope is a smooth function of a variable of y:
+- right (x >= x*): r = sqrt(y - y*). It removes the square-root kink at the minimum; x > 6 (r > ~2.48)
+  is clamped there (GELU' = 1 within 4e-8).
+- left (x < x*): w = sqrt(-2 log(y / y*)). Near the minimum w ~ sqrt(y - y*) (no kink), and as
+  x -> -inf w ~ |x|, which tames the Gaussian tail; x below ~-5.9 is clamped (|GELU'| < 1e-7).
+Each variable indexes a table of quadratic cells (one gather per coefficient, no branches). The tables
+are built on first use from the exact GELU in float64: each node's x by bisection, then GELU'(x) exactly.
+No polynomial fit, Newton step, erf or exp runs per element.
+
+Accuracy, float32 (tests/tempo/test_tempo_gelu.py measures it): within ~6e-7 of GELU'(x) except
+- within ~2e-3 of x*: rounding y to float32 hides |x - x*| below ~2e-4, and the error rises to ~1.1e-4 at
+  x* itself. Any method that keeps only y has this floor; in 16 bits it is ~100x larger (docs/tempo.md).
+- x < -2 for the erf form: F.gelu's own float32 y carries up to ~1e-3 relative error there (1 + erf
+  cancels), so the slope is off by up to ~3.5e-6 (slopes there are below 0.09 in size).
+Work is done in float32 (float64 stays float64) in chunks that stay in cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .bits import unpack_float
+
+KINDS = ("erf", "tanh")
+# Elements per chunk: ~8 float32 temporaries of this size stay cache-resident; a multiple of 8 so chunks
+# start on whole bytes of packed bits. Measured on a 2-core AMD EPYC: 2^16 .. 2^18 within 10%.
+CHUNK = 1 << 20
+# Quadratic cells per side: interpolation error < 3e-8 (tests check the end-to-end error).
+CELLS = 2048
+X_RIGHT_CLAMP = 6.0
+X_LEFT_CLAMP = -6.5
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_TANH_CUBIC = 0.044715
+
+
+def _gelu(x: torch.Tensor, kind: str) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="none" if kind == "erf" else "tanh")
+
+
+def _gelu_slope(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Exact GELU'(x) in float64."""
+    if kind == "erf":
+        return torch.special.ndtr(x) + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    th = torch.tanh(_SQRT_2_OVER_PI * (x + _TANH_CUBIC * x**3))
+    return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * _SQRT_2_OVER_PI * (1 + 3 * _TANH_CUBIC * x * x)
+
+
+def _log_neg_gelu(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """log(-GELU(x)) for x < 0, without underflow in the far tail."""
+    if kind == "erf":
+        return torch.log(-x) + torch.special.log_ndtr(x)
+    return torch.log(-x) + torch.nn.functional.logsigmoid(2.0 * _SQRT_2_OVER_PI * (x + _TANH_CUBIC * x**3))
+
+
+def _bisect(fn, target: torch.Tensor, lo: float, hi: float, increasing: bool, steps: int = 80) -> torch.Tensor:
+    """x in [lo, hi] with fn(x) = target, fn monotone in the given direction, elementwise in float64."""
+    lo_t = torch.full_like(target, lo)
+    hi_t = torch.full_like(target, hi)
+    for _ in range(steps):
+        mid = 0.5 * (lo_t + hi_t)
+        go_right = (fn(mid) < target) if increasing else (fn(mid) > target)
+        lo_t = torch.where(go_right, mid, lo_t)
+        hi_t = torch.where(go_right, hi_t, mid)
+    return 0.5 * (lo_t + hi_t)
+
+
+@dataclass(frozen=True)
+class _Form:
+    x_min: float
+    y_min: float
+    y_min_hi: float  # y* as float32 hi + lo: y - y* in two float32 ops with ~float64 accuracy
+    y_min_lo: float
+    r_max: float
+    w_max: float
+    cells: torch.Tensor  # float64 (2 * CELLS, 3): right cells, then left cells; value = c0 + c1 s + c2 s^2
+
+
+@lru_cache(maxsize=None)
+def _form(kind: str) -> _Form:
+    if kind not in KINDS:
+        raise ValueError(f"unknown GELU form {kind!r}; expected one of {KINDS}")
+    f64 = torch.float64
+    x_min = float(_bisect(lambda x: _gelu_slope(x, kind), torch.zeros(1, dtype=f64), -1.5, -0.2, True)[0])
+    y_min = float(_gelu(torch.tensor(x_min, dtype=f64), kind))
+    log_neg_y_min = math.log(-y_min)
+
+    def right_var(x):
+        return torch.sqrt(torch.clamp(_gelu(x, kind) - y_min, min=0.0))
+
+    def left_var(x):
+        return torch.sqrt(torch.clamp(-2.0 * (_log_neg_gelu(x, kind) - log_neg_y_min), min=0.0))
+
+    r_max = float(right_var(torch.tensor(X_RIGHT_CLAMP, dtype=f64)))
+    w_max = float(left_var(torch.tensor(X_LEFT_CLAMP, dtype=f64)))
+
+    def cells(var, v_max, lo, hi, increasing):
+        # each cell through its two ends and midpoint: s = 0, 1/2, 1
+        v = torch.arange(2 * CELLS + 1, dtype=f64) * (v_max / (2 * CELLS))
+        slope = _gelu_slope(_bisect(var, v, lo, hi, increasing), kind)
+        f0, fm, f1 = slope[0:-1:2], slope[1::2], slope[2::2]
+        c2 = 2.0 * (f1 - 2.0 * fm + f0)
+        return torch.stack([f0, f1 - f0 - c2, c2], dim=1)
+
+    table = torch.cat([cells(right_var, r_max, x_min, X_RIGHT_CLAMP + 1.0, increasing=True),
+                       cells(left_var, w_max, X_LEFT_CLAMP - 1.0, x_min, increasing=False)])
+    y_min_hi = float(torch.tensor(y_min, dtype=torch.float32))
+    return _Form(x_min=x_min, y_min=y_min, y_min_hi=y_min_hi, y_min_lo=float(torch.tensor(y_min - y_min_hi, dtype=torch.float32)),
+                 r_max=r_max, w_max=w_max, cells=table)
+
+
+@lru_cache(maxsize=None)
+def _cell_columns(kind: str, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    cells = _form(kind).cells.to(dtype=dtype, device=device)
+    return tuple(cells[:, k].contiguous() for k in range(3))
+
+
+def minimum(kind: str) -> tuple[float, float]:
+    """(x*, y*) of the GELU form `kind` ('erf' or 'tanh')."""
+    form = _form(kind)
+    return form.x_min, form.y_min
+
+
+def left_of_minimum(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """The branch bit the backward needs: x < x*."""
+    return x < _form(kind).x_min
+
+
+def slope_from_output(y: torch.Tensor, left: torch.Tensor, kind: str) -> torch.Tensor:
+    """GELU'(x) for one chunk: y float32 or float64, `left` 1.0 where x < x*, 0.0 elsewhere (y's dtype)."""
+    form = _form(kind)
+    c0, c1, c2 = _cell_columns(kind, y.dtype, y.device)
+    top = CELLS - 1e-2  # keeps the cell index below CELLS after rounding
+    u = torch.sub(y, form.y_min_hi).sub_(form.y_min_lo)  # y - y*
+    # left: w = sqrt(-2 log(y / y*)) = sqrt(-2 log1p(u / y*)). u / y* >= -1 on the left branch; keeping
+    # it above -1 keeps log1p finite (sqrt of inf is slow on CPU); that caps x near -5.9 in float32.
+    tiny = torch.finfo(y.dtype).eps / 2
+    w = torch.mul(u, 1.0 / form.y_min).clamp_(-1.0 + tiny, 0.0).log1p_().mul_(-2.0).sqrt_()
+    position_left = w.mul_(CELLS / form.w_max).clamp_max_(top).add_(CELLS)
+    position = u.clamp_min_(0.0).sqrt_().mul_(CELLS / form.r_max).clamp_max_(top)
+    position = torch.addcmul(position, position_left.sub_(position), left)  # blend, not torch.where: faster
+    index = position.to(torch.int32)
+    s = position.sub_(index)
+    return torch.addcmul(c0.index_select(0, index), torch.addcmul(c1.index_select(0, index), s, c2.index_select(0, index)), s)
+
+
+def gelu_backward_from_output(
+    grad_output: torch.Tensor, y: torch.Tensor, packed_left: torch.Tensor, kind: str
+) -> torch.Tensor:
+    """grad_output * GELU'(x), from the saved output y and the packed branch bits (bits.pack(x < x*)).
+
+    16-bit tensors are computed in float32 and rounded once at the end, as PyTorch's own GELU backward does.
+    """
+    _form(kind)
+    if grad_output.shape != y.shape:
+        raise ValueError(f"shape mismatch: grad {tuple(grad_output.shape)}, output {tuple(y.shape)}")
+    compute_dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
+    grad_input = torch.empty(y.shape, dtype=grad_output.dtype, device=y.device)
+    flat_out = grad_input.view(-1)
+    flat_y, flat_grad = y.reshape(-1), grad_output.reshape(-1)
+    numel = flat_y.numel()
+    for start in range(0, numel, CHUNK):
+        stop = min(start + CHUNK, numel)
+        left = unpack_float(packed_left[start // 8:(stop + 7) // 8], stop - start, compute_dtype)
+        slope = slope_from_output(flat_y[start:stop].to(compute_dtype), left, kind)
+        flat_out[start:stop] = slope.mul_(flat_grad[start:stop].to(compute_dtype))
+    return grad_input
