@@ -25,10 +25,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))  # the checkout's packages; scripts/ (this folder) is already first
 
-from bench_git import dir_bytes, git_env  # noqa: E402  (same directory: shared measuring helpers)
+from bench.harness import dir_bytes, git_env  # the benchmarks' isolated git environment and measuring
 
 MiB = 1 << 20
 

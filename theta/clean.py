@@ -10,9 +10,7 @@ One group at a time (memory ~ 2 x the largest group, + its previous value when c
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,12 +20,17 @@ import numpy as np
 import zipslice
 from zipslice import dtypes
 from zipslice.errors import ZipsliceError
+from zipslice.progress import Bar
 
-from . import codec, lsh, numeric
-from .errors import BlobMissingError, CheckpointError
-from .metadata import Alias, CheckpointMeta, GroupMeta, Step
-from .store import LfsStore
-from .updates import reconstruct
+from theta.storage import codec
+from theta import lsh
+from theta import numeric
+from theta import parallel
+from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
+from theta.errors import BlobMissingError, CheckpointError
+from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
+from theta.storage.store import LfsStore
+from theta.updates import content_hash, reconstruct
 
 
 @dataclass
@@ -62,50 +65,16 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 
     ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
     in the previous metadata (same dtype and shape) or None; ``previous_value()`` rebuilds it (None when
-    there is none or its blobs are not in the local store). Use :func:`store_step` to store parts and
-    :func:`chain` to append to the previous chain within ``options.max_chain``.
+    there is none or its blobs are not in the local store). Steps are stored with
+    :func:`theta.updates.steps.store_step` and chained within ``options.max_chain``.
     The policy (auto/sparse/low-rank/ia3/delta, side-loaded ``update_data``) is theta.updates.auto's.
     ``reshaped_previous``: the previous version of a group whose dtype or shape changed (``previous`` is
     then None), a base for updates that change the shape (``rows``).
     """
-    from .updates.auto import encode_change
+    from theta.updates.auto import encode_change
 
     return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data,
                          reshaped_previous=reshaped_previous)
-
-
-def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
-               options: CleanOptions) -> Step:
-    """Encode ``parts`` into one blob, put it in the store, return the Step."""
-    ref = store.put_stream(codec.iter_encode_parts(parts, options.level))
-    return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
-
-
-def chain(previous: GroupMeta | None, step: Step, incremental: bool, options: CleanOptions) -> list[Step]:
-    """The new chain: ``[step]`` when self-contained, else previous steps + step (bounded by max_chain)."""
-    if not incremental:
-        return [step]
-    if previous is None:
-        raise CheckpointError(f"an incremental {step.type} step needs a previous version")
-    return [*previous.steps, step]
-
-
-def chain_full(previous: GroupMeta | None, options: CleanOptions) -> bool:
-    """True when appending one more step would exceed ``max_chain`` (store self-contained instead)."""
-    return previous is not None and len(previous.steps) + 1 > options.max_chain
-
-
-def _progress(enabled: bool, total: int, label: str):
-    if not (enabled and sys.stderr.isatty()):
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    p = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                 console=Console(stderr=True), transient=True)
-    p.start()
-    p.add_task(label, total=total)
-    return p
 
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
@@ -140,10 +109,10 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     aliases: dict[str, Alias] = {}
     tie_owner: dict = {}
     same_lsh = previous is not None and previous.lsh == lsh.PARAMS
-    from .updates.sideload import open_for_clean
+    from theta.updates.sideload import open_for_clean
 
     update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
-    bar = _progress(options.progress, sum(lsd.info(k).nbytes for k in order), f"theta clean {Path(path).name}")
+    bar = Bar(f"theta clean {Path(path).name}", sum(lsd.info(k).nbytes for k in order), options.progress)
     group_keys = []
     for key in order:
         info = lsd.info(key)
@@ -173,40 +142,20 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > READ_AHEAD_BYTES:
                     break
-                pending.append((nxt, _reader().submit(_read_group, lsd, group_keys[nxt], previous)))
+                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
             del got
-            if bar is not None:
-                bar.advance(bar.task_ids[0], lsd.info(key).nbytes)
+            bar.advance(lsd.info(key).nbytes)
     finally:
         for _, fut in pending:
             fut.cancel() or fut.exception()  # never close the file under a running read
-        if bar is not None:
-            bar.stop()
+        bar.close()
         if update_data is not None:
             update_data.close()
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
-
-
-READ_AHEAD_BYTES = 64 << 20  # clean reads, and smudge rebuilds, the next group(s) ahead only up to this size
-READ_AHEAD_THREADS = 1  # 2 measured no faster on 2 cores, and held more memory
-_reader_pool = None
-
-
-def _reader():
-    global _reader_pool
-    if _reader_pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _reader_pool = ThreadPoolExecutor(max_workers=READ_AHEAD_THREADS, thread_name_prefix="theta-read")
-    return _reader_pool
-
-
-def _sha256(raw: np.ndarray) -> str:
-    return hashlib.sha256(raw.reshape(-1).view(np.uint8).data if raw.size else b"").hexdigest()
 
 
 def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape: tuple) -> GroupMeta | None:
@@ -236,7 +185,7 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     prev = _previous_group(previous, key, info.dtype, info.shape)
-    digest = _sha256(raw)
+    digest = content_hash(raw)
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.

@@ -46,3 +46,36 @@ class CheckpointError(ThetaError):
 
 class UpdateTypeError(ThetaError):
     """An unknown update type, or one that cannot encode/apply the given group."""
+
+
+class TransferError(ThetaError):
+    """Blobs could not be uploaded to or downloaded from the LFS server."""
+
+
+class UpdateDataError(UpdateTypeError):
+    """The side-loaded update file is malformed or does not match the checkpoint."""
+
+
+class TrackError(ThetaError):
+    """A pattern cannot be tracked (conflicting driver, bad pattern)."""
+
+
+class GitError(ThetaError):
+    """A git (or git-lfs) command failed; the message carries the command and its stderr."""
+
+
+class ProtocolError(ThetaError):
+    """git and the filter disagree about the protocol (truncated stream, bad length, unexpected line)."""
+
+
+class MergeError(ThetaError):
+    """A merge could not be computed (bad parameter, unknown strategy, incompatible groups)."""
+
+
+class MergeConflict(ThetaError):
+    """Groups that cannot be merged automatically (shape/dtype change, delete vs modify, no strategy)."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))

@@ -26,10 +26,3 @@ def allclose(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> bool:
         if not np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
             return False
     return True
-
-
-def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
-        return False
-    return bool(np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
-                               np.ascontiguousarray(b).reshape(-1).view(np.uint8)))

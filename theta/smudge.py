@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,23 +17,18 @@ import numpy as np
 import zipslice
 from zipslice import TensorSource, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
+from zipslice.progress import Bar
 
-from .clean import READ_AHEAD_BYTES
-from .errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
-from .metadata import CheckpointMeta
-from .store import LfsStore, _hasher
-from .updates import content_hash, reconstruct
+from theta import parallel
+from theta.parallel import READ_AHEAD_BYTES
+from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
+from theta.storage.metadata import CheckpointMeta
+from theta.storage.store import LfsStore
+from theta.updates import content_hash, reconstruct
 
 
 # formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
 _WRITES_AS = {"torch-legacy": "torch"}
-
-
-def _le_bytes(arr: np.ndarray) -> memoryview:
-    a = np.ascontiguousarray(arr)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
 
 
 def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) -> None:
@@ -135,7 +129,7 @@ class _Job:
                  verify: str = "hash"):
         if verify not in VERIFY:
             raise ThetaError(f"unknown verification {verify!r}; expected one of {', '.join(VERIFY)}")
-        self.bar = bar = _progress(progress, meta, name)
+        self.bar = bar = Bar(f"theta smudge {name}", sum(_nbytes(g) for g in meta.groups.values()), progress)
         self.checker = checker = _HashChecker(name)
         sources = []
         for tname in meta.order:
@@ -166,9 +160,8 @@ class _Job:
                 value, fresh = rebuild.get(group_name, before_new=before_new)
                 if fresh and not rebuild.verified(group_name):
                     checker.submit(meta.groups[group_name], value)  # verified on another thread while written
-                    if bar is not None:
-                        bar.advance(bar.task_ids[0], value.nbytes)
-                view = _le_bytes(value)
+                    bar.advance(value.nbytes)
+                view = dtypes.le_bytes(value)
                 handed.append(view)
                 return view
             return read
@@ -180,8 +173,7 @@ class _Job:
     def close(self) -> None:
         self.rebuild.close()
         self.checker.finish(raise_errors=False)
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()
 
 
 def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta) -> list[str]:
@@ -239,7 +231,7 @@ class _Rebuilder:
             value = self._rebuild(group_name)
         nxt = self.next_of.get(group_name)
         if nxt is not None and _nbytes(self.meta.groups[nxt]) <= READ_AHEAD_BYTES:
-            self.ahead = (nxt, _ahead_pool().submit(self._rebuild, nxt))
+            self.ahead = (nxt, parallel.pool("rebuild").submit(self._rebuild, nxt))
         self.last = (group_name, value)
         return value, True
 
@@ -248,8 +240,6 @@ class _Rebuilder:
             self.ahead[1].cancel() or self.ahead[1].exception()
         self.ahead = self.last = None
 
-
-_pool = None
 
 # How smudge verifies each rebuilt group:
 #   "hash"   -- sha256 of the rebuilt value equals the group's content hash (always for chains, low-rank, ...);
@@ -264,7 +254,7 @@ VERIFY = ("hash", "frames")
 
 def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
     """The value of a single-dense-step group if its blob proves its own bytes, else None (hash it)."""
-    from . import codec
+    from theta.storage import codec
 
     step = group.steps[0]
     with store.mapped(step.blob, group=group.name, file=file) as blob:
@@ -282,13 +272,6 @@ def _nbytes(group) -> int:
     return group.numel * dtypes.get(group.dtype).itemsize
 
 
-def _ahead_pool():
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="theta-smudge")
-    return _pool
-
-
 class _HashChecker:
     """Checks rebuilt values against their content hash on a background thread, one value in flight."""
 
@@ -298,7 +281,7 @@ class _HashChecker:
 
     def submit(self, group, value: np.ndarray) -> None:
         self.finish()
-        self.pending = (group, _hasher().submit(content_hash, value))
+        self.pending = (group, parallel.pool("hash").submit(content_hash, value))
 
     def finish(self, raise_errors: bool = True) -> None:
         if self.pending is None:
@@ -309,19 +292,3 @@ class _HashChecker:
         if digest != group.hash and raise_errors:
             raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob "
                                    f"{group.steps[-1].blob.oid} does not match its content hash")
-
-
-def _progress(enabled: bool, meta: CheckpointMeta, label: str):
-    if not (enabled and sys.stderr.isatty()):
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    from zipslice import dtypes
-
-    total = sum(g.numel * dtypes.get(g.dtype).itemsize for g in meta.groups.values())
-    p = Progress(TextColumn(f"theta smudge {label}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                 console=Console(stderr=True), transient=True)
-    p.start()
-    p.add_task(label, total=total)
-    return p

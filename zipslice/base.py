@@ -138,9 +138,6 @@ class LazyCheckpoint(Mapping):
         files = {i.file for i in self._infos.values()} or {self.path}
         return sum(os.path.getsize(f) for f in files)
 
-    def read_span(self, key: str) -> bytearray:
-        return self._read_span(self.info(key))
-
     def numpy(self, key: str, raw: bool = False) -> np.ndarray:
         info = self.info(key)
         arr = restride(self._read_span(info), info)

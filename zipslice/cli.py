@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import dtypes
+from .progress import Bar, human_bytes as human
 from .errors import ZipsliceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -43,14 +44,6 @@ class CastDType(str, Enum):
 def _out() -> Console:
     # a pipe or file gets wide rows (a table is only as wide as its content) rather than folded names
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-
-
-def human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _shape(shape) -> str:
@@ -193,28 +186,6 @@ def show_cmd(path: Path = typer.Argument(..., help="checkpoint file"),
 
 # -- convert ---------------------------------------------------------------------------------------
 
-def _progress_bar(description: str):
-    """A rich progress callback when stderr is a terminal, else None (and a no-op context)."""
-    import contextlib
-
-    if not sys.stderr.isatty():
-        return contextlib.nullcontext(None)
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
-
-    @contextlib.contextmanager
-    def bar():
-        with Progress(TextColumn(description), BarColumn(), DownloadColumn(binary_units=True),
-                      TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-                      transient=True) as p:
-            task = p.add_task(description, total=None)
-
-            def advance(n: int, total: int) -> None:
-                p.update(task, total=total, advance=n)
-            yield advance
-    return bar()
-
-
 @app.command("convert")
 def convert_cmd(src: Path = typer.Argument(..., help="checkpoint to read (any supported format)"),
                 dst: Path = typer.Argument(..., help="file to write (replaced atomically)"),
@@ -225,7 +196,8 @@ def convert_cmd(src: Path = typer.Argument(..., help="checkpoint to read (any su
     """Convert one tensor at a time; nesting, ties and non-tensor values survive (see docs)."""
     from .convert import convert
 
-    with _progress_bar(f"{src.name} → {dst.name}") as progress:
+    with Bar(f"{src.name} → {dst.name}") as bar:
+        progress = bar.advance if bar.active else None
         r = convert(src, dst, to=to.value if to else None, dtype=dtype.value if dtype else None,
                     progress=progress, keep_layout=not no_layout)
     cast = f", {r.cast} cast to {dtype.value}" if dtype else ""
@@ -242,7 +214,8 @@ def diff_cmd(a: Path = typer.Argument(..., help="first checkpoint"),
     """Per tensor: added / removed / changed (dtype, shape, elements changed, max abs diff). Exit 1 if they differ."""
     from .diff import diff
 
-    with _progress_bar(f"{a.name} ↔ {b.name}") as progress:
+    with Bar(f"{a.name} ↔ {b.name}") as bar:
+        progress = bar.advance if bar.active else None
         report = diff(a, b, progress=progress)
     if as_json:
         print(json.dumps(report.to_json(), indent=1))

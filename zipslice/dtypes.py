@@ -91,3 +91,22 @@ def to_torch(name: str):
 
 def from_torch(dtype) -> DType:
     return get(str(dtype).removeprefix("torch."))
+
+
+def little_endian(arr: np.ndarray) -> np.ndarray:
+    """``arr`` C-contiguous and little-endian (the layout every format and theta's hashes use); no copy when
+    it already is. A 0-d array stays 0-d."""
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return arr
+
+
+def le_bytes(arr: np.ndarray) -> memoryview:
+    """The contiguous little-endian bytes of ``arr`` as a flat uint8 memoryview (no copy when possible).
+
+    Goes through uint8 because buffers of ml_dtypes arrays (bfloat16, float8) cannot be exported directly.
+    """
+    a = little_endian(arr)
+    return memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")

@@ -31,3 +31,20 @@ class NotACheckpointError(CorruptCheckpointError):
 
 class UnsupportedCheckpointError(ZipsliceError):
     """A valid file of a kind zipslice does not read (e.g. a dtype with no mapping)."""
+
+
+# -- internal signals, turned into the errors above by the code that catches them -------------------------
+class PickleFault(Exception):
+    """Raised by unpickler handlers for an ill-formed call; the machine turns it into CorruptCheckpointError."""
+
+
+class PickleUnsupported(Exception):
+    """Raised by unpickler handlers for a valid but unsupported construct (sparse tensors, ...)."""
+
+
+class NeedMoreData(Exception):
+    """The buffer ended inside a pickle; a caller reading a stream may retry with more bytes."""
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice (see :func:`zipslice.jsonutil.loads_strict`)."""

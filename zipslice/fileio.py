@@ -43,7 +43,7 @@ def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
 
     numpy backs large arrays with transparent huge pages, so the first touch of a big buffer costs far
     fewer page faults than a bytearray's 4 KiB pages: about 2x faster per tensor read on a 2-core VM
-    (scripts/bench_safetensors.py).
+    (scripts/bench/safetensors_read.py).
     """
     import numpy as np
 

@@ -3,7 +3,7 @@
 Streaming a checkpoint larger than memory through the page cache only pushes everything else out, and
 the kernel must reclaim a page for every page read -- in a memory cgroup that reclaim is charged to the
 reader itself: an 8 GiB stream under a 4 GiB limit took 10.3-10.7 s, 3.7-3.8 s with each tensor's pages
-dropped right after they were copied out (scripts/bench_read.py --mem-limit 4). A checkpoint that fits
+dropped right after they were copied out (scripts/bench/read.py --mem-limit 4). A checkpoint that fits
 keeps its pages, so the next read of it is served from memory.
 """
 from __future__ import annotations

@@ -16,7 +16,8 @@ from typing import Any, Iterable
 
 from . import dtypes
 from .base import LazyCheckpoint
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
+from .jsonutil import loads_strict
+from .errors import DuplicateKey, CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
 from .fileio import atomic_output
 from .info import TensorInfo, TensorSource, contiguous_stride
 
@@ -43,19 +44,6 @@ class _Entry:
     end: int
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
 def _is_uint(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -67,8 +55,8 @@ def parse_header(raw: bytes, path: str) -> tuple[list[_Entry], dict[str, str]]:
     except UnicodeDecodeError as e:
         raise CorruptCheckpointError(path, f"safetensors header is not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        header = json.loads(text, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
+        header = loads_strict(text)
+    except DuplicateKey as e:
         raise CorruptCheckpointError(path, "safetensors header has a duplicate key", str(e)) from None
     except json.JSONDecodeError as e:
         raise CorruptCheckpointError(path, f"safetensors header is not valid JSON: {e}") from None

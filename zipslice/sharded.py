@@ -12,23 +12,11 @@ import os
 from typing import Any, Iterator
 
 from .base import LazyCheckpoint
-from .errors import CorruptCheckpointError, ZipsliceError
+from .jsonutil import loads_strict
+from .errors import DuplicateKey, CorruptCheckpointError, ZipsliceError
 from .info import TensorInfo, TensorSource
 
 MAX_INDEX_BYTES = 100_000_000
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
 
 
 class ShardedCheckpoint(LazyCheckpoint):
@@ -51,8 +39,8 @@ class ShardedCheckpoint(LazyCheckpoint):
         with open(self.path, "rb") as f:
             raw = f.read()
         try:
-            index = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-        except _DuplicateKey as e:
+            index = loads_strict(raw.decode("utf-8"))
+        except DuplicateKey as e:
             raise CorruptCheckpointError(self.path, "index has a duplicate key", str(e)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CorruptCheckpointError(self.path, f"index is not valid UTF-8 JSON: {e}") from None

@@ -29,9 +29,7 @@ def _numpy_source(name: str, a: np.ndarray) -> TensorSource:
     dt = dtypes.from_numpy(a.dtype)
 
     def read(a=a):
-        c = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)
-        # via uint8: buffers of ml_dtypes arrays (bfloat16, float8) cannot be exported directly
-        return memoryview(c.reshape(-1).view(np.uint8)) if c.size else b""
+        return dtypes.le_bytes(a)
 
     return TensorSource(name=name, dtype=dt.name, shape=tuple(a.shape), read=read)
 

@@ -274,7 +274,7 @@ class TorchCheckpoint(LazyCheckpoint):
     #: read the next large tensor on a background thread while keys are read in order (see ReadAhead).
     #: Off by default: on the 2-core reference VM the thread's copy competes with the caller's own work
     #: for the cores and memory bandwidth, and it needs a second pooled buffer. Streaming read + sum,
-    #: `scripts/bench_read.py --sizes 1,8 --no-full-load --repeat 3 --read-ahead`: 8 GiB 0.81 s / +68 MiB
+    #: `scripts/bench/read.py --sizes 1,8 --no-full-load --repeat 3 --read-ahead`: 8 GiB 0.81 s / +68 MiB
     #: without it, 1.20 s / +132 MiB with it; 1 GiB 0.126 s vs 0.182 s. Turn it on (class or instance
     #: attribute) where spare cores exist and the caller computes between reads.
     read_ahead = False

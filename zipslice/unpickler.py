@@ -17,19 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import dtypes
-from .errors import CorruptCheckpointError, UnsafeCheckpointError, UnsupportedCheckpointError
-
-
-class PickleFault(Exception):
-    """Raised by handlers for an ill-formed call; the machine turns it into CorruptCheckpointError."""
-
-
-class PickleUnsupported(Exception):
-    """Raised by handlers for a valid but unsupported construct (sparse tensors, ...)."""
-
-
-class NeedMoreData(Exception):
-    """The buffer ended inside a pickle; a caller reading a stream may retry with more bytes."""
+from .errors import (CorruptCheckpointError, NeedMoreData, PickleFault, PickleUnsupported,  # noqa: F401
+                     UnsafeCheckpointError, UnsupportedCheckpointError)
 
 
 # -- the objects the allowlisted handlers build ------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 from .errors import ZipsliceError
 
@@ -94,31 +94,6 @@ class ZipWriter:
         self._write(struct.pack("<IHHHHHIIIHH", _LOCAL_SIG, 45 if zip64_local else 20, _FLAG_UTF8, 0, 0,
                                 _DOS_DATE_1980_01_01, crc, size32, size32, len(bname), len(extra)) + bname + extra)
         self._entries.append(_Entry(bname, offset, size, crc, zip64_local))
-
-    def write_stream(self, name: str, size: int, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
-        """Write a record of exactly ``size`` bytes from ``chunks``; return its CRC32.
-
-        The CRC is only known at the end, so the local header's CRC field is patched by seeking back:
-        this needs a seekable file.
-        """
-        offset = self._pos
-        self._header(name, size, 0)
-        crc, written = 0, 0
-        for chunk in chunks:
-            n = memoryview(chunk).nbytes
-            if written + n > size:
-                raise self._error(f"record is longer than the {size} bytes announced", name)
-            crc = zlib.crc32(chunk, crc)
-            self._write(chunk)
-            written += n
-        if written != size:
-            raise self._error(f"record has {written} bytes, {size} were announced", name)
-        f = self._f
-        f.seek(offset + _CRC_FIELD_OFFSET)
-        f.write(struct.pack("<I", crc))
-        f.seek(self._pos)
-        self._entries[-1].crc = crc
-        return crc
 
     # -- directory ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -22,22 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from theta.errors import ThetaError
+from theta.errors import MergeError
 
 ENTRY_POINT_GROUP = "theta.merges"
-
-
-class MergeError(ThetaError):
-    """A merge could not be computed (bad parameter, unknown strategy, incompatible groups)."""
-
-
-class MergeConflict(ThetaError):
-    """Groups that cannot be merged automatically (shape/dtype change, delete vs modify, no strategy)."""
-
-    def __init__(self, path: str, problems: list[str]):
-        self.path = path
-        self.problems = problems
-        super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ import numpy as np
 
 from zipslice import dtypes
 
-from . import MergeError
+from theta.errors import MergeError
 
 # elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary
 CHUNK = 1 << 20

@@ -2,7 +2,7 @@
 
 Update types are plugins found through the entry-point group ``theta.updates`` (the built-ins register the
 same way, see pyproject.toml). Each stores its data as named arrays (``Encoded.parts``, one blob via
-:func:`theta.codec.encode_parts`) plus small JSON-able ``params`` recorded in the metadata step.
+:func:`theta.storage.codec.encode_parts`) plus small JSON-able ``params`` recorded in the metadata step.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import numpy as np
 
 from zipslice import dtypes
 
-from ..codec import decode_parts
-from ..errors import MetadataError, UpdateTypeError
+from theta.storage.codec import decode_parts
+from theta.errors import MetadataError, UpdateTypeError
 
 if TYPE_CHECKING:
-    from ..metadata import GroupMeta
-    from ..store import LfsStore
+    from theta.storage.metadata import GroupMeta
+    from theta.storage.store import LfsStore
 
 GROUP = "theta.updates"
 
@@ -67,10 +67,7 @@ def get(name: str) -> UpdateType:
 
 def content_hash(arr: np.ndarray) -> str:
     """sha256 of an array's contiguous little-endian bytes (what GroupMeta.hash and Step.hash hold)."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return hashlib.sha256(a.reshape(-1).view(np.uint8).data if a.size else b"").hexdigest()
+    return hashlib.sha256(dtypes.le_bytes(arr)).hexdigest()
 
 
 def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None,

@@ -29,8 +29,8 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta import codec
-from theta.updates import Encoded, get
+from theta.storage import codec
+from theta.updates import Encoded, get, steps
 from theta.updates.delta import changed_mask, same_layout
 
 SAMPLE_SLICES = 16
@@ -159,35 +159,30 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
     previous version of a group whose shape changed (for ``rows``).
     """
-    from theta.clean import chain, chain_full, store_step
-
-    dense = get("dense")
-
     def store_dense() -> list:
-        enc = dense.encode(new, None)
-        return chain(None, store_step("dense", enc.parts, enc.params, new_hash, store, options), False, options)
+        return [steps.store_dense(new, store, options.level, new_hash)]
 
     if update_data is not None and name in update_data:
         prev_val = previous_value() if previous is not None else None
         if prev_val is None:
-            from theta.updates.sideload import UpdateDataError
+            from theta.errors import UpdateDataError
 
             why = "its previous version's blobs are not in the local store (git lfs fetch)" if previous is not None \
                 else "it has no previous version of the same dtype and shape"
             raise UpdateDataError(f"update data {update_data.path}: group {name!r}: cannot apply the update, {why}")
         verified = update_data.verify(name, new, prev_val, options.rtol, options.atol)
-        if chain_full(previous, options):
+        if steps.chain_full(previous, options.max_chain):
             return store_dense()  # checked, but the chain is long enough: store the value itself
         enc = verified.encoded
-        step = store_step(verified.update_type, enc.parts, enc.params, new_hash, store, options)
-        return chain(previous, step, True, options)
+        step = steps.store_step(verified.update_type, enc.parts, enc.params, new_hash, store, options.level)
+        return steps.chain(previous, step, True)
 
     # with side-loaded data, --update-type names the file's type: the other groups are plain changes
     wanted = "auto" if update_data is not None else (options.update_type or "auto")
     base, base_meta = None, None
-    if previous is not None and not chain_full(previous, options):
+    if previous is not None and not steps.chain_full(previous, options.max_chain):
         base, base_meta = previous_value(), previous
-    elif (reshaped_previous is not None and not chain_full(reshaped_previous, options)
+    elif (reshaped_previous is not None and not steps.chain_full(reshaped_previous, options.max_chain)
           and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
         from dataclasses import replace
 
@@ -209,26 +204,21 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         return store_dense()
 
     if wanted == "auto":
-        from theta.metadata import Step
-
         choice = choose(new, base, options.level)
         if (choice.update_type == "dense" and base.shape != new.shape
                 and len(base_meta.steps) + 2 <= options.max_chain):
             two = resize_then_change(new, base, options.level)
             if two is not None and two[0].size + two[1].size < choice.size * TWO_STEP_MARGIN:
                 resized, changed, resized_hash = two
-                steps = [Step(type="rows", blob=store.put_chunks(resized.chunks), params=resized.params,
-                              hash=resized_hash),
-                         Step(type=changed.update_type, blob=store.put_chunks(changed.chunks),
-                              params=changed.params, hash=new_hash)]
-                return [*base_meta.steps, *steps]
-        ref = store.put_chunks(choice.chunks)
-        step = Step(type=choice.update_type, blob=ref, params=choice.params, hash=new_hash)
-        return chain(base_meta, step, get(choice.update_type).incremental, options)
+                return [*base_meta.steps,
+                        steps.store_encoded("rows", resized.chunks, resized.params, resized_hash, store),
+                        steps.store_encoded(changed.update_type, changed.chunks, changed.params, new_hash, store)]
+        step = steps.store_encoded(choice.update_type, choice.chunks, choice.params, new_hash, store)
+        return steps.chain(base_meta, step, get(choice.update_type).incremental)
 
     ut = get(wanted)
     enc = ut.encode(new, base if ut.incremental else None, rtol=options.rtol, atol=options.atol)
     if enc is None:
         return store_dense()
-    step = store_step(ut.name, enc.parts, enc.params, new_hash, store, options)
-    return chain(base_meta, step, ut.incremental, options)
+    step = steps.store_step(ut.name, enc.parts, enc.params, new_hash, store, options.level)
+    return steps.chain(base_meta, step, ut.incremental)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Encoded
+from theta.updates import Encoded
 
 
 class DenseUpdate:

@@ -16,10 +16,9 @@ inferred) and the fixes. Params: ``rank``, ``fixes``.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
+from theta import parallel
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
@@ -61,9 +60,9 @@ def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarr
     dts = _dtypes(R, C, previous.dtype)
     if rows * cols >= 2 * THREAD_MIN_ELEMENTS and rows >= 2:
         half = rows // 2
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for f in [pool.submit(_add_rows, prev2, RT, C64, out, a, b, dts) for a, b in ((0, half), (half, rows))]:
-                f.result()
+        pool = parallel.pool("numeric")
+        for f in [pool.submit(_add_rows, prev2, RT, C64, out, a, b, dts) for a, b in ((0, half), (half, rows))]:
+            f.result()
     else:
         _add_rows(prev2, RT, C64, out, 0, rows, dts)
     return out.reshape(previous.shape)

@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from theta.errors import UpdateTypeError
+from theta.errors import UpdateDataError
 from theta.updates import Encoded
 from theta.updates.ia3 import check_vector, compute_dtype, scale
 from theta.updates.low_rank import check_factors, exact_encoding
@@ -39,10 +39,6 @@ PARTS: dict[str, tuple[str, ...]] = {
     "sparse": ("data", "indices", "indptr", "shape"),
     "ia3": ("ia3",),
 }
-
-
-class UpdateDataError(UpdateTypeError):
-    """The side-loaded update file is malformed or does not match the checkpoint."""
 
 
 @dataclass

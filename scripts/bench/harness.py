@@ -1,0 +1,252 @@
+"""The benchmarks' shared harness: an isolated git environment, running a command while measuring its whole
+process tree, and a memory cgroup that stands in for a machine with less RAM.
+
+Every benchmark runs the peer (git-lfs, torch, safetensors, stock PyTorch...) side by side with ours through
+these helpers, so all figures are measured the same way:
+
+- ``seconds``: wall clock of the command;
+- ``cpu``: user + system seconds of the command and every process it started (robust on a busy machine);
+- ``peak_tree_rss``: the largest sum of RSS over the command's process tree (git, filters, git-lfs...),
+  sampled every 20 ms;
+- ``cgroup_peak``: with a :class:`MemCgroup`, the kernel's own peak of the cgroup (page cache included):
+  the number that decides whether a machine with that much RAM would have killed the command.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+def fmt_mib(n: float) -> str:
+    return f"{n / MiB:.0f}"
+
+
+def dir_bytes(*dirs: Path) -> int:
+    """Bytes of every file below ``dirs`` (missing ones count 0)."""
+    total = 0
+    for d in dirs:
+        for root, _, files in os.walk(d):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+# -- an isolated git environment --------------------------------------------------------------------------
+def git_env(home: Path, pythonpath: bool = False) -> dict:
+    """Environment for git with its own HOME and global config (the user's is never touched).
+
+    git-theta is taken straight from the interpreter's bin directory, as in a virtualenv (a pyenv shim adds
+    ~0.4 s per call). ``pythonpath``: put this checkout first on PYTHONPATH (benchmarks of uncommitted code).
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
+    env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
+                "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config")})
+    own = Path(sys.executable).parent
+    if (own / "git-theta").exists():
+        env["PATH"] = str(own) + os.pathsep + env.get("PATH", "")
+    if pythonpath:
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
+        subprocess.run(["git", "config", "--global", k, v], env=env, check=True, capture_output=True)
+    return env
+
+
+def sh(args: list, cwd: Path, env: dict) -> str:
+    """Run a setup command; stop the benchmark with its stderr if it fails."""
+    p = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args))} failed in {cwd}:\n{p.stderr}")
+    return p.stdout
+
+
+def new_repo(root: Path, name: str, tool: str, env: dict, pattern: str = "*.pt") -> Path:
+    """A fresh repository tracking ``pattern`` with ``tool`` ("theta" or "lfs"), attributes committed."""
+    repo = root / name
+    if repo.exists():
+        shutil.rmtree(repo)
+    sh(["git", "init", "-q", repo], root, env)
+    if tool == "lfs":
+        sh(["git", "lfs", "install", "--local"], repo, env)
+        sh(["git", "lfs", "track", pattern], repo, env)
+    else:
+        sh(["git", "theta", "install", "--local"], repo, env)
+        sh(["git", "theta", "track", pattern], repo, env)
+    sh(["git", "add", ".gitattributes"], repo, env)
+    sh(["git", "commit", "-q", "-m", "attributes"], repo, env)
+    return repo
+
+
+# -- a machine with less RAM -------------------------------------------------------------------------------
+class MemCgroup:
+    """A memory cgroup limited to ``limit`` bytes (page cache included): as far as memory goes, a machine with
+    that much RAM. cgroup v2 (``memory.max``, ``memory.peak``) or v1 (``memory.limit_in_bytes``,
+    ``memory.max_usage_in_bytes``). Root only; :meth:`available` says whether this machine allows it.
+
+    Each :func:`run_measured` call gets a fresh child group, so ``peak`` is that command's own.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, limit: int, name: str = "bench"):
+        self.limit = limit
+        self.v2 = _cgroup_v2()
+        base = "/sys/fs/cgroup" if self.v2 else "/sys/fs/cgroup/memory"
+        self.path = Path(base) / f"theta-{name}-{os.getpid()}"
+        self.path.mkdir(exist_ok=True)
+        if self.v2:
+            (self.path / "cgroup.subtree_control").write_text("+memory")
+
+    @staticmethod
+    def available() -> str | None:
+        """None when memory cgroups can be made here, else why not."""
+        if os.geteuid() != 0:
+            return "needs root (memory cgroups)"
+        if _cgroup_v2() or os.path.isdir("/sys/fs/cgroup/memory"):
+            return None
+        return "no memory cgroup controller (v1 or v2) on this machine"
+
+    def child(self) -> Path:
+        path = self.path / f"run{next(self._ids)}"
+        path.mkdir()
+        if self.v2:
+            (path / "memory.max").write_text(str(self.limit))
+            try:
+                (path / "memory.swap.max").write_text("0")
+            except OSError:
+                pass
+        else:
+            (path / "memory.limit_in_bytes").write_text(str(self.limit))
+            try:
+                (path / "memory.memsw.limit_in_bytes").write_text(str(self.limit))
+            except OSError:
+                pass
+        return path
+
+    def peak(self, child: Path) -> int:
+        return int((child / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")).read_text())
+
+    def oom_killed(self, child: Path) -> bool:
+        name = "memory.events" if self.v2 else "memory.oom_control"
+        fields = dict(line.split()[:2] for line in (child / name).read_text().splitlines() if line.strip())
+        return int(fields.get("oom_kill", 0)) > 0
+
+    def remove(self, child: Path) -> None:
+        for _ in range(50):
+            try:
+                child.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)  # the last processes are still leaving
+
+    def close(self) -> None:
+        for c in self.path.glob("run*"):
+            self.remove(c)
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "MemCgroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cgroup_v2() -> bool:
+    f = "/sys/fs/cgroup/cgroup.controllers"
+    return os.path.exists(f) and "memory" in open(f).read().split()
+
+
+# -- measuring -----------------------------------------------------------------------------------------------
+@dataclass
+class Measure:
+    seconds: float
+    cpu: float                  # user + system seconds of the whole process tree
+    peak_tree_rss: int          # largest sum of RSS over the process tree (sampled every 20 ms)
+    peak_proc_rss: int          # the largest single process...
+    peak_proc_name: str         # ...and its command line
+    peak_filter_rss: int = 0    # the largest git-theta / git-lfs helper process (not git itself)
+    cgroup_peak: int = 0        # with a MemCgroup: the kernel's peak for the command (page cache included)
+    returncode: int = 0
+    stderr: str = ""
+
+
+def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
+                 check: bool = True, stdin=None, stdout=None) -> Measure:
+    """Run a command, sampling the RSS of its whole process tree every 20 ms (and, in ``cgroup``, reading the
+    kernel's peak). ``check``: stop the benchmark if it fails (else the result carries the return code)."""
+    args = [str(a) for a in args]
+    child = cgroup.child() if cgroup is not None else None
+
+    def join() -> None:
+        (child / "cgroup.procs").write_text(str(os.getpid()))
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = psutil.Popen(args, cwd=cwd, env=env, stdin=stdin or subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
+                        stderr=subprocess.PIPE, preexec_fn=join if child is not None else None)
+    peak = {"tree": 0, "proc": 0, "name": "", "filter": 0}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                procs = [proc] + proc.children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            total = 0
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                    cmd = " ".join(p.cmdline()[:3]) if rss > min(peak["proc"], peak["filter"]) else ""
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                total += rss
+                if rss > peak["filter"] and ("theta" in cmd or "git-lfs" in cmd):
+                    peak["filter"] = rss
+                if rss > peak["proc"]:
+                    peak["proc"], peak["name"] = rss, cmd
+            peak["tree"] = max(peak["tree"], total)
+            done.wait(0.02)
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+    _, err = proc.communicate()
+    elapsed = time.perf_counter() - t0
+    done.set()
+    th.join()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    cg_peak, killed = 0, False
+    if child is not None:
+        cg_peak, killed = cgroup.peak(child), cgroup.oom_killed(child)
+        cgroup.remove(child)
+    stderr = err.decode(errors="replace") + ("\n(OOM-killed in the memory cgroup)" if killed else "")
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}) in {cwd}:\n{stderr}")
+    return Measure(elapsed, cpu, peak["tree"], peak["proc"], peak["name"], peak["filter"], cg_peak,
+                   proc.returncode, stderr)
+
+
+def best_of(n: int, fn):
+    """The run with the least wall time of ``n`` calls of ``fn()`` (each returning a Measure)."""
+    runs = [fn() for _ in range(n)]
+    return min(runs, key=lambda m: m.seconds)

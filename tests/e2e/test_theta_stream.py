@@ -1,0 +1,136 @@
+"""Smudge streamed straight to git (no temp file): same bytes as the file path, pkt-line framing, and a
+group that fails its content hash after content was sent still makes git refuse the checkout."""
+import io
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from support.gitrepo import GitEnv
+from theta.clean import clean_checkpoint
+from theta.storage.metadata import dumps, loads
+from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
+from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+from theta.storage.store import LfsStore
+
+
+def _state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"a.weight": torch.randn(300, 200, generator=g), "a.bias": torch.randn(300, generator=g),
+            "b.weight": torch.randn(200, 300, generator=g).to(torch.bfloat16), "step": torch.tensor(3)}
+
+
+@pytest.mark.parametrize("use_pipe", [False, True])
+def test_content_writer_frames_any_write_sizes(use_pipe):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, 600_000, dtype=np.uint8).tobytes()
+    sizes = [3, 100, 70_000, 5, MAX_PAYLOAD, 1, 2 * MAX_PAYLOAD, 20_000, MAX_PAYLOAD - 1, 200_000]
+    got = []
+    if use_pipe:
+        r, w = os.pipe()
+        f = os.fdopen(w, "wb")
+        reader = threading.Thread(target=lambda: got.append(os.fdopen(r, "rb").read()))
+        reader.start()
+    else:
+        f = io.BytesIO()
+    out = PktWriter(f).content()
+    pos = 0
+    for s in sizes:
+        out.write(memoryview(data)[pos:pos + s])
+        pos += s
+    out.close()
+    if use_pipe:
+        f.close()
+        reader.join()
+        raw = got[0]
+    else:
+        raw = f.getvalue()
+    packets = list(PktReader(io.BytesIO(raw)).iter_content())
+    assert b"".join(packets) == data[:pos]
+    assert all(len(p) == MAX_PAYLOAD for p in packets[:-1])  # full packets: few, large writes
+    assert out.sent == pos
+
+
+def test_streamed_smudge_equals_file_smudge(tmp_path):
+    store = LfsStore(tmp_path / "objects")
+    src = tmp_path / "model.pt"
+    sd = _state()
+    torch.save({"model": sd, "epoch": 2}, src)
+    meta = loads(dumps(clean_checkpoint(src, store, None)))
+    assert streams(meta) and not streams(meta, "safetensors")
+    (tmp_path / "out").mkdir()
+    smudge_checkpoint(meta, store, tmp_path / "out" / "model.pt")
+    buf = io.BytesIO()
+    smudge_to_stream(meta, store, buf, "model.pt")
+    assert buf.getvalue() == (tmp_path / "out" / "model.pt").read_bytes()
+    (tmp_path / "s.pt").write_bytes(buf.getvalue())
+    got = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert got["epoch"] == 2
+    for k, v in sd.items():
+        assert torch.equal(got["model"][k], v), k
+
+
+def test_bad_group_after_content_started_fails_the_checkout(tmp_path):
+    genv = GitEnv.create(tmp_path)
+    repo = genv.init("work")
+    sd = _state(1)
+    torch.save(sd, repo / "model.pt")
+    repo.commit("v1", ".gitattributes", "model.pt")
+    meta = loads(repo.show("HEAD:model.pt"))
+    # the LAST group's recorded hash is wrong: everything before it has streamed to git when it is found
+    last = meta.order[-1]
+    meta.groups[meta.group_for(last).name].hash = "0" * 64
+    (repo / "model.pt").write_text(dumps(meta))  # metadata passes through clean unchanged
+    repo.commit("bad", "model.pt")
+    (repo / "model.pt").unlink()
+    # "hash": every group is hashed (the default "frames" trusts a dense blob's own zstd checksums instead)
+    proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False,
+                    extra_env={"GIT_THETA_VERIFY": "hash"})
+    assert proc.returncode != 0
+    assert b"content hash" in proc.stderr
+    assert not (repo / "model.pt").exists()  # git dropped the streamed bytes
+    genv.run(["git", "checkout", "HEAD~1", "--", "model.pt"], cwd=repo.path)
+    got = torch.load(repo / "model.pt", weights_only=True)
+    assert list(got) == list(sd) and all(torch.equal(got[k], v) for k, v in sd.items())
+
+
+def test_frames_verification_catches_a_flipped_byte_at_checkout(tmp_path):
+    genv = GitEnv.create(tmp_path)
+    repo = genv.init("work")
+    sd = _state(2)
+    torch.save(sd, repo / "model.pt")
+    repo.commit("v1", ".gitattributes", "model.pt")
+    meta = loads(repo.show("HEAD:model.pt"))
+    group = meta.groups[meta.group_for("a.weight").name]
+    assert [s.type for s in group.steps] == ["dense"]
+    obj = repo.git_common_dir() / "lfs" / "objects" / group.steps[0].blob.oid[:2] / group.steps[0].blob.oid[2:4] \
+        / group.steps[0].blob.oid
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 3] ^= 0x01  # same size, inside a plane: only the frame checksum can tell
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+    (repo / "model.pt").unlink()
+    proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False)
+    assert proc.returncode != 0
+    assert b"a.weight" in proc.stderr or b"corrupt" in proc.stderr
+    assert not (repo / "model.pt").exists()
+
+
+def test_frames_verification_skips_only_the_hash_of_single_dense_steps(tmp_path, monkeypatch):
+    import theta.smudge as sm
+    store = LfsStore(tmp_path / "objects")
+    src = tmp_path / "model.pt"
+    torch.save(_state(3), src)
+    meta = loads(dumps(clean_checkpoint(src, store, None)))
+    hashed = []
+    real = sm._HashChecker.submit
+    monkeypatch.setattr(sm._HashChecker, "submit", lambda self, g, v: hashed.append(g.name) or real(self, g, v))
+    framed, full = io.BytesIO(), io.BytesIO()
+    smudge_to_stream(meta, store, framed, "model.pt", verify="frames")
+    assert hashed == []  # every group here is one dense step with checksummed frames
+    smudge_to_stream(meta, store, full, "model.pt", verify="hash")
+    assert sorted(hashed) == sorted(meta.groups) and framed.getvalue() == full.getvalue()
+    with pytest.raises(Exception, match="unknown verification"):
+        smudge_to_stream(meta, store, io.BytesIO(), "model.pt", verify="none")

@@ -1,0 +1,128 @@
+"""theta's layers (docs/design/architecture.md): imports only point down, and no module imports itself back.
+
+Read from the source with ast (every import, including those inside functions), so a new upward or
+circular import fails here rather than in review.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+THETA = ROOT / "theta"
+
+# rank of each layer: a module may import modules of its own rank or lower
+LAYERS = {
+    "theta.commands": 5,
+    "theta.settings": 4,
+    "theta.clean": 3, "theta.smudge": 3, "theta.diff": 3, "theta.merges": 3, "theta.updates": 3,
+    "theta.squash": 3, "theta.lsh": 3, "theta.numeric": 3, "theta.views": 3,
+    "theta.storage": 2,
+    "theta.git": 1,
+    "theta.errors": 0, "theta.parallel": 0, "theta": 0,
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)
+    return best, LAYERS[best]
+
+
+def theta_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "theta"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] != "theta":
+                continue
+            for a in node.names:  # `from theta.storage import codec` imports the module theta.storage.codec
+                sub = f"{mod}.{a.name}"
+                out.add(sub if (THETA.parent / (sub.replace(".", "/") + ".py")).exists()
+                        or (THETA.parent / sub.replace(".", "/")).is_dir() else mod)
+    return out
+
+
+MODULES = sorted(THETA.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    me = module_name(path)
+    my_layer, my_rank = layer_of(me)
+    upward = []
+    for imported in theta_imports(path):
+        layer, rank = layer_of(imported)
+        if rank > my_rank:
+            upward.append(f"{imported} ({layer}, rank {rank})")
+    assert not upward, f"{me} ({my_layer}, rank {my_rank}) imports upward: {', '.join(sorted(upward))}"
+
+
+def test_no_import_cycles():
+    graph = {module_name(p): {i for i in theta_imports(p)} for p in MODULES}
+    graph = {m: {i for i in deps if i in graph and i != m} for m, deps in graph.items()}
+    # a package's __init__ importing its own submodules (registries) is not a cycle of design
+    seen: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        seen[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if seen.get(d) == 1:
+                cyc = stack[stack.index(d):] + [d]
+                if not all(x == cyc[0] or x.startswith(cyc[0] + ".") or cyc[0].startswith(x + ".") for x in cyc):
+                    cycles.append(cyc)
+            elif d not in seen:
+                visit(d)
+        stack.pop()
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_git_subprocess_goes_through_the_git_layer():
+    offenders = []
+    for path in MODULES:
+        if module_name(path).startswith("theta.git"):
+            continue
+        text = path.read_text()
+        if '["git"' in text or "['git'" in text:
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"modules running git themselves (use theta.git.repo): {offenders}"
+
+
+def test_every_exception_class_lives_in_errors():
+    offenders = []
+    for path in MODULES:
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception", "Conflict"))
+                    for b in node.bases):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert not offenders, f"exception classes outside theta/errors.py: {offenders}"

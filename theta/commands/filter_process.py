@@ -1,0 +1,404 @@
+"""git's long-running filter process (gitattributes(5), "Long Running Filter Process"), protocol version 2.
+
+One `git-theta filter-process` serves a whole `git add` / `git checkout`. stdout carries protocol data only;
+messages go to stderr.
+
+Clean (checkpoint -> metadata text). git sends the file's bytes; zipslice needs random access, so they must
+end up in a file. Fast path: while receiving, the bytes are compared with the working-tree file at
+``pathname``; if every byte matches (the normal `git add` case) that file is cleaned in place and nothing is
+copied. At the first difference (or when there is no such file, e.g. `git hash-object --stdin`) the content
+is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
+Content that already is theta metadata passes through unchanged.
+
+Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, then rebuild the
+checkpoint group by group. A torch checkpoint streams to git while it is rebuilt (its writer never seeks);
+other formats are written to a temporary file first, then sent. The output format is the committed
+one unless the path has the attribute ``theta-format=<torch|safetensors|hdf5>`` or
+``git config theta.checkoutFormat`` is set.
+
+Any failure answers ``status=error``: before any content byte when it can (missing blobs, bad metadata),
+else after the partial content, which the protocol allows and which makes git discard that content (a group
+whose rebuilt value does not match its content hash is found while the next is written). Either way git
+leaves the index and the working tree file untouched (``filter.theta.required=true`` makes git stop).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+from theta import settings
+from theta.git import repo as gitutil
+from theta.errors import ThetaError
+from theta.errors import ProtocolError
+from theta.git.pktline import PktReader, PktWriter
+
+
+
+def log(msg: str) -> None:
+    print(f"git-theta: {msg}", file=sys.stderr, flush=True)
+
+
+# -- receiving content ---------------------------------------------------------------------------------
+class Received:
+    """Where the content git sent us lives: the verified working-tree file or a spool file we own."""
+
+    def __init__(self, path: Path, owned: bool, head: bytes, size: int):
+        self.path, self.owned, self.head, self.size = path, owned, head, size
+
+    def cleanup(self) -> None:
+        if self.owned:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def receive(chunks: Iterable[bytes], spool_dir: Path, worktree_file: Path | None) -> Received:
+    """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes."""
+    f = None
+    if worktree_file is not None and settings.env("SPOOL") != "always":
+        try:
+            if worktree_file.is_file():
+                f = open(worktree_file, "rb")
+        except OSError:
+            f = None
+    spool: BinaryIO | None = None
+    spool_name = None
+    head = b""
+    size = 0
+    try:
+        for chunk in chunks:
+            if len(head) < 4096:
+                head += chunk[: 4096 - len(head)]
+            if spool is None and f is not None:
+                if f.read(len(chunk)) == chunk:
+                    size += len(chunk)
+                    continue
+                spool, spool_name = _new_spool(spool_dir)
+                f.seek(0)
+                _copy(f, spool, size)  # the matching prefix
+                f.close()
+                f = None
+            elif spool is None:
+                spool, spool_name = _new_spool(spool_dir)
+            spool.write(chunk)
+            size += len(chunk)
+        if spool is None and f is not None:
+            if f.read(1) == b"":  # same length too: the working-tree file is the content
+                return Received(worktree_file, False, head, size)
+            spool, spool_name = _new_spool(spool_dir)
+            f.seek(0)
+            _copy(f, spool, size)
+        if spool is None:
+            spool, spool_name = _new_spool(spool_dir)
+        spool.close()
+        return Received(Path(spool_name), True, head, size)
+    except BaseException:
+        if spool is not None:
+            spool.close()
+            os.unlink(spool_name)
+        raise
+    finally:
+        if f is not None:
+            f.close()
+        if spool is not None and not spool.closed:
+            spool.close()
+
+
+def _new_spool(d: Path):
+    fd, name = tempfile.mkstemp(prefix="spool-", dir=d)
+    return os.fdopen(fd, "wb", buffering=1 << 20), name
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
+    while n > 0:
+        buf = src.read(min(n, 8 << 20))
+        if not buf:
+            raise OSError("working-tree file shrank while being read")
+        dst.write(buf)
+        n -= len(buf)
+
+
+# -- the two filters -------------------------------------------------------------------------------------
+class Filter:
+    """Clean and smudge for one repository (the process's working directory)."""
+
+    def __init__(self, cwd: str | os.PathLike = "."):
+        from theta.storage.store import LfsStore
+
+        self.cwd = Path(cwd).resolve()
+        self.store = LfsStore.for_repo(self.cwd)
+        self.spool_dir = gitutil.theta_dir(self.cwd)
+        self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
+        self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
+        self._verify: str | None = None
+
+    def previous(self, path: str):
+        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from theta.errors import MetadataError
+        from theta.storage.metadata import is_metadata, loads
+
+        for spec in (f":{path}", f"HEAD:{path}"):
+            data = gitutil.read_blob(spec, self.cwd)
+            if data is not None and is_metadata(data):
+                try:
+                    return loads(data)
+                except MetadataError as e:
+                    log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
+                    return None
+        return None
+
+    def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
+        from theta.clean import clean_checkpoint
+        from theta.storage.metadata import dumps, is_metadata
+
+        worktree = self.cwd / path if path else None
+        got = receive(chunks, self.spool_dir, worktree)
+        try:
+            if is_metadata(got.head):
+                return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
+            before = _stat_key(got.path) if not got.owned else None
+            t0 = time.perf_counter()
+            try:
+                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd))
+            except ThetaError as e:
+                raise ThetaError(str(e).replace(str(got.path), path)) from None
+            if before is not None and _stat_key(got.path) != before:
+                raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
+            if settings.env("TIMING"):
+                log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
+                    f"({'spooled' if got.owned else 'read in place'})")
+            return dumps(meta).encode("utf-8")
+        finally:
+            got.cleanup()
+
+    def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
+               stream: "callable | None" = None) -> bool:
+        """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        With ``stream`` (a callable returning a writable stream, called at most once, just before the first
+        byte), formats that can be written without seeking go straight to that stream, with no temp file.
+
+        With ``can_delay`` (git's delay capability) a file whose blobs are not all local is set aside and True
+        is returned: :meth:`available` later fetches the blobs of every delayed file in one git-lfs run.
+        """
+        from theta.errors import TransferError
+        from theta.storage.transfer import fetch_missing
+        from theta.storage.metadata import is_metadata, loads
+        from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+
+        if path in self.ready:  # a delayed file git asks for again (its content section is empty)
+            for _ in chunks:
+                pass
+            text = self.ready.pop(path)
+            got = None
+        else:
+            got = receive(chunks, self.spool_dir, None)
+        try:
+            if got is not None and not is_metadata(got.head):  # committed before theta tracked it: pass through
+                with open(got.path, "rb") as f:
+                    out(f)
+                return False
+            if got is not None:
+                text = got.path.read_bytes()
+            meta = loads(text)
+            if can_delay and self.store.missing(meta.blob_refs()):
+                self.delayed[path] = text
+                return True
+            try:
+                fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
+            except TransferError as e:
+                raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
+            fmt = settings.checkout_format(path, self.cwd)
+            verify = self.verify()
+            if stream is not None and streams(meta, fmt):
+                smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
+                                 progress=settings.stderr_is_terminal(), verify=verify)
+                return False
+            fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
+            os.close(fd)
+            try:
+                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify)
+                with open(tmp, "rb") as f:
+                    out(f)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return False
+        finally:
+            if got is not None:
+                got.cleanup()
+
+    def verify(self) -> str:
+        """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
+        if self._verify is None:
+            self._verify = settings.verify_mode(self.cwd)
+        return self._verify
+
+    def available(self) -> list[str]:
+        """Answer git's list_available_blobs: fetch the blobs of all delayed files at once, return their paths.
+
+        A failed download is not reported here: git asks for each file again and its smudge reports the
+        error naming the file, the group and the blob.
+        """
+        from theta.errors import TransferError
+        from theta.storage.transfer import fetch_missing
+        from theta.storage.metadata import loads
+
+        if not self.delayed:
+            return []
+        refs = [r for text in self.delayed.values() for r in loads(text).blob_refs()]
+        t0 = time.perf_counter()
+        try:
+            n = fetch_missing(self.cwd, refs, store=self.store)
+            if settings.env("TIMING"):
+                log(f"fetched {n} blob(s) for {len(self.delayed)} file(s) in one git-lfs run "
+                    f"({time.perf_counter() - t0:.2f}s)")
+        except TransferError:
+            pass
+        paths = list(self.delayed)
+        self.ready.update(self.delayed)
+        self.delayed.clear()
+        return paths
+
+
+class _Lazy:
+    """A writable stream opened by its first write (so nothing is announced to git before there is data)."""
+
+    def __init__(self, opener):
+        self.opener, self.out = opener, None
+
+    def write(self, data) -> int:
+        if self.out is None:
+            self.out = self.opener()
+        return self.out.write(data)
+
+
+def _first_missing_group(meta, store) -> str:
+    """'group NAME needs blob OID; ' for the first group whose blob is not local (for error messages)."""
+    for name in sorted(meta.groups):
+        for step in meta.groups[name].steps:
+            if not store.has(step.blob):
+                return f"group {name!r} needs blob {step.blob.oid}; "
+    return ""
+
+
+def _stat_key(p: Path):
+    st = p.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+# -- the protocol ----------------------------------------------------------------------------------------
+def _grow_pipes(*streams: BinaryIO) -> None:
+    """Ask for 1 MiB pipe buffers to and from git (Linux; default 64 KiB, one packet): git and the filter
+    then block on each other ~16x less often while a checkpoint streams through. Best effort."""
+    if settings.env("PIPE_SIZE") == "0":
+        return
+    try:
+        import fcntl
+    except ImportError:
+        return
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+    for s in streams:
+        try:
+            fcntl.fcntl(s.fileno(), setsz, 1 << 20)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a pipe, or over /proc/sys/fs/pipe-max-size: keep the default
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:
+    _grow_pipes(stdin, stdout)
+    r, w = PktReader(stdin), PktWriter(stdout)
+    hello = r.read_text_list()
+    if hello[:1] != ["git-filter-client"] or "version=2" not in hello[1:]:
+        raise ProtocolError(f"filter protocol: unexpected greeting {hello!r}")
+    w.text_list(["git-filter-server", "version=2"])
+    caps = r.read_text_list()
+    offered = ["capability=clean", "capability=smudge"]
+    if settings.env("DELAY", "1") != "0":
+        offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
+    w.text_list([c for c in offered if c in caps])
+
+    from theta.commands.hooks import ensure_installed_quietly
+
+    ensure_installed_quietly(cwd)
+    filt = Filter(cwd)
+    while True:
+        try:
+            header = r.read_pairs()
+        except EOFError:
+            if stdin is getattr(sys.stdin, "buffer", None):
+                _exit_now()
+            return 0
+        command, path = header.get("command"), header.get("pathname", "")
+        if command == "list_available_blobs":  # no content section
+            try:
+                paths = filt.available()
+            except Exception as e:  # answer git rather than die: it then reports the files as missing
+                _report("", command, e)
+                paths = []
+            w.text_list([f"pathname={p}" for p in paths])
+            w.text_list(["status=success"])
+            continue
+        chunks = r.iter_content()
+        content = None  # the content section being streamed to git, if one was started
+        try:
+            if command == "clean":
+                data = filt.clean(path, chunks)
+                w.text_list(["status=success"])
+                if data:
+                    w.packet(data)
+                w.flush()
+            elif command == "smudge":
+                def send(f):  # a file rebuilt completely (and checked) before status=success goes out
+                    w.text_list(["status=success"])
+                    w.content_from(f)
+
+                def open_content():  # streamed: content packets go out while the file is rebuilt
+                    nonlocal content
+                    w.text_list(["status=success"])
+                    content = w.content()
+                    return content
+                if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1",
+                               stream=open_content):
+                    w.text_list(["status=delayed"])
+                    continue
+                if content is not None:
+                    content.close()
+                    content = None
+            else:
+                for _ in chunks:
+                    pass
+                raise ThetaError(f"unsupported filter command {command!r}")
+            w.flush()  # empty list: keep status=success
+        except ProtocolError:
+            raise
+        except Exception as e:  # report any failure to git as status=error for this file, keep serving
+            for _ in chunks:  # drain whatever git still sends for this file
+                pass
+            _report(path, command, e)
+            if content is not None:  # content (partly) sent: end it; the error then makes git drop it
+                content.close()
+            w.text_list(["status=error"])
+
+
+def _exit_now() -> None:
+    """git closed our stdin: every request was answered. Leave without the interpreter's teardown (freeing
+    every module and joining idle pools costs ~0.1 s, which git waits for at the end of each add/checkout)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _report(path: str, command: str | None, e: Exception) -> None:
+    if isinstance(e, ThetaError):
+        log(f"error: {command} {path}: {e}")
+    else:
+        log(f"error: {command} {path}: {type(e).__name__}: {e}")
+        if settings.env("DEBUG"):
+            traceback.print_exc(file=sys.stderr)

@@ -1,0 +1,143 @@
+"""theta's pre-push hook: upload the LFS blobs referenced by the theta metadata in the pushed commits.
+
+git-lfs's own pre-push hook only sees LFS pointer files; theta's metadata files are not pointers, so theta
+adds its own hook. An existing pre-push hook (git-lfs's, or the user's) is never overwritten: it is kept
+as ``pre-push.theta-chained`` and run after theta's upload with the same arguments and stdin.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from theta.git import repo as gitutil
+from theta.errors import ThetaError
+from theta.storage.store import BlobRef
+
+MARKER = "# git-theta pre-push hook"
+CHAINED = "pre-push.theta-chained"
+ZERO = "0" * 40
+MAX_METADATA_BYTES = 256 << 20  # blobs larger than this are not theta metadata; never read them
+
+
+def hook_script() -> str:
+    py = shlex.quote(sys.executable)
+    return f"""#!/bin/sh
+{MARKER} (written by `git theta install`)
+# Uploads the Git LFS objects of theta-tracked checkpoints, then runs the hook that was here before
+# (kept as {CHAINED}, e.g. git-lfs's pre-push).
+if command -v git-theta >/dev/null 2>&1; then
+    exec git-theta pre-push "$@"
+fi
+if [ -x {py} ] && {py} -c "import theta" 2>/dev/null; then
+    exec {py} -m theta.commands.cli pre-push "$@"
+fi
+echo >&2 "This repository is configured for git-theta but 'git-theta' was not found on your PATH."
+echo >&2 "Install it, or remove .git/hooks/pre-push (the previous hook is .git/hooks/{CHAINED})."
+exit 2
+"""
+
+
+def is_installed(cwd=None) -> bool:
+    hook = gitutil.hooks_dir(cwd) / "pre-push"
+    try:
+        return MARKER in hook.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
+def install_hooks(cwd=None) -> list[str]:
+    """Install theta's pre-push hook, chaining to any existing one. Idempotent. Returns what it did."""
+    hooks = gitutil.hooks_dir(cwd)
+    hook = hooks / "pre-push"
+    if is_installed(cwd):
+        return []
+    hooks.mkdir(parents=True, exist_ok=True)
+    done = []
+    if hook.exists() or hook.is_symlink():
+        chained = hooks / CHAINED
+        # e.g. `git lfs update --force` rewrote git-lfs's hook over ours: the chain already holds it
+        if chained.exists() and _same_content(chained, hook):
+            os.unlink(chained)
+        if chained.exists():
+            raise ThetaError(f"{hook} exists and so does {chained}; merge them by hand, then rerun "
+                             "`git theta install`")
+        os.replace(hook, chained)
+        done.append(f"kept the existing pre-push hook as {chained.name} (theta's hook runs it)")
+    tmp = hook.with_name(".pre-push.theta.tmp")
+    tmp.write_text(hook_script())
+    tmp.chmod(0o755)
+    os.replace(tmp, hook)
+    done.append(f"installed {hook}")
+    return done
+
+
+def ensure_installed_quietly(cwd=None) -> None:
+    """Called by the filter: install the hook in a repository that lacks it (e.g. a fresh clone).
+
+    Only in the repository's own hooks directory; a shared core.hooksPath is left to `git theta install`.
+    """
+    if gitutil.config_get("core.hooksPath", cwd):
+        return
+    if not is_installed(cwd):
+        try:
+            for line in install_hooks(cwd):
+                print(f"git-theta: {line}", file=sys.stderr)
+        except (ThetaError, OSError) as e:
+            print(f"git-theta: warning: could not install the pre-push hook: {e}", file=sys.stderr)
+
+
+# -- the hook itself -----------------------------------------------------------------------------------
+def parse_push_lines(stdin: bytes) -> list[tuple[str, str, str, str]]:
+    out = []
+    for line in stdin.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            out.append((parts[0], parts[1], parts[2], parts[3]))
+    return out
+
+
+def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> list[BlobRef]:
+    """Every blob referenced by theta metadata in commits being pushed that the remote does not have yet."""
+    from theta.storage.metadata import is_metadata, loads
+
+    tips = [local for _, local, _, _ in lines if local != ZERO]
+    if not tips:
+        return []
+    excludes = [f"--remotes={remote}"] + [r for _, _, _, r in lines if r != ZERO and gitutil.rev_exists(r, cwd)]
+    listing = gitutil.run(["rev-list", "--objects", *tips, "--not", *excludes], cwd).decode()
+    shas = [line.split(" ", 1)[0] for line in listing.splitlines() if " " in line]  # trees and blobs have paths
+    infos = gitutil.batch_check(shas, cwd)
+    refs: dict[str, BlobRef] = {}
+    with gitutil.CatFile(cwd) as cat:
+        for info in infos:
+            if info is None or info.type != "blob" or info.size > MAX_METADATA_BYTES:
+                continue
+            _, data = cat.read(info.sha)
+            if is_metadata(data):
+                for ref in loads(data.decode("utf-8")).blob_refs():
+                    refs[ref.oid] = ref
+    return list(refs.values())
+
+
+def run_pre_push(remote: str, url: str, stdin: bytes, cwd=None) -> int:
+    from theta.storage.transfer import push_blobs
+
+    lines = parse_push_lines(stdin)
+    refs = blobs_to_push(cwd, remote, lines)
+    if refs:
+        n = push_blobs(cwd or ".", remote, refs)
+        print(f"git-theta: offered {n} blob(s) to the LFS server of {remote}", file=sys.stderr)
+    chained = gitutil.hooks_dir(cwd) / CHAINED
+    if chained.exists() and os.access(chained, os.X_OK):
+        return subprocess.run([str(chained), remote, url], input=stdin, cwd=cwd).returncode
+    return 0
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False

@@ -1,0 +1,130 @@
+"""`git theta` commands of the merge/diff area: merge-driver, diff-driver, diff, merge-manual, merge-strategies."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from theta.git import repo as gitutil
+
+
+def _split_revs_paths(args: list[str]) -> tuple[list[str], list[str]]:
+    """Like git: words before ``--`` that name commits are revisions, the rest are paths."""
+    argv = sys.argv
+    if "--" in argv:
+        n_paths = len(argv) - argv.index("--") - 1
+        if 0 <= n_paths <= len(args):
+            return args[:len(args) - n_paths], args[len(args) - n_paths:]
+    revs: list[str] = []
+    for i, word in enumerate(args):
+        ok = gitutil.rev_exists(word, kind="commit")
+        if not ok or len(revs) == 2:
+            return revs, args[i:]
+        revs.append(word)
+    return revs, []
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the `git theta` app."""
+
+    @app.command("merge-driver", hidden=True)
+    def merge_driver(ancestor: str, ours: str, theirs: str, marker_size: str = typer.Argument("7"),
+                     path: str = typer.Argument("checkpoint")) -> None:
+        """git's merge driver: `git-theta merge-driver %O %A %B %L %P` (result written over %A)."""
+        from theta.commands.merge_driver import main
+
+        raise typer.Exit(main(ancestor, ours, theirs, marker_size, path))
+
+    @app.command("diff-driver", hidden=True,
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def diff_driver(ctx: typer.Context) -> None:
+        """git's external diff: path old-file old-hex old-mode new-file new-hex new-mode."""
+        from theta.commands.diff_driver import driver_main
+
+        raise typer.Exit(driver_main(list(ctx.args)))
+
+    @app.command("diff-textconv", hidden=True)
+    def diff_textconv(file: str) -> None:
+        """git textconv (diff.theta.textconv): one line per group, for `git log -p` without --ext-diff."""
+        from theta.commands.diff_driver import textconv_main
+
+        raise typer.Exit(textconv_main(file))
+
+    @app.command("diff", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+    def diff(args: Optional[List[str]] = typer.Argument(None, help="[REV [REV]] [-- PATH...]"),
+             estimate: bool = typer.Option(False, "--estimate",
+                                           help="Estimate distances from LSH signatures; read no tensor data."),
+             stat: bool = typer.Option(False, "--stat", help="One summary line per checkpoint."),
+             color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+             ) -> None:
+        """Per-group model diff (added/removed/modified, norms of the change) without writing any checkpoint.
+
+        No REV: index vs working tree; one REV: REV vs working tree; two: REV vs REV.
+        """
+        from theta.commands.diff_driver import diff_command
+
+        revs, paths = _split_revs_paths(list(args or []))
+        diff_command(revs, paths, estimate=estimate, stat=stat, color=color)
+
+    @app.command("merge-manual")
+    def merge_manual(path: str = typer.Argument(..., help="A checkpoint left in conflict by `git merge`."),
+                     to: Optional[str] = typer.Option(None, "--to", help="Write in this format instead."),
+                     ) -> None:
+        """Write the ours/theirs/ancestor versions of a conflicted checkpoint beside it to merge by hand.
+
+        Merge them with any tool, write the result to PATH, then `git add PATH` and commit.
+        """
+        from theta.errors import ThetaError
+        from theta.commands.export import export
+
+        p = Path(path)
+        stem, suffix = (p.name[:-len("".join(p.suffixes))], "".join(p.suffixes)) if p.suffixes else (p.name, "")
+        repo_path = gitutil.run_text(["ls-files", "--full-name", "--", path], check=False).splitlines()
+        if not repo_path:
+            raise ThetaError(f"{path}: not in the index (is it a conflicted, theta-tracked checkpoint?)")
+        written = []
+        for stage, role in ((2, "ours"), (3, "theirs"), (1, "ancestor")):
+            out = p.with_name(f"{stem}.{role}{suffix}")
+            if not gitutil.object_exists(f":{stage}:{repo_path[0]}"):
+                if stage == 1:
+                    continue  # added on both sides: no ancestor
+                raise ThetaError(f"{path}: no stage {stage} ({role}) in the index; is the file in conflict?")
+            export(f":{stage}:{repo_path[0]}", out, fmt=to)
+            written.append(str(out))
+        for w in written:
+            print(w)
+        print(f"Merge them into {path}, then `git add {path}` and commit.", file=sys.stderr)
+
+    @app.command("merge-resolve")
+    def merge_resolve(path: str = typer.Argument(..., help="A checkpoint left in conflict by `git merge`."),
+                      strategy: str = typer.Option(..., "--strategy", "-s", help="e.g. average, ties, ours."),
+                      param: List[str] = typer.Option([], "--param", "-p", help="NAME=VALUE, e.g. density=0.3."),
+                      ) -> None:
+        """Resolve a conflicted checkpoint with a merge strategy: write the result and stage it (then commit)."""
+        from theta.errors import ThetaError
+        from theta.commands.merge_driver import resolve_conflicted
+        from theta.errors import MergeConflict
+
+        params = {}
+        for kv in param:
+            key, sep, value = kv.partition("=")
+            if not sep:
+                raise ThetaError(f"--param {kv!r}: expected NAME=VALUE")
+            params[key.strip().replace("-", "_")] = value
+        try:
+            resolve_conflicted(path, strategy, params)
+        except MergeConflict as e:
+            raise ThetaError(str(e)) from None
+        print(f"Resolved {path} with {strategy}; staged. Commit to conclude the merge.", file=sys.stderr)
+
+    @app.command("merge-strategies")
+    def merge_strategies() -> None:
+        """List the installed merge strategies and their parameters."""
+        from theta.merges import get, names
+
+        for name in names():
+            s = get(name)
+            params = ", ".join(f"{k}={v:g}" for k, v in s.defaults.items())
+            print(f"{name:<16} {s.summary}" + (f"  [{params}]" if params else ""))

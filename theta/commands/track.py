@@ -1,0 +1,104 @@
+"""`git theta track PATTERN...`: mark paths as theta checkpoints in the repository's .gitattributes.
+
+Each pattern gets ``filter=theta diff=theta merge=theta``. Other attributes already on that pattern's line
+are kept; a different filter/diff/merge driver on it (e.g. ``filter=lfs``) is refused rather than replaced.
+Idempotent: tracking a tracked pattern changes nothing.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from theta.git import repo as gitutil
+from theta.errors import TrackError
+
+DRIVERS = ("filter", "diff", "merge")
+OURS = {d: "theta" for d in DRIVERS}
+
+
+@dataclass
+class Line:
+    raw: str
+    pattern: str | None = None
+    attrs: list[str] | None = None
+
+    def render(self) -> str:
+        if self.pattern is None:
+            return self.raw
+        return " ".join([quote_pattern(self.pattern), *self.attrs])
+
+
+def quote_pattern(p: str) -> str:
+    if re.search(r'[\s"\\]', p):
+        return '"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return p
+
+
+def parse_line(raw: str) -> Line:
+    s = raw.strip()
+    if not s or s.startswith("#"):
+        return Line(raw)
+    if s.startswith('"'):
+        m = re.match(r'"((?:[^"\\]|\\.)*)"\s*(.*)$', s)
+        if not m:
+            return Line(raw)
+        pattern = re.sub(r"\\(.)", r"\1", m.group(1))
+        rest = m.group(2)
+    else:
+        pattern, _, rest = s.partition(" ") if " " in s else s.partition("\t")
+    return Line(raw, pattern, rest.split())
+
+
+def _attr_name(a: str) -> str:
+    return a.lstrip("-!").split("=", 1)[0]
+
+
+def track_lines(lines: list[Line], pattern: str) -> tuple[list[Line], bool]:
+    """The lines with ``pattern`` tracked, and whether anything changed. Raises TrackError on a conflict."""
+    for line in lines:
+        if line.pattern != pattern:
+            continue
+        kept = []
+        for a in line.attrs:
+            name = _attr_name(a)
+            if name in DRIVERS:
+                if "=" in a and a.split("=", 1)[1] != "theta":
+                    raise TrackError(f".gitattributes: {pattern!r} already has {a}; untrack it from that tool "
+                                     f"first (e.g. `git lfs untrack {pattern}`), then rerun `git theta track`")
+                if a == f"{name}=theta":
+                    continue
+                continue  # -diff, !merge, bare "diff": superseded by the theta driver
+            kept.append(a)
+        new_attrs = kept + [f"{d}=theta" for d in DRIVERS]
+        if new_attrs == line.attrs:
+            return lines, False
+        line.attrs = new_attrs
+        return lines, True
+    return lines + [Line("", pattern, [f"{d}=theta" for d in DRIVERS])], True
+
+
+def track(patterns: list[str], cwd=None) -> list[str]:
+    """Track ``patterns`` in <toplevel>/.gitattributes; returns the patterns newly tracked."""
+    path = gitutil.toplevel(cwd) / ".gitattributes"
+    text = path.read_text() if path.exists() else ""
+    lines = [parse_line(r) for r in text.splitlines()]
+    changed = []
+    for p in patterns:
+        if not p.strip():
+            raise TrackError("empty pattern")
+        lines, did = track_lines(lines, p)
+        if did:
+            changed.append(p)
+    if changed:
+        tmp = path.with_name(".gitattributes.theta.tmp")
+        tmp.write_text("".join(line.render() + "\n" for line in lines))
+        tmp.replace(path)
+    return changed
+
+
+def tracked_patterns(cwd=None) -> list[str]:
+    path = gitutil.toplevel(cwd) / ".gitattributes"
+    if not path.exists():
+        return []
+    return [ln.pattern for ln in map(parse_line, path.read_text().splitlines())
+            if ln.pattern and "filter=theta" in ln.attrs]

@@ -1,0 +1,275 @@
+"""What changed between two versions of a checkpoint, group by group, reading only the groups that differ.
+
+A version ("side") is either theta metadata (values rebuilt from the LFS store on demand) or a checkpoint
+file in the working tree (read lazily with zipslice). Groups whose content hashes are equal are skipped
+without reading data when both sides are metadata; a working-tree checkpoint must be read once to hash it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import numpy as np
+
+from theta import lsh
+from theta.storage.metadata import CheckpointMeta
+from theta.storage.store import BlobRef, LfsStore
+from theta.updates import content_hash, reconstruct
+
+CHUNK = 1 << 20  # elements per chunk of the statistics pass
+
+
+@dataclass(frozen=True)
+class ChangeStats:
+    """How a group's values changed (computed in float64)."""
+
+    numel: int
+    changed: int        # elements whose bits differ
+    l2: float           # ‖new − old‖₂
+    old_l2: float       # ‖old‖₂
+    max_abs: float      # max |new − old|
+
+    @property
+    def relative(self) -> float:
+        """‖new − old‖ / ‖old‖ (inf when old is all zeros and something changed)."""
+        if self.old_l2 == 0:
+            return 0.0 if self.l2 == 0 else math.inf
+        return self.l2 / self.old_l2
+
+    @property
+    def fraction(self) -> float:
+        return self.changed / self.numel if self.numel else 0.0
+
+
+def change_stats(old: np.ndarray, new: np.ndarray) -> ChangeStats:
+    """Statistics of ``new − old`` for arrays of one shape, in chunks (a few MiB of temporaries)."""
+    if old.shape != new.shape:
+        raise ValueError(f"change_stats needs equal shapes, got {old.shape} and {new.shape}")
+    fo, fn = np.ascontiguousarray(old).reshape(-1), np.ascontiguousarray(new).reshape(-1)
+    bits_o = fo.view(f"u{fo.dtype.itemsize}") if fo.dtype.itemsize in (1, 2, 4, 8) else None
+    bits_n = fn.view(f"u{fn.dtype.itemsize}") if bits_o is not None and fn.dtype == fo.dtype else None
+    wd = np.complex128 if fo.dtype.kind == "c" else np.float64
+    changed, sq, osq, mx = 0, 0.0, 0.0, 0.0
+    for s in range(0, fo.size, CHUNK):
+        a, b = fo[s:s + CHUNK].astype(wd), fn[s:s + CHUNK].astype(wd)
+        d = np.abs(b - a)
+        if bits_n is not None:
+            changed += int(np.count_nonzero(bits_o[s:s + CHUNK] != bits_n[s:s + CHUNK]))
+        else:
+            changed += int(np.count_nonzero(a != b))
+        sq += float(np.dot(d, d))
+        oa = np.abs(a)
+        osq += float(np.dot(oa, oa))
+        if d.size:
+            mx = max(mx, float(d.max()))
+    return ChangeStats(numel=int(fo.size), changed=changed, l2=math.sqrt(sq), old_l2=math.sqrt(osq), max_abs=mx)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    dtype: str
+    shape: tuple[int, ...]
+    update: str | None      # the update type of the last step (metadata sides only)
+    chain: int = 0          # number of steps
+
+
+class Side(Protocol):
+    label: str
+    format: str
+
+    def names(self) -> list[str]: ...
+    def aliases(self) -> set[str]: ...
+    def info(self, name: str) -> GroupInfo: ...
+    def hash(self, name: str) -> str: ...
+    def signature(self, name: str) -> list[int] | None: ...
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray: ...
+    def prefetch(self, names: Iterable[str]) -> None: ...
+
+
+class MetaSide:
+    """A version given as theta metadata; values come from the LFS store (fetched if missing)."""
+
+    def __init__(self, meta: CheckpointMeta, label: str, repo_dir: str | os.PathLike = ".",
+                 store: LfsStore | None = None):
+        self.meta, self.label, self.repo_dir = meta, label, repo_dir
+        self.format = meta.format
+        self._store = store
+
+    @property
+    def store(self) -> LfsStore:
+        if self._store is None:
+            self._store = LfsStore.for_repo(self.repo_dir)
+        return self._store
+
+    def names(self) -> list[str]:
+        return [n for n in self.meta.order if n in self.meta.groups]
+
+    def aliases(self) -> set[str]:
+        return set(self.meta.aliases)
+
+    def info(self, name: str) -> GroupInfo:
+        g = self.meta.groups[name]
+        return GroupInfo(g.dtype, tuple(g.shape), g.steps[-1].type if g.steps else None, len(g.steps))
+
+    def hash(self, name: str) -> str:
+        return self.meta.groups[name].hash
+
+    def signature(self, name: str) -> list[int] | None:
+        return self.meta.groups[name].lsh
+
+    def refs(self, names: Iterable[str]) -> list[BlobRef]:
+        return [s.blob for n in names for s in self.meta.groups[n].steps]
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        refs = self.refs(names)
+        if refs and self.store.missing(refs):
+            from theta.storage.transfer import fetch_missing
+
+            fetch_missing(self.repo_dir, refs, store=self.store)
+
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
+        return reconstruct(self.meta.groups[name], self.store, cache, file=self.label)
+
+
+class CheckpointSide:
+    """A checkpoint file (e.g. the working tree's), read lazily one group at a time."""
+
+    def __init__(self, path: str | os.PathLike, label: str):
+        import zipslice
+
+        self.path, self.label = path, label
+        self.ckpt = zipslice.load(path)
+        self.format = self.ckpt.format
+        self._hashes: dict[str, str] = {}
+
+    def names(self) -> list[str]:
+        return list(self.ckpt.keys())
+
+    def aliases(self) -> set[str]:
+        return set()
+
+    def info(self, name: str) -> GroupInfo:
+        i = self.ckpt.info(name)
+        return GroupInfo(i.dtype, tuple(i.shape), None)
+
+    def hash(self, name: str) -> str:
+        if name not in self._hashes:
+            self._hashes[name] = content_hash(self.ckpt.numpy(name))
+        return self._hashes[name]
+
+    def signature(self, name: str) -> list[int] | None:
+        i = self.ckpt.info(name)
+        return lsh.signature(self.ckpt.numpy(name)) if lsh.hashable(i.dtype) else None
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        pass
+
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
+        return self.ckpt.numpy(name)
+
+    def close(self) -> None:
+        close = getattr(self.ckpt, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass
+class GroupDiff:
+    name: str
+    status: str                      # added, removed, modified, reshaped, retyped
+    old: GroupInfo | None = None
+    new: GroupInfo | None = None
+    stats: ChangeStats | None = None
+    estimate: float | None = None    # LSH estimate of ‖Δ‖ (estimate mode)
+
+
+@dataclass
+class FileDiff:
+    path: str
+    old_format: str | None
+    new_format: str | None
+    groups: list[GroupDiff] = field(default_factory=list)
+    unchanged: int = 0
+    estimated: bool = False
+    notes: list[str] = field(default_factory=list)   # file-level changes (structure, non-tensor values)
+
+    def count(self, status: str) -> int:
+        return sum(1 for g in self.groups if g.status == status)
+
+    @property
+    def changed_elements(self) -> tuple[int, int]:
+        """(changed, total) over the groups with statistics."""
+        st = [g.stats for g in self.groups if g.stats is not None]
+        return sum(s.changed for s in st), sum(s.numel for s in st)
+
+    @property
+    def total_l2(self) -> float:
+        return math.sqrt(sum(g.stats.l2 ** 2 for g in self.groups if g.stats is not None))
+
+
+def _plain_values(structure) -> dict[str, str]:
+    """The non-tensor leaves of a structure tree (epoch counters, names, ...) by flattened path."""
+    if not structure:
+        return {}
+    from zipslice.structure import walk_leaves
+
+    return {path or "(root)": repr(leaf) for path, leaf in walk_leaves(structure) if "tensor" not in leaf}
+
+
+def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = False) -> FileDiff:
+    """Compare two versions group by group (either may be None: the file was added/removed)."""
+    fd = FileDiff(path, old.format if old else None, new.format if new else None, estimated=estimate)
+    if isinstance(old, MetaSide) and isinstance(new, MetaSide):
+        o, n = old.meta, new.meta
+        ov, nv = _plain_values(o.structure), _plain_values(n.structure)
+        if ov != nv:
+            keys = sorted(k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k))
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
+            fd.notes.append(f"non-tensor values changed: {shown}")
+        if o.metadata != n.metadata:
+            fd.notes.append("the file-level metadata changed")
+    old_names = old.names() if old else []
+    new_names = new.names() if new else []
+    old_set, new_set = set(old_names), set(new_names)
+    # a name tied to another tensor on one side is an alias, not a group: do not report it as added/removed
+    old_aliases = old.aliases() if old else set()
+    new_aliases = new.aliases() if new else set()
+    modified: list[str] = []
+    for name in new_names:
+        if name not in old_set:
+            if name not in old_aliases:
+                fd.groups.append(GroupDiff(name, "added", new=new.info(name)))
+            continue
+        oi, ni = old.info(name), new.info(name)
+        if oi.shape != ni.shape:
+            fd.groups.append(GroupDiff(name, "reshaped", oi, ni))
+        elif oi.dtype != ni.dtype:
+            fd.groups.append(GroupDiff(name, "retyped", oi, ni))
+        elif old.hash(name) == new.hash(name):
+            fd.unchanged += 1
+        else:
+            modified.append(name)
+            fd.groups.append(GroupDiff(name, "modified", oi, ni))
+    for name in old_names:
+        if name not in new_set and name not in new_aliases:
+            fd.groups.append(GroupDiff(name, "removed", old=old.info(name)))
+    if not modified:
+        return fd
+    by_name = {g.name: g for g in fd.groups}
+    if estimate:
+        for name in modified:
+            a, b = old.signature(name), new.signature(name)
+            if a is not None and b is not None and len(a) == len(b):
+                by_name[name].estimate = lsh.estimated_distance(a, b)
+        return fd
+    old.prefetch(modified)
+    new.prefetch(modified)
+    for name in modified:
+        cache: dict = {}  # the new value's update chain often starts from the old value: reuse it
+        a = old.array(name, cache)
+        b = new.array(name, cache)
+        by_name[name].stats = change_stats(a, b)
+        del a, b, cache
+    return fd

@@ -1,0 +1,105 @@
+"""git-lfs subprocesses: fetch and push LFS objects named by oid, whatever refers to them.
+
+Our blobs are plain LFS objects in git-lfs's local store, but git's trees hold theta metadata rather than
+LFS pointer files, so git-lfs cannot find them by itself. Two small bridges:
+
+- **fetch** (:func:`fetch_objects`): write one LFS pointer per object into a *throwaway* object
+  directory, make a tree and a commit of them there, and run one ``git lfs fetch <remote> <commit>`` with
+  that directory as ``GIT_OBJECT_DIRECTORY`` (the real object database is an alternate). git-lfs finds the
+  pointers, asks the server for all of them in batch requests and downloads them concurrently into the
+  real LFS store. Nothing is added to the repository's object database.
+- **push** (:func:`push_objects`): ``git lfs push --object-id <remote> --stdin``; the batch API uploads only
+  the objects the server lacks.
+
+The storage layer (:mod:`theta.storage.transfer`) decides which objects to move.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+from theta.errors import TransferError
+from theta.git import repo as gitutil
+
+POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
+
+
+def pointer_text(oid: str, size: int) -> bytes:
+    return POINTER.format(oid=oid, size=size).encode()
+
+
+def default_remote(cwd=None) -> str | None:
+    """The remote git-lfs would use: lfs.remote.autodetect aside, the branch's remote, then origin, then the only one."""
+    remotes = gitutil.run_text(["remote"], cwd, check=False).split()
+    if not remotes:
+        return None
+    branch = gitutil.run_text(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd, check=False)
+    if branch:
+        upstream = gitutil.config_get(f"branch.{branch}.remote", cwd)
+        if upstream and upstream in remotes:
+            return upstream
+    for name in (gitutil.config_get("remote.lfsdefault", cwd), "origin"):
+        if name and name in remotes:
+            return name
+    return remotes[0] if len(remotes) == 1 else None
+
+
+def _write_loose_blob(objects_dir: Path, data: bytes) -> str:
+    """Write a loose git blob object (zlib of "blob <len>\\0<data>") and return its sha1."""
+    raw = b"blob %d\0" % len(data) + data
+    sha = hashlib.sha1(raw).hexdigest()
+    d = objects_dir / sha[:2]
+    d.mkdir(exist_ok=True)
+    (d / sha[2:]).write_bytes(zlib.compress(raw, 1))
+    return sha
+
+
+def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]]) -> str | None:
+    """Run one ``git lfs fetch`` of ``objects`` ((oid, size) pairs) from ``remote`` into the local LFS store.
+
+    Returns git-lfs's last stderr line when it failed, else None; the caller checks what arrived.
+    """
+    real_objects = Path(gitutil.run_text(["rev-parse", "--git-path", "objects"], repo_dir))
+    if not real_objects.is_absolute():
+        real_objects = (Path(repo_dir) / real_objects).resolve()
+    with tempfile.TemporaryDirectory(prefix="fetch-", dir=gitutil.theta_dir(repo_dir)) as tmp:
+        env = dict(os.environ)
+        alternates = [str(real_objects)] + [a for a in env.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", "").split(":") if a]
+        env["GIT_OBJECT_DIRECTORY"] = tmp
+        env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = ":".join(alternates)
+        entries = []
+        for oid, size in objects:
+            sha = _write_loose_blob(Path(tmp), pointer_text(oid, size))
+            entries.append(f"100644 blob {sha}\t{oid}\n")
+        tree = _git_env(["mktree"], repo_dir, env, "".join(entries).encode()).strip()
+        commit = _git_env(["commit-tree", "-m", "theta fetch", tree], repo_dir,
+                          {**env, "GIT_AUTHOR_NAME": "theta", "GIT_AUTHOR_EMAIL": "theta@localhost",
+                           "GIT_COMMITTER_NAME": "theta", "GIT_COMMITTER_EMAIL": "theta@localhost"}).strip()
+        # -I/-X "" clear any lfs.fetchinclude/fetchexclude: our synthetic paths must all be fetched.
+        proc = subprocess.run(["git", "lfs", "fetch", "-I", "", "-X", "", remote, commit], cwd=repo_dir, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True)
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        return err[-1] if err else f"git lfs fetch exited with {proc.returncode}"
+    return None
+
+
+def _git_env(args: list[str], cwd, env: dict, input: bytes | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, input=input, capture_output=True)
+    if proc.returncode != 0:
+        raise TransferError(f"git {args[0]}: {proc.stderr.decode('utf-8', 'replace').strip()}")
+    return proc.stdout.decode()
+
+
+def push_objects(repo_dir: str | os.PathLike, remote: str, oids: Iterable[str]) -> None:
+    """Upload the LFS objects ``oids`` to ``remote``'s LFS server (the server skips those it has)."""
+    proc = subprocess.run(["git", "lfs", "push", "--object-id", remote, "--stdin"], cwd=repo_dir,
+                          input="".join(o + "\n" for o in oids).encode(), capture_output=True)
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise TransferError(f"git lfs push to {remote!r} failed: {err[-1] if err else proc.returncode}")

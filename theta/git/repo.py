@@ -1,0 +1,172 @@
+"""Running git: one place for subprocess calls, config reads, attributes and object reads."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from theta.errors import GitError
+
+
+def run(args: Sequence[str], cwd: str | os.PathLike | None = None, input: bytes | None = None,
+        check: bool = True, env: dict | None = None) -> bytes:
+    """Run ``git args`` and return its stdout; raise GitError with git's stderr on failure."""
+    proc = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=env)
+    if check and proc.returncode != 0:
+        msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = msg[-1] if msg else f"exit status {proc.returncode}"
+        raise GitError(f"git {' '.join(args[:3])}: {detail}")
+    return proc.stdout
+
+
+def run_status(args: Sequence[str], cwd=None, input: bytes | None = None, env: dict | None = None) -> int:
+    """Run ``git args`` for its exit status only (output discarded)."""
+    return subprocess.run(["git", *args], cwd=cwd, input=input, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode
+
+
+def passthrough(args: Sequence[str], cwd=None, env: dict | None = None) -> int:
+    """Run ``git args`` with the user's terminal (stdin/stdout/stderr inherited); its exit status."""
+    return subprocess.run(["git", *args], cwd=cwd, env=env).returncode
+
+
+def run_text(args: Sequence[str], cwd=None, check: bool = True) -> str:
+    return run(args, cwd=cwd, check=check).decode("utf-8").strip()
+
+
+def in_repository(cwd=None) -> bool:
+    return run_status(["rev-parse", "--git-dir"], cwd) == 0
+
+
+def toplevel(cwd=None) -> Path:
+    return Path(run_text(["rev-parse", "--show-toplevel"], cwd))
+
+
+def common_dir(cwd=None) -> Path:
+    """The shared .git directory (the same for every worktree): home of lfs/objects and hooks."""
+    d = Path(run_text(["rev-parse", "--git-common-dir"], cwd))
+    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+
+
+def hooks_dir(cwd=None) -> Path:
+    """Where git looks for hooks, honouring core.hooksPath."""
+    d = Path(run_text(["rev-parse", "--git-path", "hooks"], cwd))
+    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+
+
+def theta_dir(cwd=None) -> Path:
+    """<git-common-dir>/theta: scratch space on the repository's file system (spool files)."""
+    d = common_dir(cwd) / "theta"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+# -- config -------------------------------------------------------------------------------------------
+def config_get(key: str, cwd=None, scope: str | None = None) -> str | None:
+    args = ["config"] + ([f"--{scope}"] if scope else []) + ["--get", key]
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
+    if proc.returncode == 1:  # key not set
+        return None
+    if proc.returncode != 0:
+        raise GitError(f"git config --get {key}: {proc.stderr.decode('utf-8', 'replace').strip()}")
+    return proc.stdout.decode("utf-8").rstrip("\n")
+
+
+def config_get_regexp(pattern: str, cwd=None) -> dict[str, str]:
+    """All config keys matching ``pattern`` (keys are lower-cased by git)."""
+    proc = subprocess.run(["git", "config", "-z", "--get-regexp", pattern], cwd=cwd, capture_output=True)
+    if proc.returncode == 1:
+        return {}
+    if proc.returncode != 0:
+        raise GitError(f"git config --get-regexp {pattern}: {proc.stderr.decode('utf-8', 'replace').strip()}")
+    out = {}
+    for item in proc.stdout.decode("utf-8").split("\0"):
+        if item:
+            key, _, value = item.partition("\n")
+            out[key] = value
+    return out
+
+
+def config_set(key: str, value: str, cwd=None, scope: str = "global") -> None:
+    run(["config", f"--{scope}", key, value], cwd=cwd)
+
+
+# -- attributes --------------------------------------------------------------------------------------
+def check_attr(attr: str, paths: Iterable[str], cwd=None) -> dict[str, str | None]:
+    """The value of ``attr`` for each path (None when unspecified), via one `git check-attr` call."""
+    paths = list(paths)
+    if not paths:
+        return {}
+    out = run(["check-attr", "-z", "--stdin", attr], cwd=cwd, input=b"".join(p.encode() + b"\0" for p in paths))
+    fields = out.split(b"\0")
+    result: dict[str, str | None] = {}
+    for i in range(0, len(fields) - 2, 3):
+        path, _, value = fields[i].decode(), fields[i + 1], fields[i + 2].decode()
+        result[path] = None if value in ("unspecified", "unset") else value
+    return result
+
+
+# -- objects -----------------------------------------------------------------------------------------
+def read_blob(spec: str, cwd=None) -> bytes | None:
+    """The content of ``spec`` (e.g. ``HEAD:model.pt`` or ``:model.pt``), or None if it does not exist."""
+    proc = subprocess.run(["git", "cat-file", "blob", spec], cwd=cwd, capture_output=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    sha: str
+    type: str
+    size: int
+
+
+class CatFile:
+    """One `git cat-file --batch` process for reading many objects (closed on exit)."""
+
+    def __init__(self, cwd=None):
+        self.proc = subprocess.Popen(["git", "cat-file", "--batch"], cwd=cwd, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+
+    def read(self, spec: str) -> tuple[ObjectInfo | None, bytes]:
+        self.proc.stdin.write(spec.encode() + b"\n")
+        self.proc.stdin.flush()
+        header = self.proc.stdout.readline().decode().split()
+        if len(header) != 3:  # "<spec> missing"
+            return None, b""
+        sha, typ, size = header[0], header[1], int(header[2])
+        data = self.proc.stdout.read(size)
+        self.proc.stdout.read(1)  # the newline after the content
+        return ObjectInfo(sha, typ, size), data
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def batch_check(specs: Iterable[str], cwd=None) -> list[ObjectInfo | None]:
+    data = "".join(s + "\n" for s in specs).encode()
+    out = run(["cat-file", "--batch-check"], cwd=cwd, input=data).decode().splitlines()
+    infos: list[ObjectInfo | None] = []
+    for line in out:
+        parts = line.split()
+        infos.append(ObjectInfo(parts[0], parts[1], int(parts[2])) if len(parts) == 3 else None)
+    return infos
+
+
+def rev_exists(rev: str, cwd=None, kind: str = "object") -> bool:
+    """True when ``rev`` names an object (``kind``: "object", "commit", ...)."""
+    return run_status(["rev-parse", "--verify", "--quiet", f"{rev}^{{{kind}}}"], cwd) == 0
+
+
+def object_exists(spec: str, cwd=None) -> bool:
+    """True when ``spec`` (e.g. ``:2:model.pt``) names an existing object."""
+    return run_status(["cat-file", "-e", spec], cwd) == 0

@@ -1,0 +1,229 @@
+"""Three-way merge of checkpoint metadata, planned from metadata first, then executed group by group.
+
+:func:`plan_merge` decides every group from the three metadata texts alone (no tensor is read): unchanged or
+changed on one side -> that side's steps; added/deleted on one side -> git's rules; changed on both sides ->
+``plan.pending`` (needs a strategy); shape/dtype changes and delete/modify -> ``plan.conflicts``.
+:func:`execute` then merges the pending groups one at a time (memory: three inputs and one result) into new
+dense blobs. Choosing strategies (configuration, the interactive menu) is the merge driver's job.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+from theta.merges import get as get_strategy
+from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
+from theta.storage.store import LfsStore
+from theta.updates import reconstruct
+from theta.updates.steps import dense_group
+
+def _group_key(g: GroupMeta | None):
+    return None if g is None else (g.dtype, tuple(g.shape), g.hash, g.is_parameter, g.requires_grad)
+
+
+def _alias_key(a: Alias | None):
+    return None if a is None else (a.of, a.is_parameter, a.requires_grad)
+
+
+def _json_key(v: Any) -> str:
+    return json.dumps(v, sort_keys=True)
+
+
+def three_way(o: Any, a: Any, b: Any, key: Callable[[Any], Any]) -> tuple[str, Any]:
+    """("same"|"ours"|"theirs", value) when at most one side changed, ("both", None) otherwise."""
+    ka, kb, ko = key(a), key(b), key(o)
+    if ka == kb:
+        return "same", a
+    if ka == ko:
+        return "theirs", b
+    if kb == ko:
+        return "ours", a
+    return "both", None
+
+
+def _describe(g: GroupMeta) -> str:
+    return f"{g.dtype}{list(g.shape)}"
+
+
+_CONTAINERS = ("dict", "odict", "list", "tuple")
+
+
+def _kind(node: Any) -> str | None:
+    if isinstance(node, dict):
+        for k in _CONTAINERS:
+            if k in node:
+                return k
+    return None
+
+
+def merge_structure(o: Any, a: Any, b: Any, values: str | None, conflicts: list[str], path: str = "") -> Any:
+    """Three-way merge of zipslice structure trees, node by node.
+
+    Containers with the same keys on both sides merge child by child; a non-tensor value (an epoch counter, a
+    name) changed differently on both sides is a conflict unless ``values`` is "ours" or "theirs".
+    """
+    side, value = three_way(o, a, b, _json_key)
+    if side != "both":
+        return value
+    where = path or "(root)"
+    ka, kb = _kind(a), _kind(b)
+    if ka is not None and ka == kb:
+        if ka in ("dict", "odict"):
+            keys_a, keys_b = [k for k, _ in a[ka]], [k for k, _ in b[kb]]
+            if keys_a == keys_b:
+                o_children = dict((_json_key(k), v) for k, v in o[ka]) if _kind(o) == ka else {}
+                merged = {ka: [[k, merge_structure(o_children.get(_json_key(k)), va, vb, values, conflicts,
+                                                   f"{path}/{k}" if path else str(k))]
+                               for (k, va), (_, vb) in zip(a[ka], b[kb])]}
+                if "metadata" in a or "metadata" in b:
+                    merged["metadata"] = merge_structure(o.get("metadata") if _kind(o) == ka else None,
+                                                         a.get("metadata"), b.get("metadata"), values, conflicts,
+                                                         f"{where}._metadata")
+                return merged
+        elif len(a[ka]) == len(b[kb]):
+            o_items = o[ka] if _kind(o) == ka and len(o[ka]) == len(a[ka]) else [None] * len(a[ka])
+            return {ka: [merge_structure(oi, ai, bi, values, conflicts, f"{path}/{i}" if path else str(i))
+                         for i, (oi, ai, bi) in enumerate(zip(o_items, a[ka], b[kb]))]}
+    is_value = all(isinstance(n, dict) and _kind(n) is None and "tensor" not in n for n in (a, b))
+    if is_value and values in ("ours", "theirs"):
+        return a if values == "ours" else b
+    if is_value:
+        conflicts.append(f"(value) {where}: changed on both sides ({_json_key(a)} vs {_json_key(b)}); choose with "
+                         "`git config theta.merge.values ours|theirs` or GIT_THETA_MERGE_VALUES")
+    else:
+        conflicts.append(f"(file) {where}: the checkpoint structure changed on both sides")
+    return None
+
+
+@dataclass
+class Pending:
+    """A group changed on both sides, mergeable in principle (same dtype and shape)."""
+
+    name: str
+    ours: GroupMeta
+    theirs: GroupMeta
+    ancestor: GroupMeta | None   # None when there is no usable ancestor (added on both sides, or reshaped)
+    strategy: str | None = None
+    params: dict = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass
+class MergePlan:
+    path: str
+    ours: CheckpointMeta
+    kept: dict[str, GroupMeta] = field(default_factory=dict)
+    pending: list[Pending] = field(default_factory=list)
+    aliases: dict[str, Alias] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+    header: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"unchanged": 0, "ours": 0, "theirs": 0})
+
+
+def plan_merge(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: CheckpointMeta,
+               path: str, values: str | None = None) -> MergePlan:
+    """Decide every group from the metadata alone; groups needing math go to ``plan.pending``.
+
+    ``values``: what to do with a non-tensor value changed differently on both sides (None: conflict).
+    """
+    plan = MergePlan(path=path, ours=ours)
+    og = ancestor.groups if ancestor else {}
+    for name in sorted(set(og) | set(ours.groups) | set(theirs.groups)):
+        o, a, b = og.get(name), ours.groups.get(name), theirs.groups.get(name)
+        side, value = three_way(o, a, b, _group_key)
+        if side != "both":
+            if value is not None:
+                plan.kept[name] = value
+            plan.counts["unchanged" if side == "same" else side] += 1
+        elif a is None or b is None:
+            deleted, modified = ("ours", "theirs") if a is None else ("theirs", "ours")
+            plan.conflicts.append(f"{name}: deleted on {deleted} but modified on {modified}")
+        elif (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
+            plan.conflicts.append(f"{name}: ours is {_describe(a)} but theirs is {_describe(b)} "
+                                  f"(a shape or dtype change is never merged automatically)")
+        else:
+            usable = o if o is not None and (o.dtype, tuple(o.shape)) == (a.dtype, tuple(a.shape)) else None
+            plan.pending.append(Pending(name, a, b, usable))
+
+    oa = ancestor.aliases if ancestor else {}
+    for name in sorted(set(oa) | set(ours.aliases) | set(theirs.aliases)):
+        side, value = three_way(oa.get(name), ours.aliases.get(name), theirs.aliases.get(name), _alias_key)
+        if side == "both":
+            plan.conflicts.append(f"{name}: tied (alias) differently on each side")
+        elif value is not None:
+            plan.aliases[name] = value
+
+    what = {"format": "checkpoint format", "metadata": "file-level metadata"}
+    for name in ("format", "metadata"):
+        o = getattr(ancestor, name) if ancestor else None
+        side, value = three_way(o, getattr(ours, name), getattr(theirs, name), _json_key)
+        if side == "both":
+            plan.conflicts.append(f"(file) the {what[name]} changed on both sides")
+        plan.header[name] = value
+    plan.header["structure"] = merge_structure(ancestor.structure if ancestor else None, ours.structure,
+                                               theirs.structure, values, plan.conflicts)
+    plan.header["lsh"] = ours.lsh
+
+    names = set(plan.kept) | {p.name for p in plan.pending} | set(plan.aliases)
+    o_order = ancestor.order if ancestor else None
+    side, order = three_way(o_order, ours.order, theirs.order, _json_key)
+    if side == "both":
+        if plan.header.get("structure") is None:
+            # flat formats: our order, then their new names in their order
+            order = [n for n in ours.order if n in names] + [n for n in theirs.order if n not in ours.order]
+        else:
+            order = None
+    conflicts_so_far = bool(plan.conflicts)  # a group conflict already explains a mismatching order
+    if not conflicts_so_far and (order is None or len(order) != len(set(order)) or set(order) != names):
+        plan.conflicts.append("(file) groups were added/removed on both sides in ways that cannot be combined")
+    plan.header["order"] = order
+    return plan
+
+
+def fetch_for(plan: MergePlan, store: LfsStore, repo_dir: str | os.PathLike) -> None:
+    """Download, in one git-lfs run, the blobs of every group whose value the merge will read."""
+    refs = []
+    for p in plan.pending:
+        strategy = get_strategy(p.strategy)
+        if strategy.picks is not None:
+            continue
+        for g in (p.ours, p.theirs, p.ancestor if strategy.needs_ancestor else None):
+            if g is not None:
+                refs.extend(s.blob for s in g.steps)
+    if store.missing(refs):
+        from theta.storage.transfer import fetch_missing
+
+        fetch_missing(repo_dir, refs, store=store)
+
+
+def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> CheckpointMeta:
+    """Merge the pending groups one at a time (memory: three inputs and one result) and build the metadata."""
+    groups = dict(plan.kept)
+    for i, p in enumerate(plan.pending, 1):
+        strategy = get_strategy(p.strategy)
+        if strategy.picks is not None:
+            groups[p.name] = {"ours": p.ours, "theirs": p.theirs, "ancestor": p.ancestor}[strategy.picks]
+        else:
+            # ours and theirs usually derive from the ancestor (update chains): rebuilding it first lets
+            # reconstruct start their chains from it; the cache lives for this group only
+            cache: dict = {}
+            o = reconstruct(p.ancestor, store, cache, file=plan.path) if strategy.needs_ancestor else None
+            a = reconstruct(p.ours, store, cache, file=plan.path)
+            b = reconstruct(p.theirs, store, cache, file=plan.path)
+            merged = strategy.merge(p.name, a, b, o, **p.params)
+            del a, b, o, cache
+            groups[p.name] = dense_group(p.ours, merged, store)
+            del merged
+        if log is not None:
+            params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
+            log.write(f"theta: {plan.path}: [{i}/{len(plan.pending)}] {p.name}: {p.strategy}"
+                      + (f" ({params})" if params else "") + f"  [{p.source}]\n")
+    h = plan.header
+    meta = CheckpointMeta(format=h["format"], order=list(h["order"]), groups=groups, structure=h["structure"],
+                          aliases=dict(plan.aliases), metadata=dict(h["metadata"] or {}), lsh=dict(h["lsh"] or {}))
+    meta.validate()
+    return meta
+
+

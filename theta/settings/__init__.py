@@ -1,0 +1,110 @@
+"""Configuration, read once at the edge (git config, environment) and passed down as values.
+
+Precedence everywhere: environment ``GIT_THETA_<NAME>`` over ``git config theta.<name>`` over the default.
+:mod:`theta.settings.merge` reads the merge configuration (``.thetamerge``, ``theta.merge.*``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from theta.errors import ThetaError
+from theta.git import repo as gitutil
+
+ENV_PREFIX = "GIT_THETA_"
+FORMATS = ("torch", "safetensors", "hdf5")
+
+
+def parse_bool(value: str, where: str) -> bool:
+    """git's spellings of a boolean; a ThetaError naming ``where`` otherwise."""
+    low = value.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ThetaError(f"{where}: expected a boolean (true/false), got {value!r}")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """The environment variable ``GIT_THETA_<name>``."""
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def env_flag(name: str) -> bool:
+    """``GIT_THETA_<name>`` as a boolean (unset: False)."""
+    value = env(name)
+    return False if value is None else parse_bool(value, ENV_PREFIX + name)
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _convert(value: str, annotation, default, where: str):
+    kind = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    if "bool" in kind or isinstance(default, bool):
+        return parse_bool(value, where)
+    try:
+        if "int" in kind or (isinstance(default, int) and not isinstance(default, bool)):
+            return int(value)
+        if "float" in kind or isinstance(default, float):
+            return float(value)
+    except ValueError:
+        raise ThetaError(f"{where}: expected a number, got {value!r}") from None
+    if "Path" in kind:
+        return Path(value)
+    return value
+
+
+def clean_options(cwd=None, progress: bool | None = None):
+    """CleanOptions from defaults, then git config ``theta.<camelCaseField>``, then env ``GIT_THETA_<FIELD>``.
+
+    Example: ``update_type`` is ``git config theta.updateType`` / ``GIT_THETA_UPDATE_TYPE``.
+    """
+    from theta.clean import CleanOptions
+
+    config = gitutil.config_get_regexp(r"^theta\.", cwd)
+    kwargs = {}
+    for f in dataclasses.fields(CleanOptions):
+        if f.name == "progress":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        key = "theta." + f.name.replace("_", "")
+        raw, source = env(f.name.upper()), ENV_PREFIX + f.name.upper()
+        if raw is None:
+            raw, source = config.get(key), key
+        if raw is None:
+            continue
+        kwargs[f.name] = _convert(raw, f.type, default, f"bad value for {source}")
+    opts = CleanOptions(**kwargs)
+    opts.progress = stderr_is_terminal() if progress is None else progress
+    return opts
+
+
+def checkout_format(path: str, cwd=None) -> str | None:
+    """The format to write ``path`` in at checkout: attribute theta-format, else theta.checkoutFormat, else None."""
+    fmt = gitutil.check_attr("theta-format", [path], cwd).get(path)
+    source = f"attribute theta-format of {path}"
+    if fmt in (None, "set"):
+        fmt, source = gitutil.config_get("theta.checkoutFormat", cwd), "git config theta.checkoutFormat"
+    if fmt is None:
+        return None
+    if fmt not in FORMATS:
+        raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def verify_mode(cwd=None) -> str:
+    """How checkout verifies rebuilt groups: env GIT_THETA_VERIFY, else ``git config theta.verify``, else
+    "frames" (single dense steps trust their zstd checksums)."""
+    value, source = env("VERIFY"), ENV_PREFIX + "VERIFY"
+    if value is None:
+        value, source = gitutil.config_get("theta.verify", cwd), "git config theta.verify"
+    from theta.smudge import VERIFY
+
+    value = value or "frames"
+    if value not in VERIFY:
+        raise ThetaError(f"{source} is {value!r}; expected one of {', '.join(VERIFY)}")
+    return value

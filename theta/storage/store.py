@@ -1,0 +1,205 @@
+"""Blobs in Git LFS's own local object store, addressed by the sha256 of their bytes.
+
+Layout (the one git-lfs uses, so `git lfs push/fetch/fsck` see our objects):
+``<git-common-dir>/lfs/objects/<oid[0:2]>/<oid[2:4]>/<oid>``. ``lfs.storage`` in git config moves the
+``lfs`` directory, as it does for git-lfs. Objects are written to a temp file beside their final path and
+renamed, so a reader never sees half an object; writing an object that exists is a no-op (dedup).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from theta import parallel
+from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
+from theta.git import repo as gitutil
+
+_CHUNK = 8 << 20
+@dataclass(frozen=True)
+class BlobRef:
+    """A stored blob: sha256 hex of its bytes and its size in bytes."""
+
+    oid: str
+    size: int
+
+
+def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+class LfsStore:
+    """Content-addressed blobs in a git-lfs objects directory."""
+
+    def __init__(self, objects_dir: str | os.PathLike, verify: bool = False):
+        self.objects_dir = Path(objects_dir)
+        # get() always checks the size; verify=True also checks the sha256. Off by default because every
+        # reader checks more: zstd frame checksums while decoding, and reconstruct() compares the rebuilt
+        # value with the group's content hash.
+        self.verify = verify
+        self.written_objects = 0  # objects this instance actually wrote (not deduplicated)
+        self.written_bytes = 0
+
+    @classmethod
+    def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
+        try:
+            common = gitutil.common_dir(cwd)
+        except (GitError, OSError):
+            raise StoreError(f"{os.fspath(cwd)} is not inside a git repository; theta stores blobs in its LFS store") from None
+        storage = gitutil.config_get("lfs.storage", cwd)
+        if storage:
+            lfs_dir = Path(storage) if os.path.isabs(storage) else Path(common) / storage
+        else:
+            lfs_dir = Path(common) / "lfs"
+        return cls(lfs_dir / "objects")
+
+    def __repr__(self) -> str:
+        return f"LfsStore({str(self.objects_dir)!r})"
+
+    def path(self, ref: "BlobRef | str") -> Path:
+        oid = ref if isinstance(ref, str) else ref.oid
+        return self.objects_dir / oid[0:2] / oid[2:4] / oid
+
+    def has(self, ref: BlobRef) -> bool:
+        try:
+            return self.path(ref).stat().st_size == ref.size
+        except FileNotFoundError:
+            return False
+
+    def put(self, data: "bytes | bytearray | memoryview") -> BlobRef:
+        return self.put_chunks([data])
+
+    def put_chunks(self, chunks: "list[bytes | bytearray | memoryview]") -> BlobRef:
+        """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first).
+
+        Like git-lfs, the bytes go to a temp file under ``lfs/tmp`` while a second thread hashes them
+        (hashlib and file writes release the GIL); the temp file is then renamed to its oid path, or
+        dropped when that object already exists.
+        """
+        size = sum(memoryview(c).nbytes for c in chunks)
+        tmp_dir = self.objects_dir.parent / "tmp"
+        hashing = parallel.pool("hash").submit(sha256_of, chunks)
+        tmp = None
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
+            with os.fdopen(fd, "wb") as f:
+                for c in chunks:
+                    f.write(c)
+            ref = BlobRef(hashing.result(), size)
+            tmp = self._publish(tmp, ref)
+        except OSError as e:
+            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+        finally:
+            hashing.cancel() or hashing.exception()  # never leave the hasher reading freed buffers
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        return ref
+
+    def _publish(self, tmp: str, ref: BlobRef) -> str | None:
+        """Move a fully written temp file to its content address; returns the temp path still to remove
+        (when the object was already stored: dedup), or None once it is published."""
+        if self.has(ref):
+            return tmp
+        dest = self.path(ref)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+        self.written_objects += 1
+        self.written_bytes += ref.size
+        return None
+
+    def put_stream(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> BlobRef:
+        """Store the concatenation of ``chunks`` as they are produced (e.g. by codec.iter_encode_parts):
+        each is hashed and written, then dropped, so the whole blob is never in memory."""
+        h = hashlib.sha256()
+        size = 0
+        tmp_dir = self.objects_dir.parent / "tmp"
+        tmp = None
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
+            with os.fdopen(fd, "wb") as f:
+                for c in chunks:
+                    h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                    f.write(c)
+                    size += memoryview(c).nbytes
+            ref = BlobRef(h.hexdigest(), size)
+            tmp = self._publish(tmp, ref)
+        except OSError as e:
+            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        return ref
+
+    def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
+        p = self.path(ref)
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
+        except OSError as e:
+            raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
+        if len(data) != ref.size:
+            raise BlobCorruptError(f"blob {ref.oid} at {p} has {len(data)} bytes, expected {ref.size}"
+                                   + (f" (group {group!r})" if group else ""))
+        if self.verify and hashlib.sha256(data).hexdigest() != ref.oid:
+            raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
+                                   + (f" (group {group!r})" if group else ""))
+        return data
+
+    @contextlib.contextmanager
+    def mapped(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> Iterator[memoryview]:
+        """The blob's bytes as a read-only memory map (no copy); same checks as :meth:`get`.
+
+        Nothing derived from the view may outlive the ``with`` block (decoders copy what they keep).
+        """
+        p = self.path(ref)
+        try:
+            f = open(p, "rb")
+        except FileNotFoundError:
+            raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
+        except OSError as e:
+            raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size != ref.size:
+                raise BlobCorruptError(f"blob {ref.oid} at {p} has {size} bytes, expected {ref.size}"
+                                       + (f" (group {group!r})" if group else ""))
+            if size == 0:
+                yield memoryview(b"")
+                return
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            view = memoryview(m)
+            try:
+                if self.verify and hashlib.sha256(view).hexdigest() != ref.oid:
+                    raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
+                                           + (f" (group {group!r})" if group else ""))
+                yield view
+            finally:
+                try:
+                    view.release()
+                    m.close()
+                except BufferError:
+                    pass  # a traceback still holds a slice (error path): the map closes when it is collected
+
+    def missing(self, refs: Iterable[BlobRef]) -> list[BlobRef]:
+        """The refs not present locally, each once, in first-seen order."""
+        seen: set[BlobRef] = set()
+        out = []
+        for r in refs:
+            if r not in seen:
+                seen.add(r)
+                if not self.has(r):
+                    out.append(r)
+        return out

@@ -1,0 +1,54 @@
+"""Moving blobs between the local store and the remote's LFS server (through git-lfs, so any server works).
+
+:func:`fetch_missing` downloads, in one git-lfs run, whatever blobs of a set the store lacks;
+:func:`push_blobs` uploads blobs the pushed commits reference. The git-lfs plumbing is :mod:`theta.git.lfs`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+from theta.errors import TransferError
+from theta.git import lfs
+from theta.storage.store import BlobRef, LfsStore
+
+
+def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
+                  store: LfsStore | None = None) -> int:
+    """Download every blob of ``refs`` that the local store lacks, all in one git-lfs run.
+
+    Returns how many were downloaded. Raises TransferError naming the missing oids if there is no remote
+    or the remote does not have them.
+    """
+    store = store or LfsStore.for_repo(repo_dir)
+    missing = store.missing(refs)
+    if not missing:
+        return 0
+    remote = remote or lfs.default_remote(repo_dir)
+    if remote is None:
+        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
+                            "and the repository has no remote to fetch them from")
+    failure = lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in missing])
+    still = store.missing(missing)
+    if failure is not None or still:
+        detail = f": {failure}" if failure else ""
+        first = (still or missing)[0].oid
+        raise TransferError(f"could not download {len(still) or len(missing)} blob(s) from remote {remote!r} "
+                            f"(first: {first}){detail}")
+    return len(missing)
+
+
+def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef],
+               store: LfsStore | None = None) -> int:
+    """Upload ``refs`` to ``remote``'s LFS server (the server skips those it has). Returns how many were offered."""
+    store = store or LfsStore.for_repo(repo_dir)
+    unique = sorted({r.oid: r for r in refs}.values(), key=lambda r: r.oid)
+    if not unique:
+        return 0
+    absent = store.missing(unique)
+    if absent:
+        raise TransferError(f"cannot push: {len(absent)} blob(s) referenced by the pushed commits are not in the "
+                            f"local LFS store (first: {absent[0].oid}); check out or export those versions "
+                            "from a remote that has them first")
+    lfs.push_objects(repo_dir, remote, [r.oid for r in unique])
+    return len(unique)
