@@ -2,7 +2,8 @@
 
 Stock GELU keeps its input x (b bytes per element) for backward; the following Linear keeps the output y.
 This one keeps y (shared with that Linear: one storage) and a packed bit (x < x*), and recovers GELU'(x)
-from them (tempo.gelu_slope): the input's b bytes become 1/8 byte. Forward output is whatever the wrapped
+from them (tempo.gelu_slope): the input's b bytes become 1/8 byte, plus 8 bytes for each of the few
+float32 elements so close to GELU's minimum that y cannot fix their slope (~1% in a BERT layer). Forward output is whatever the wrapped
 forward computes, untouched, so it is bit-identical to the module it replaces.
 
 Caveat: y is saved, so modifying the output in place before backward raises PyTorch's usual
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from .bits import pack
-from .gelu_slope import KINDS, gelu_backward_from_output, left_of_minimum
+from .gelu_slope import KINDS, gelu_backward_from_output, left_of_minimum, stash_near_minimum
 
 
 class GeluFromOutputFunction(torch.autograd.Function):
@@ -27,13 +28,14 @@ class GeluFromOutputFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, kind: str, forward_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         y = forward_fn(x)
         ctx.kind = kind
-        ctx.save_for_backward(y, pack(left_of_minimum(x, kind)))
+        near_index, near_slopes = stash_near_minimum(x, y, kind)
+        ctx.save_for_backward(y, pack(left_of_minimum(x, kind)), near_index, near_slopes)
         return y
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        y, packed = ctx.saved_tensors
-        return gelu_backward_from_output(grad_output, y, packed, ctx.kind), None, None
+        y, packed, near_index, near_slopes = ctx.saved_tensors
+        return gelu_backward_from_output(grad_output, y, packed, ctx.kind, near_index, near_slopes), None, None
 
 
 def gelu_from_output(x: torch.Tensor, kind: str, forward_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

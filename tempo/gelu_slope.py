@@ -11,9 +11,15 @@ Each variable indexes a table of quadratic cells (one gather per coefficient, no
 are built on first use from the exact GELU in float64: each node's x by bisection, then GELU'(x) exactly.
 No polynomial fit, Newton step, erf or exp runs per element.
 
-Accuracy, float32 (tests/tempo/test_tempo_gelu.py measures it): within ~6e-7 of GELU'(x) except
-- within ~2e-3 of x*: rounding y to float32 hides |x - x*| below ~2e-4, and the error rises to ~1.1e-4 at
-  x* itself. Any method that keeps only y has this floor; in 16 bits it is ~100x larger (docs/tempo.md).
+Near x*, y itself cannot say where x was: float32 rounds y to ~1.5e-8, which hides |x - x*| below ~2e-4
+(the slope error from y alone rises as ~ulp(y*) / |x - x*|, to ~1.1e-4 at x*). Those elements are rare
+(|x - x*| < 0.015: ~1% of a BERT layer's), so for float32 the forward also keeps their exact slope and
+flat index (`stash_near_minimum`: 8 bytes each) and backward puts them back. 16-bit y is not stashed: its
+floor (~1.5e-2 near x*, docs/tempo.md) would need ~10% of the elements kept.
+
+Accuracy, float32 (tests/tempo/test_tempo_gelu.py measures it): within ~2e-6 of GELU'(x) everywhere
+with the stash (just outside it, F.gelu's ~1.5-ulp rounding of y costs up to ~1.5e-6), within ~6e-7
+farther than 0.05 from x*, except
 - x < -2 for the erf form: F.gelu's own float32 y carries up to ~1e-3 relative error there (1 + erf
   cancels), so the slope is off by up to ~3.5e-6 (slopes there are below 0.09 in size).
 Work is done in float32 (float64 stays float64) in chunks that stay in cache.
@@ -34,6 +40,8 @@ KINDS = ("erf", "tanh")
 CHUNK = 1 << 20
 # Quadratic cells per side: interpolation error < 3e-8 (tests check the end-to-end error).
 CELLS = 2048
+# Largest slope error tolerated from y alone near x* in float32; closer elements have their slope stashed.
+NEAR_MIN_ERROR = 1e-6
 X_RIGHT_CLAMP = 6.0
 X_LEFT_CLAMP = -6.5
 
@@ -79,6 +87,7 @@ class _Form:
     y_min: float
     y_min_hi: float  # y* as float32 hi + lo: y - y* in two float32 ops with ~float64 accuracy
     y_min_lo: float
+    curvature: float  # GELU''(x*)
     r_max: float
     w_max: float
     cells: torch.Tensor  # float64 (2 * CELLS, 3): right cells, then left cells; value = c0 + c1 s + c2 s^2
@@ -91,6 +100,9 @@ def _form(kind: str) -> _Form:
     f64 = torch.float64
     x_min = float(_bisect(lambda x: _gelu_slope(x, kind), torch.zeros(1, dtype=f64), -1.5, -0.2, True)[0])
     y_min = float(_gelu(torch.tensor(x_min, dtype=f64), kind))
+    h = 1e-5
+    around = _gelu_slope(torch.tensor([x_min - h, x_min + h], dtype=f64), kind)
+    curvature = float((around[1] - around[0]) / (2 * h))
     log_neg_y_min = math.log(-y_min)
 
     def right_var(x):
@@ -114,7 +126,7 @@ def _form(kind: str) -> _Form:
                        cells(left_var, w_max, X_LEFT_CLAMP - 1.0, x_min, increasing=False)])
     y_min_hi = float(torch.tensor(y_min, dtype=torch.float32))
     return _Form(x_min=x_min, y_min=y_min, y_min_hi=y_min_hi, y_min_lo=float(torch.tensor(y_min - y_min_hi, dtype=torch.float32)),
-                 r_max=r_max, w_max=w_max, cells=table)
+                 curvature=curvature, r_max=r_max, w_max=w_max, cells=table)
 
 
 @lru_cache(maxsize=None)
@@ -132,6 +144,35 @@ def minimum(kind: str) -> tuple[float, float]:
 def left_of_minimum(x: torch.Tensor, kind: str) -> torch.Tensor:
     """The branch bit the backward needs: x < x*."""
     return x < _form(kind).x_min
+
+
+def near_minimum_threshold(kind: str, dtype: torch.dtype) -> float | None:
+    """y below this (float32 only) is too close to y* for y to fix the slope within NEAR_MIN_ERROR.
+
+    The slope error from y alone at distance d from x* is ~ulp(y*) / d, so d = ulp(y*) / NEAR_MIN_ERROR,
+    i.e. y - y* < GELU''(x*) d^2 / 2.
+    """
+    if dtype != torch.float32:
+        return None
+    form = _form(kind)
+    ulp = math.ldexp(1.0, math.frexp(abs(form.y_min))[1] - 24)
+    distance = ulp / NEAR_MIN_ERROR
+    return form.y_min + 0.5 * form.curvature * distance * distance
+
+
+def stash_near_minimum(x: torch.Tensor, y: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat indices, exact slopes) of the elements whose slope y cannot fix: float32 y near y*.
+
+    Empty for other dtypes. Indices are int32 when they fit, in ascending order.
+    """
+    threshold = near_minimum_threshold(kind, y.dtype)
+    if threshold is None:
+        return torch.zeros(0, dtype=torch.int32, device=y.device), y.new_zeros(0)
+    index = (y.reshape(-1) < threshold).nonzero().squeeze(1)
+    slopes = _gelu_slope(x.reshape(-1).index_select(0, index).double(), kind).to(y.dtype)
+    if y.numel() < 2**31:
+        index = index.to(torch.int32)
+    return index, slopes
 
 
 def slope_from_output(y: torch.Tensor, left: torch.Tensor, kind: str) -> torch.Tensor:
@@ -153,9 +194,15 @@ def slope_from_output(y: torch.Tensor, left: torch.Tensor, kind: str) -> torch.T
 
 
 def gelu_backward_from_output(
-    grad_output: torch.Tensor, y: torch.Tensor, packed_left: torch.Tensor, kind: str
+    grad_output: torch.Tensor,
+    y: torch.Tensor,
+    packed_left: torch.Tensor,
+    kind: str,
+    near_index: torch.Tensor | None = None,
+    near_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """grad_output * GELU'(x), from the saved output y and the packed branch bits (bits.pack(x < x*)).
+    """grad_output * GELU'(x), from the saved output y, the packed branch bits (bits.pack(x < x*)) and,
+    optionally, the exact slopes `stash_near_minimum` kept (they replace the recovered ones).
 
     16-bit tensors are computed in float32 and rounded once at the end, as PyTorch's own GELU backward does.
     """
@@ -167,9 +214,17 @@ def gelu_backward_from_output(
     flat_out = grad_input.view(-1)
     flat_y, flat_grad = y.reshape(-1), grad_output.reshape(-1)
     numel = flat_y.numel()
-    for start in range(0, numel, CHUNK):
+    starts = list(range(0, numel, CHUNK))
+    stashed = near_index is not None and near_index.numel() > 0
+    if stashed:  # where each chunk's stashed elements begin and end (indices are ascending)
+        edges = torch.tensor(starts + [numel], dtype=near_index.dtype, device=near_index.device)
+        bounds = torch.searchsorted(near_index, edges).tolist()
+    for chunk, start in enumerate(starts):
         stop = min(start + CHUNK, numel)
         left = unpack_float(packed_left[start // 8:(stop + 7) // 8], stop - start, compute_dtype)
         slope = slope_from_output(flat_y[start:stop].to(compute_dtype), left, kind)
+        if stashed and bounds[chunk] < bounds[chunk + 1]:
+            a, b = bounds[chunk], bounds[chunk + 1]
+            slope.index_copy_(0, near_index[a:b].long() - start, near_slopes[a:b].to(compute_dtype))
         flat_out[start:stop] = slope.mul_(flat_grad[start:stop].to(compute_dtype))
     return grad_input

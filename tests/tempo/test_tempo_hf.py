@@ -168,8 +168,9 @@ def test_measured_savings(name):
     assert after.total_bytes < 0.75 * before.total_bytes
     gelu_type = {"bert": "TempoGELUActivation", "gpt2": "TempoNewGELUActivation"}[name]
     tokens, inner = 3 * 20, 128 if name == "bert" else 256
-    # each GELU keeps its float32 output and 1 bit per element, nothing else
-    assert after.by_type()[gelu_type] == 2 * (tokens * inner * 4 + tokens * inner // 8)
+    # each GELU keeps its float32 output, 1 bit per element and 8 bytes per element stashed near x*
+    stashed = after.by_type()[gelu_type] - 2 * (tokens * inner * 4 + tokens * inner // 8)
+    assert stashed % 8 == 0 and 0 <= stashed // 8 <= 0.02 * 2 * tokens * inner
 
 
 def test_patched_model_pickles():
