@@ -19,6 +19,7 @@ from torch import nn
 
 from .bits import pack
 from .gelu_slope import KINDS, gelu_backward_from_output, left_of_minimum, stash_near_minimum
+from .threads import one_thread
 
 
 class GeluFromOutputFunction(torch.autograd.Function):
@@ -28,14 +29,18 @@ class GeluFromOutputFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, kind: str, forward_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         y = forward_fn(x)
         ctx.kind = kind
-        near_index, near_slopes = stash_near_minimum(x, y, kind)
-        ctx.save_for_backward(y, pack(left_of_minimum(x, kind)), near_index, near_slopes)
+        with one_thread():
+            near_index, near_slopes = stash_near_minimum(x, y, kind)
+            packed = pack(left_of_minimum(x, kind))
+        ctx.save_for_backward(y, packed, near_index, near_slopes)
         return y
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         y, packed, near_index, near_slopes = ctx.saved_tensors
-        return gelu_backward_from_output(grad_output, y, packed, ctx.kind, near_index, near_slopes), None, None
+        with one_thread():
+            grad_input = gelu_backward_from_output(grad_output, y, packed, ctx.kind, near_index, near_slopes)
+        return grad_input, None, None
 
 
 def gelu_from_output(x: torch.Tensor, kind: str, forward_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
