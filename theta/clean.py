@@ -35,6 +35,21 @@ from theta.updates import content_hash, reconstruct
 
 @dataclass
 class CleanOptions:
+    """How :func:`clean_checkpoint` decides and stores changes; the git filter fills it from
+    ``git config theta.<field>`` and ``GIT_THETA_<FIELD>`` (see the settings reference).
+
+    Attributes:
+        level: zstd level of new blobs; 0 is theta's preset for weight planes.
+        rtol: a changed float group within ``allclose(rtol, atol)`` of its previous value counts as unchanged.
+        atol: see ``rtol``.
+        exact: only identical bytes count as unchanged (``rtol``/``atol`` ignored).
+        update_type: how a changed group is stored: ``auto`` (smallest exact form), ``dense``, ``sparse``,
+            ``delta``, ``low-rank``, ``ia3``, ``rows`` or a plugin's name.
+        update_data: a side-loaded update file (Git-Theta's part names), or None.
+        max_chain: the longest step chain before a self-contained (dense) step.
+        progress: show a progress bar on stderr (only when it is a terminal).
+    """
+
     level: int = codec.DEFAULT_LEVEL        # zstd level of new blobs
     rtol: float = 1e-5                      # a changed float group within allclose(rtol, atol) of its
     atol: float = 1e-8                      # previous version counts as unchanged...
@@ -47,6 +62,8 @@ class CleanOptions:
 
 @dataclass
 class CleanStats:
+    """Counters of one :func:`clean_checkpoint` call (pass ``stats=CleanStats()`` to get them)."""
+
     groups: int = 0
     aliases: int = 0
     unchanged: int = 0          # same bytes as the previous version
@@ -78,17 +95,20 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
-                     options: CleanOptions | None = None, *, stats: CleanStats | None = None) -> CheckpointMeta:
-    """The metadata of the checkpoint at ``path``; new/changed groups are put in ``store``.
+                     options: CleanOptions | None = None, *, stats: CleanStats | None = None,
+                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None) -> CheckpointMeta:
+    """The metadata of the checkpoint at ``path``, in the file's own format; new/changed groups are put in ``store``.
 
-    ``previous`` is the metadata of the last committed version of the same path (for reuse), if any.
-    A corrupt, unsafe or unreadable checkpoint raises CheckpointError naming the file.
+    ``previous`` is the metadata of the last committed version of the same path (for reuse by tensor name),
+    if any. ``opener`` opens the file (default :func:`zipslice.load`). A corrupt, unsafe or unreadable
+    checkpoint raises CheckpointError naming the file. To record a file in its committed format whatever
+    format it has in the work tree, see :func:`theta.views.clean_as_committed`.
     """
     options = options or CleanOptions()
     stats = stats if stats is not None else CleanStats()
     path = os.fspath(path)
     try:
-        lsd = zipslice.load(path)
+        lsd = (opener or zipslice.load)(path)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:

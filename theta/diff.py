@@ -177,6 +177,8 @@ class CheckpointSide:
 
 @dataclass
 class GroupDiff:
+    """One group that differs between the two versions."""
+
     name: str
     status: str                      # added, removed, modified, reshaped, retyped
     old: GroupInfo | None = None
@@ -187,6 +189,9 @@ class GroupDiff:
 
 @dataclass
 class FileDiff:
+    """What :func:`diff_sides` found for one checkpoint: the groups that differ (``groups``), how many are
+    unchanged, and file-level changes (``notes``: nesting, non-tensor values, file metadata)."""
+
     path: str
     old_format: str | None
     new_format: str | None

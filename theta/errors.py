@@ -13,6 +13,31 @@ class MetadataError(ThetaError):
     """A metadata text is malformed, of an unknown version, or inconsistent."""
 
 
+class GitThetaFormatError(MetadataError):
+    """A Git-Theta (0.2.0) metadata text, parameter blob or update chain is malformed or inconsistent.
+
+    ``file``, ``group`` and ``field`` say where (each may be None); the message names them too.
+    """
+
+    def __init__(self, problem: str, *, file: str | None = None, group: str | None = None,
+                 field: str | None = None):
+        self.problem, self.file, self.group, self.field = problem, file, group, field
+        where = [f"Git-Theta {file}" if file else "Git-Theta data"]
+        if group is not None:
+            where.append(f"group {group!r}")
+        if field:
+            where.append(field)
+        super().__init__(", ".join(where) + ": " + problem)
+
+
+class GitThetaUpdateTypeError(GitThetaFormatError):
+    """A Git-Theta group uses an update type theta cannot apply (not dense, sparse, low-rank or ia3)."""
+
+
+class GitThetaDependencyError(ThetaError):
+    """Reading Git-Theta parameter blobs needs the optional `gittheta` extra (zarr), which is not installed."""
+
+
 class CodecError(ThetaError):
     """A stored blob cannot be decoded (truncated, corrupt, or of an unknown encoding)."""
 
@@ -79,3 +104,10 @@ class MergeConflict(ThetaError):
         self.path = path
         self.problems = problems
         super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
+
+
+class ViewError(ThetaError):
+    """A checkpoint cannot be shown in, or recorded from, another format than the committed one (a group the
+    target format cannot hold: a dtype it lacks, a name it cannot spell, a place the structure does not have)."""
+class PruneError(ThetaError):
+    """`git theta prune` refused to run: it could not prove that what it would delete is not needed."""

@@ -25,10 +25,7 @@ from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, Th
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, reconstruct
-
-
-# formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
-_WRITES_AS = {"torch-legacy": "torch"}
+from theta.views import view_of
 
 
 def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) -> None:
@@ -46,21 +43,23 @@ def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) 
 
 def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.PathLike, fmt: str | None = None,
                       progress: bool = False, verify: str = "hash") -> None:
-    """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format (or ``fmt``).
+    """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format, or as a view in
+    ``fmt`` (see :mod:`theta.views`).
 
     The file appears at ``out_path`` only once every group was rebuilt and verified (see ``VERIFY``);
     on any error nothing is left behind.
     """
     out_path = os.fspath(out_path)
     name = Path(out_path).name
+    view = view_of(meta, fmt, name)
     check_blobs(meta, store, name)
-    target = _target(meta, fmt)
+    target = view.format
     job = _Job(meta, store, name, target, progress, verify)
     options: dict = {}
-    if target == "torch" and meta.structure is not None:
-        options["structure"] = meta.structure
-    if meta.metadata:
-        options["metadata"] = dict(meta.metadata)
+    if view.structure is not None:
+        options["structure"] = view.structure
+    if view.metadata:
+        options["metadata"] = view.metadata
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
     tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
     if target == "torch":
@@ -76,9 +75,11 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
             os.unlink(tmp)
 
 
-def streams(meta: CheckpointMeta, fmt: str | None = None) -> bool:
-    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch)."""
-    return _target(meta, fmt) == "torch"
+def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> bool:
+    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch).
+
+    Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (see theta.views.view_of)."""
+    return view_of(meta, fmt, name).format == "torch"
 
 
 def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str, fmt: str | None = None,
@@ -90,15 +91,15 @@ def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name:
     error is raised: the caller must discard the output (the filter answers git ``status=error``, and git
     then drops it). ``name`` names the file in errors and gives the torch record prefix.
     """
+    view = view_of(meta, fmt, name)
     check_blobs(meta, store, name)
-    target = _target(meta, fmt)
+    target = view.format
     if target != "torch":
         raise ThetaError(f"{name}: {target} output cannot be streamed; use smudge_checkpoint")
     job = _Job(meta, store, name, target, progress, verify)
     try:
         with _writer_errors(name, target):
-            torch_writer.write_to(out, job.sources, structure=meta.structure,
-                                  metadata=dict(meta.metadata) if meta.metadata else None,
+            torch_writer.write_to(out, job.sources, structure=view.structure, metadata=view.metadata or None,
                                   record_prefix=torch_writer.default_prefix(name), path=name)
             job.checker.finish()
     finally:
@@ -114,11 +115,6 @@ def _writer_errors(name: str, target: str):
         raise CheckpointError(f"cannot write {name}: {e}") from e
     except ValueError as e:
         raise ThetaError(f"cannot write {name} as {target}: {e}") from e
-
-
-def _target(meta: CheckpointMeta, fmt: str | None) -> str:
-    target = fmt or meta.format
-    return _WRITES_AS.get(target, target)
 
 
 class _Job:

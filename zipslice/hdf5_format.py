@@ -8,7 +8,7 @@ through h5py, one dataset at a time.
 dtypes HDF5 lacks (bfloat16, float8) are stored by the writer as unsigned integers of the same width
 with the dataset attribute ``zipslice_dtype`` naming the real dtype; the reader honours that attribute
 and Keras 3's convention (opaque 2-byte data with attribute ``dtype="bfloat16"``).
-See README.md ("Keras naming") for the naming rules.
+See docs/reference/formats.md ("Keras naming") for the naming rules.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -303,22 +303,32 @@ class HDF5Checkpoint(LazyCheckpoint):
 
 # -- writing -------------------------------------------------------------------------------------------
 
-def _check_names(sources: list[TensorSource], path: str) -> None:
-    """Every name must survive as an HDF5 path, and no name may be a group of another."""
-    names = set()
-    for s in sources:
-        parts = s.name.split("/")
-        if any(p in ("", ".", "..") for p in parts):
-            raise ZipsliceError(path, "name cannot be an HDF5 path (empty, '.' or '..' component)", s.name)
-        if s.name in names:
-            raise ZipsliceError(path, "name appears twice", s.name)
-        names.add(s.name)
+def name_problem(names: Iterable[str]) -> tuple[str, str] | None:
+    """(name, problem) for the first name that cannot be an HDF5 dataset path beside the others, else None.
+
+    A name cannot have an empty, "." or ".." component, appear twice, or be a group of another name.
+    """
+    seen: dict[str, None] = {}  # in order: the same name is reported whatever the run
     for name in names:
         parts = name.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            return name, "name cannot be an HDF5 path (empty, '.' or '..' component)"
+        if name in seen:
+            return name, "name appears twice"
+        seen[name] = None
+    for name in seen:
+        parts = name.split("/")
         for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in names:
-                raise ZipsliceError(path, f"name would need {'/'.join(parts[:i])!r} to be both a tensor and a "
-                                          f"group", name)
+            if "/".join(parts[:i]) in seen:
+                return name, f"name would need {'/'.join(parts[:i])!r} to be both a tensor and a group"
+    return None
+
+
+def _check_names(sources: list[TensorSource], path: str) -> None:
+    """Every name must survive as an HDF5 path, and no name may be a group of another."""
+    problem = name_problem(s.name for s in sources)
+    if problem is not None:
+        raise ZipsliceError(path, problem[1], problem[0])
 
 
 def _storage_dtype(dtype: str) -> tuple[np.dtype, bool]:

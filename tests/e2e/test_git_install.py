@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from support.gitrepo import GitEnv
-from theta.commands.install import SETTINGS
+from theta.commands.install import settings_for
 from theta.errors import ProtocolError
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
 from theta.commands.track import parse_line, track_lines, TrackError
@@ -25,7 +25,8 @@ def test_local_install_sets_drivers_and_is_idempotent(genv):
     repo = genv.init("r", theta=False)
     first = repo.theta("install", "--local").stdout.decode()
     assert "filter.theta.process" in first
-    for key, value in SETTINGS.items():
+    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
+    for key, value in settings_for(launcher).items():
         assert _config(repo, "--local", "--get", key) == value
     hooks = repo.git_common_dir() / "hooks"
     hook = (hooks / "pre-push").read_text()

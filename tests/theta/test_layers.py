@@ -18,11 +18,16 @@ LAYERS = {
     "theta.commands": 5,
     "theta.settings": 4,
     "theta.clean": 3, "theta.smudge": 3, "theta.diff": 3, "theta.merges": 3, "theta.updates": 3,
-    "theta.squash": 3, "theta.lsh": 3, "theta.numeric": 3, "theta.views": 3,
+    "theta.squash": 3, "theta.lsh": 3, "theta.numeric": 3, "theta.views": 3, "theta.fsck": 3,
+    "theta.gittheta_files": 3,
     "theta.storage": 2,
     "theta.git": 1,
     "theta.errors": 0, "theta.parallel": 0, "theta": 0,
 }
+# theta/__init__.py is the public API: it re-exports names from every layer (loaded lazily), so it sits above
+# them all, and no module of theta may import it (a module importing `theta` itself would import upward).
+FACADE = "theta"
+FACADE_RANK = max(LAYERS.values()) + 1
 
 
 def module_name(path: Path) -> str:
@@ -34,6 +39,8 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> tuple[str, int]:
+    if module == FACADE:
+        return "theta (public API)", FACADE_RANK
     best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)
     return best, LAYERS[best]
 

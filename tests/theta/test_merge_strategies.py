@@ -1,4 +1,4 @@
-"""Each merge strategy against a plain numpy implementation of its definition (README.md, "Strategies").
+"""Each merge strategy against a plain numpy implementation of its definition (docs/guide/merging.md, "Strategies").
 
 The references below are written independently of theta.merges.strategies: whole-array numpy, no chunks,
 np.sort for the TIES threshold. Math precision is the documented one: float32 for float32/bf16 groups.

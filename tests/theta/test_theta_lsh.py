@@ -1,6 +1,6 @@
 """E2LSH + allclose: what clean treats as unchanged, and what it must detect.
 
-Measured behaviour (also in README.md, "The LSH"): identical values -> identical signatures; float32
+Measured behaviour (also in docs/design/lsh.md): identical values -> identical signatures; float32
 round-off noise -> "maybe close" and confirmed by allclose -> unchanged; real changes -> stored.
 """
 import math

@@ -43,7 +43,8 @@ def test_one_group_per_line_sorted_keys():
     lines = metadata.dumps(make()).splitlines()
     group_lines = [json.loads(l) for l in lines if l.startswith('{"dtype"')]
     assert [g["group"] for g in group_lines] == ["a", "b"]
-    for l in lines[1:]:
+    assert lines[1] == metadata.HINT
+    for l in lines[2:]:
         obj = json.loads(l)
         assert l == json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
@@ -79,3 +80,19 @@ def test_bad_metadata_raises_metadata_error(mutate, match):
 def test_non_utf8():
     with pytest.raises(MetadataError, match="UTF-8"):
         metadata.loads(b"theta-metadata 1\n\xff\xfe")
+
+
+def test_hint_line_is_one_stable_comment_and_old_text_still_reads():
+    text = metadata.dumps(make())
+    first, second = text.split("\n")[:2]
+    assert first == "theta-metadata 1" and second == metadata.HINT
+    assert second.startswith("# ") and "\n" not in second
+    assert "git theta pull" in second and "pip install" in second and "git theta install" in second
+    # written before the hint existed: no comment line; reads to the same metadata
+    old = text.replace(metadata.HINT + "\n", "")
+    assert metadata.loads(old) == metadata.loads(text)
+    assert metadata.same_content(old, text) and metadata.same_content(old.encode(), text)
+    assert not metadata.same_content(old, text.replace('"a"', '"z"'))
+    # any comment line anywhere after the first line is skipped
+    assert metadata.loads(text.replace("\n{", "\n# note\n{", 1)) == metadata.loads(text)
+    assert metadata.is_metadata(old) and metadata.is_metadata(text)

@@ -21,6 +21,7 @@ from theta.git import repo as gitutil
 from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
 from theta.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
+from theta.storage.store import LfsStore
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -139,6 +140,11 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     if data is None:
         return None
     if not is_metadata(data[:64]):
+        from theta.gittheta_files import GitThetaFile, GitThetaSide, is_git_theta
+
+        if is_git_theta(data):  # committed by Git-Theta: its values, rebuilt as Git-Theta checks them out
+            path = spec.split(":", 1)[1]
+            return GitThetaSide(GitThetaFile(data, path, repo, LfsStore.for_repo(repo), label=spec), label)
         raise ThetaError(f"{spec} is not theta metadata (committed without the theta filter?)")
     return MetaSide(loads(data), label, repo)
 
@@ -169,6 +175,11 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
             new = side_from_file(str(repo / path), path, repo) if (repo / path).exists() else None
         try:
             fd = diff_sides(old, new, path, estimate=estimate)
+            if isinstance(old, MetaSide) and isinstance(new, CheckpointSide) and new.format != old.format:
+                # the work-tree file is a view (theta.views): what `git add` records keeps old's format
+                fd.new_format = old.format
+                if fd.groups:
+                    fd.notes.append(f"the work tree holds a {new.format} view; git add records {old.format}")
         finally:
             for side in (old, new):
                 if isinstance(side, CheckpointSide):

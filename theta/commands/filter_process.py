@@ -8,7 +8,9 @@ end up in a file. Fast path: while receiving, the bytes are compared with the wo
 ``pathname``; if every byte matches (the normal `git add` case) that file is cleaned in place and nothing is
 copied. At the first difference (or when there is no such file, e.g. `git hash-object --stdin`) the content
 is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
-Content that already is theta metadata passes through unchanged.
+Content that already is theta metadata passes through unchanged. The metadata keeps the committed format
+(that of the index, else HEAD) whatever format the work-tree file has: a file checked out in another format
+is a view (theta.views); only `git theta add --format F` (env ``GIT_THETA_FORMAT``) changes the format.
 
 Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, then rebuild the
 checkpoint group by group. A torch checkpoint streams to git while it is rebuilt (its writer never seeks);
@@ -138,34 +140,76 @@ class Filter:
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self._verify: str | None = None
 
-    def previous(self, path: str):
-        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
-        from theta.errors import MetadataError
-        from theta.storage.metadata import is_metadata, loads
+    def previous_text(self, path: str) -> bytes | None:
+        """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from theta.storage.metadata import is_metadata
 
         for spec in (f":{path}", f"HEAD:{path}"):
             data = gitutil.read_blob(spec, self.cwd)
             if data is not None and is_metadata(data):
-                try:
-                    return loads(data)
-                except MetadataError as e:
-                    log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
+                return data
+        return None
+
+    def previous(self, path: str, text: bytes | None = None):
+        """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
+        from theta.errors import MetadataError
+        from theta.storage.metadata import loads
+
+        data = text if text is not None else self.previous_text(path)
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except MetadataError as e:
+            log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
+            return None
+
+    def git_theta_committed(self, path: str):
+        """``(text, GitThetaFile)`` when the index (else HEAD) holds Git-Theta metadata for ``path``, else None."""
+        from theta.gittheta_files import GitThetaFile, is_git_theta
+
+        for spec in (f":{path}", f"HEAD:{path}"):
+            data = gitutil.read_blob(spec, self.cwd)
+            if data is not None:
+                if not is_git_theta(data):
                     return None
+                return data, GitThetaFile(data, path, self.cwd, self.store, label=spec)
         return None
 
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
-        from theta.clean import clean_checkpoint
-        from theta.storage.metadata import dumps, is_metadata
+        """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
+        checked out in another format is a view of the committed one (theta.views).
+
+        A file whose committed version Git-Theta wrote: if the content holds exactly the values that
+        metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
+        otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
+        from theta.gittheta_files import is_git_theta, to_theta_metadata
+        from theta.storage.metadata import dumps, is_metadata, same_content
+        from theta.views import clean_as_committed
 
         worktree = self.cwd / path if path else None
         got = receive(chunks, self.spool_dir, worktree)
         try:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
+            if got.head[:1] == b"{" and got.size <= _MAX_GIT_THETA_TEXT:
+                data = got.path.read_bytes()
+                if is_git_theta(data):
+                    return data  # Git-Theta's own metadata text: already clean
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
+            previous_text = self.previous_text(path)
+            previous = self.previous(path, previous_text)
+            committed = self.git_theta_committed(path) if previous is None and path else None
+            if committed is not None:
+                text, gtf = committed
+                gtf.fetch()
+                if gtf.matches(got.path):
+                    return text
+                previous = to_theta_metadata(gtf, self.spool_dir)
             try:
-                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd))
+                meta = clean_as_committed(got.path, self.store, previous, settings.clean_options(self.cwd),
+                                          settings.commit_format(), name=path)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
             if before is not None and _stat_key(got.path) != before:
@@ -173,7 +217,10 @@ class Filter:
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
-            return dumps(meta).encode("utf-8")
+            text = dumps(meta).encode("utf-8")
+            if previous_text is not None and previous_text != text and same_content(previous_text, text):
+                return previous_text  # the same checkpoint committed by an older theta: keep its bytes
+            return text
         finally:
             got.cleanup()
 
@@ -200,6 +247,8 @@ class Filter:
         else:
             got = receive(chunks, self.spool_dir, None)
         try:
+            if got is not None and got.head[:1] == b"{" and self._smudge_git_theta(path, got, out, stream):
+                return False
             if got is not None and not is_metadata(got.head):  # committed before theta tracked it: pass through
                 with open(got.path, "rb") as f:
                     out(f)
@@ -216,7 +265,7 @@ class Filter:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
-            if stream is not None and streams(meta, fmt):
+            if stream is not None and streams(meta, fmt, Path(path).name):
                 smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
                                  progress=settings.stderr_is_terminal(), verify=verify)
                 return False
@@ -233,6 +282,32 @@ class Filter:
         finally:
             if got is not None:
                 got.cleanup()
+
+    def _smudge_git_theta(self, path: str, got: "Received", out, stream) -> bool:
+        """Check out Git-Theta metadata as Git-Theta would (theta.gittheta_files); False if it is not that."""
+        from theta.gittheta_files import GitThetaFile, is_git_theta
+
+        if got.size > _MAX_GIT_THETA_TEXT:
+            return False
+        data = got.path.read_bytes()
+        if not is_git_theta(data):
+            return False
+        gtf = GitThetaFile(data, path, self.cwd, self.store)
+        gtf.fetch()
+        fmt = settings.checkout_format(path, self.cwd)
+        if stream is not None and fmt in (None, "torch"):
+            gtf.write_to(_Lazy(stream), Path(path).name)
+            return True
+        fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
+        os.close(fd)
+        try:
+            gtf.write(tmp, fmt)
+            with open(tmp, "rb") as f:
+                out(f)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
 
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
@@ -265,6 +340,10 @@ class Filter:
         self.ready.update(self.delayed)
         self.delayed.clear()
         return paths
+
+
+# Git-Theta metadata is JSON of ~1 KB per group; larger "{"-content is a checkpoint, not metadata.
+_MAX_GIT_THETA_TEXT = 256 << 20
 
 
 class _Lazy:

@@ -14,12 +14,14 @@ from pathlib import Path
 
 from theta.git import repo as gitutil
 from theta.errors import ThetaError
+from theta.storage.metadata import MAX_METADATA_BYTES  # larger blobs are never read as metadata
 from theta.storage.store import BlobRef
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
+CHAINED_SUFFIX = ".theta-chained"       # <hook>.theta-chained: the hook theta's hook replaced, and runs
+SIGNATURE = "(written by `git theta install`)"  # in every hook theta writes
 ZERO = "0" * 40
-MAX_METADATA_BYTES = 256 << 20  # blobs larger than this are not theta metadata; never read them
 
 
 def hook_script() -> str:
@@ -72,6 +74,47 @@ def install_hooks(cwd=None) -> list[str]:
     os.replace(tmp, hook)
     done.append(f"installed {hook}")
     return done
+
+
+def is_theta_hook(path: Path) -> bool:
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    return MARKER in text or SIGNATURE in text
+
+
+def uninstall_hooks(cwd=None) -> tuple[list[str], list[str]]:
+    """Remove every hook theta wrote in this repository and put back the hook each one had chained.
+
+    Returns (what was done, warnings). A hook that is not theta's is left alone, and so is its
+    ``.theta-chained`` file unless it is an exact copy (e.g. `git lfs update --force` rewrote git-lfs's hook
+    over theta's; the chained copy is then redundant).
+    """
+    hooks = gitutil.hooks_dir(cwd)
+    done, warnings = [], []
+    if not hooks.is_dir():
+        return done, warnings
+    for chained in sorted(hooks.glob("*" + CHAINED_SUFFIX)):
+        hook = chained.with_name(chained.name[: -len(CHAINED_SUFFIX)])
+        if is_theta_hook(hook):
+            os.replace(chained, hook)
+            done.append(f"restored the {hook.name} hook theta had chained")
+        elif hook.exists() and _same_content(hook, chained):
+            os.unlink(chained)
+            done.append(f"removed {chained.name} (a copy of the current {hook.name} hook)")
+        elif not hook.exists():
+            os.replace(chained, hook)
+            done.append(f"restored the {hook.name} hook theta had chained")
+        else:
+            warnings.append(f"{chained} is left: {hook.name} is no longer theta's hook, so merge them by hand")
+    for hook in sorted(hooks.iterdir()):
+        if hook.is_file() and not hook.name.endswith(CHAINED_SUFFIX) and is_theta_hook(hook) \
+                and not (hook.with_name(hook.name + CHAINED_SUFFIX)).exists():
+            # a theta hook that chained nothing (or whose chain was just restored over it: then it is gone)
+            os.unlink(hook)
+            done.append(f"removed theta's {hook.name} hook")
+    return done, warnings
 
 
 def ensure_installed_quietly(cwd=None) -> None:

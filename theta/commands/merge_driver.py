@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from theta import settings
 from theta.commands.merge_menu import MANUAL, ask
 from theta.errors import MergeConflict, ThetaError
 from theta.merges import get as get_strategy, names as strategy_names
@@ -34,7 +35,7 @@ NO_STRATEGY_HINT = (
     "no merge strategy is configured for groups changed on both sides. Choose one, e.g. "
     "`git config theta.merge.strategy average` (or ties, task-arithmetic, dare, slerp, ours, theirs), "
     "or GIT_THETA_MERGE_STRATEGY=ties for one command, or per-group rules in " + RULES_FILE
-    + " (see README.md, 'Merging and diffing models with theta') and run the merge again (git merge --abort first); or resolve this conflict "
+    + " (see docs/guide/merging.md) and run the merge again (git merge --abort first); or resolve this conflict "
     "now with `git theta merge-resolve PATH --strategy NAME`; or merge by hand: `git theta merge-manual PATH` "
     "writes ours/theirs/ancestor checkpoints")
 
@@ -190,6 +191,7 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
             f.write_bytes(stages[n] or b"")
             files.append(str(f))
         meta = merge_files(*files, rel, repo_dir=repo, config=config, err=err)
-    smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel)
+    # in the work tree's format: a path checked out as a view (theta-format, theta.checkoutFormat) stays one
+    smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel, fmt=settings.checkout_format(rel, repo))
     gitutil.run(["add", "--", rel], cwd=repo)
     return meta

@@ -96,6 +96,44 @@ def track(patterns: list[str], cwd=None) -> list[str]:
     return changed
 
 
+def untrack_lines(lines: list[Line], pattern: str) -> tuple[list[Line], bool]:
+    """The lines with theta's drivers removed from ``pattern``'s line(s) (a line left without attributes is
+    dropped, as `git lfs untrack` does), and whether anything changed."""
+    out, changed = [], False
+    for line in lines:
+        if line.pattern != pattern:
+            out.append(line)
+            continue
+        kept = [a for a in line.attrs if a not in {f"{d}=theta" for d in DRIVERS}]
+        if kept != line.attrs:
+            changed = True
+            line.attrs = kept
+        if line.attrs:
+            out.append(line)
+    return out, changed
+
+
+def untrack(patterns: list[str], cwd=None) -> list[str]:
+    """Stop tracking ``patterns`` in <toplevel>/.gitattributes; returns the patterns that were tracked.
+
+    Files already committed keep their metadata in history; a file added again after this is stored by
+    git as it is (or by another filter tracking it)."""
+    path = gitutil.toplevel(cwd) / ".gitattributes"
+    if not path.exists():
+        return []
+    lines = [parse_line(r) for r in path.read_text().splitlines()]
+    changed = []
+    for p in patterns:
+        lines, did = untrack_lines(lines, p)
+        if did:
+            changed.append(p)
+    if changed:
+        tmp = path.with_name(".gitattributes.theta.tmp")
+        tmp.write_text("".join(line.render() + "\n" for line in lines))
+        tmp.replace(path)
+    return changed
+
+
 def tracked_patterns(cwd=None) -> list[str]:
     path = gitutil.toplevel(cwd) / ".gitattributes"
     if not path.exists():

@@ -10,18 +10,21 @@ LFS pointer files, so git-lfs cannot find them by itself. Two small bridges:
   real LFS store. Nothing is added to the repository's object database.
 - **push** (:func:`push_objects`): ``git lfs push --object-id <remote> --stdin``; the batch API uploads only
   the objects the server lacks.
+- **verify** (:func:`fetched_elsewhere`): the same fetch into a throwaway repository that shares no object
+  store with ours, to prove what the remote holds (`git theta prune --verify-remote`).
 
 The storage layer (:mod:`theta.storage.transfer`) decides which objects to move.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from theta.errors import TransferError
 from theta.git import repo as gitutil
@@ -87,6 +90,50 @@ def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tu
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return err[-1] if err else f"git lfs fetch exited with {proc.returncode}"
     return None
+
+
+# the repository config a download from the remote depends on (its URL, LFS endpoint, HTTP and credentials)
+_REMOTE_CONFIG = r"^(remote|lfs|http|url|credential)\."
+
+
+@contextlib.contextmanager
+def fetched_elsewhere(repo_dir: str | os.PathLike, remote: str,
+                      objects: Iterable[tuple[str, int]]) -> Iterator[tuple[Path, str | None]]:
+    """Download ``objects`` from ``remote`` into a throwaway repository that shares nothing local with
+    ``repo_dir``; yields (its LFS objects directory, git-lfs's error line or None), removed on exit.
+
+    For proving what the remote holds: git-lfs copies an object from any local *reference* store (the
+    ``lfs/objects`` beside each git alternate, e.g. our own store when it is an alternate) instead of
+    downloading it, so the scratch repository has no alternates, its own LFS store, and of ``repo_dir``'s
+    local config only what reaching the remote needs (remote, lfs, http, url, credential keys).
+    """
+    objects = list(objects)
+    with tempfile.TemporaryDirectory(prefix="verify-", dir=gitutil.theta_dir(repo_dir)) as tmp:
+        scratch = Path(tmp) / "scratch.git"
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_INDEX_FILE",
+                            "GIT_WORK_TREE", "GIT_COMMON_DIR")}
+        env["GIT_DIR"] = str(scratch)
+        _git_env(["init", "-q", "--bare", str(scratch)], repo_dir, env)
+        listing = subprocess.run(["git", "config", "--local", "-z", "--get-regexp", _REMOTE_CONFIG], cwd=repo_dir,
+                                 capture_output=True).stdout.decode("utf-8", "surrogateescape")
+        for item in filter(None, listing.split("\0")):
+            key, _, value = item.partition("\n")
+            if key != "lfs.storage":
+                _git_env(["config", "--add", key, value], repo_dir, env)
+        entries = [f"100644 blob {_write_loose_blob(scratch / 'objects', pointer_text(oid, size))}\t{oid}\n"
+                   for oid, size in objects]
+        tree = _git_env(["mktree"], repo_dir, env, "".join(entries).encode()).strip()
+        commit = _git_env(["commit-tree", "-m", "theta verify", tree], repo_dir,
+                          {**env, "GIT_AUTHOR_NAME": "theta", "GIT_AUTHOR_EMAIL": "theta@localhost",
+                           "GIT_COMMITTER_NAME": "theta", "GIT_COMMITTER_EMAIL": "theta@localhost"}).strip()
+        proc = subprocess.run(["git", "lfs", "fetch", "-I", "", "-X", "", remote, commit], cwd=repo_dir, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True)
+        err = None
+        if proc.returncode != 0:
+            lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            err = lines[-1] if lines else f"git lfs fetch exited with {proc.returncode}"
+        yield scratch / "lfs" / "objects", err
 
 
 def _git_env(args: list[str], cwd, env: dict, input: bytes | None = None) -> str:

@@ -93,6 +93,25 @@ def config_set(key: str, value: str, cwd=None, scope: str = "global") -> None:
     run(["config", f"--{scope}", key, value], cwd=cwd)
 
 
+def config_unset(key: str, cwd=None, scope: str = "global") -> bool:
+    """Remove every value of ``key`` in ``scope``; False when it was not set."""
+    proc = subprocess.run(["git", "config", f"--{scope}", "--unset-all", key], cwd=cwd, capture_output=True)
+    if proc.returncode == 5:  # not set
+        return False
+    if proc.returncode != 0:
+        raise GitError(f"git config --unset-all {key}: {proc.stderr.decode('utf-8', 'replace').strip()}")
+    return True
+
+
+def config_remove_section_if_empty(section: str, cwd=None, scope: str = "global") -> bool:
+    """Remove ``[section]`` (e.g. ``filter.theta``) from ``scope`` when no key is left in it."""
+    keys = subprocess.run(["git", "config", f"--{scope}", "--get-regexp", "^" + section.replace(".", r"\.") + r"\."],
+                          cwd=cwd, capture_output=True)
+    if keys.returncode == 0 and keys.stdout.strip():
+        return False
+    return run_status(["config", f"--{scope}", "--remove-section", section], cwd) == 0
+
+
 # -- attributes --------------------------------------------------------------------------------------
 def check_attr(attr: str, paths: Iterable[str], cwd=None) -> dict[str, str | None]:
     """The value of ``attr`` for each path (None when unspecified), via one `git check-attr` call."""
@@ -139,6 +158,27 @@ class CatFile:
         data = self.proc.stdout.read(size)
         self.proc.stdout.read(1)  # the newline after the content
         return ObjectInfo(sha, typ, size), data
+
+    def read_if(self, spec: str, prefixes: tuple[bytes, ...]) -> bytes | None:
+        """The content of ``spec`` when it starts with one of ``prefixes``, else None; a blob that does not
+        is skipped in chunks, never held whole in memory."""
+        self.proc.stdin.write(spec.encode() + b"\n")
+        self.proc.stdin.flush()
+        header = self.proc.stdout.readline().decode().split()
+        if len(header) != 3:
+            return None
+        size = int(header[2])
+        want = max(len(x) for x in prefixes)
+        head = self.proc.stdout.read(min(size, want))
+        if head.startswith(prefixes) or any(x.startswith(head) for x in prefixes if len(head) < len(x)):
+            data = head + self.proc.stdout.read(size - len(head))
+            self.proc.stdout.read(1)
+            return data if data.startswith(prefixes) else None
+        left = size - len(head)
+        while left:
+            left -= len(self.proc.stdout.read(min(left, 1 << 20)))
+        self.proc.stdout.read(1)
+        return None
 
     def close(self) -> None:
         if self.proc.stdin:

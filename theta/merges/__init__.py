@@ -29,6 +29,12 @@ ENTRY_POINT_GROUP = "theta.merges"
 
 @runtime_checkable
 class MergeStrategy(Protocol):
+    """A merge strategy for groups changed on both sides (see the module docstring for each member).
+
+    ``merge`` receives the three values with the group's real dtype (``ancestor`` is None when
+    ``needs_ancestor`` is False) and returns the merged array of the same dtype and shape.
+    """
+
     name: str
     summary: str
     needs_ancestor: bool

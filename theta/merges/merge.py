@@ -112,6 +112,19 @@ class Pending:
 
 @dataclass
 class MergePlan:
+    """The decision for every group of one checkpoint, made from metadata alone by :func:`plan_merge`.
+
+    Attributes:
+        kept: groups taken unchanged from one side (no data read).
+        pending: groups changed on both sides that need a strategy; set each one's ``strategy`` and
+            ``params`` before :func:`execute`.
+        aliases: tied names of the result.
+        conflicts: one line per group (or file-level change) that cannot be merged automatically;
+            call :func:`execute` only when it is empty (the merge driver stops in conflict otherwise).
+        header: format, file metadata, structure, LSH parameters and order of the result.
+        counts: how many groups were unchanged, or taken from ours or theirs.
+    """
+
     path: str
     ours: CheckpointMeta
     kept: dict[str, GroupMeta] = field(default_factory=dict)

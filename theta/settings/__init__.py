@@ -96,6 +96,21 @@ def checkout_format(path: str, cwd=None) -> str | None:
     return fmt
 
 
+def commit_format() -> str | None:
+    """The committed format asked for explicitly, for this command only: env ``GIT_THETA_FORMAT`` (set by
+    `git theta add --format F`), else None (a file keeps the format it was committed in).
+
+    Deliberately not a `git config` key: a persistent setting would turn every later `git add` into a
+    silent format change, which is exactly what views exist to prevent.
+    """
+    fmt = env("FORMAT")
+    if fmt is None or fmt == "":
+        return None
+    if fmt not in FORMATS:
+        raise ThetaError(f"{ENV_PREFIX}FORMAT is {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
 def verify_mode(cwd=None) -> str:
     """How checkout verifies rebuilt groups: env GIT_THETA_VERIFY, else ``git config theta.verify``, else
     "frames" (single dense steps trust their zstd checksums)."""

@@ -1,6 +1,6 @@
 """Which strategy (and parameters) merges a group changed on both sides.
 
-Sources, most specific first (README.md, "Choosing the strategy"):
+Sources, most specific first (docs/guide/merging.md, "Choosing the strategy"):
 
 1. environment: ``GIT_THETA_MERGE_STRATEGY`` for every group of this command, ``GIT_THETA_MERGE_<PARAM>``
    (e.g. ``GIT_THETA_MERGE_DENSITY``, ``GIT_THETA_MERGE_LAMBDA_OURS``) for parameters;

@@ -39,7 +39,7 @@ FRAME_BYTES = 8 << 20
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
 # preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1
-# (measured by scripts/bench/codec.py, see README.md, "theta storage"). Non-plane data (ints, bool, 1-byte floats)
+# (measured by scripts/bench/codec.py, see docs/benchmarks.md, "Codec"). Non-plane data (ints, bool, 1-byte floats)
 # uses zstd level 1 under level 0. Any other value is a plain zstd level for everything.
 DEFAULT_LEVEL = 0
 _PLANE_PRESET = dict(window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0,

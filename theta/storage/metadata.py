@@ -3,6 +3,7 @@
 Format (version 1), UTF-8, one JSON value per line, keys sorted, no spaces::
 
     theta-metadata 1
+    # git-theta: ... (HINT: one line for a person who meets this text without theta; readers skip it)
     {"checkpoint":{"format":"torch","lsh":{...},"metadata":{...}}}
     {"structure":{...}}                      zipslice structure tree (or null for flat formats)
     {"order":["a","b",...]}                  tensor names in file order (groups and aliases)
@@ -13,6 +14,10 @@ Format (version 1), UTF-8, one JSON value per line, keys sorted, no spaces::
 
 The text depends only on content: the same checkpoint always gives the same bytes, so `git status` stays
 clean after a checkout, and a change to one group changes one line.
+
+Lines starting with ``#`` are comments: readers skip them (they cost one byte comparison each), so text
+written before the hint existed reads the same, and :func:`same_content` treats two texts that differ only
+in comments as equal (the filter keeps the committed bytes then, so upgrading theta dirties nothing).
 """
 from __future__ import annotations
 
@@ -26,6 +31,11 @@ from theta.storage.store import BlobRef
 MAGIC = "theta-metadata"
 VERSION = 1
 FIRST_LINE = f"{MAGIC} {VERSION}"
+MAX_METADATA_BYTES = 256 << 20  # git blobs larger than this are never read as metadata
+# The second line: what this file is and how to get the model, for a collaborator without theta (a clone
+# without it leaves this text where the checkpoint should be). Fixed text: the same for every file, stable.
+HINT = ("# git-theta: this file stands for a model checkpoint whose tensors are stored in Git LFS; to get "
+        "the model: pip install zipslice-theta && git theta install && git theta pull")
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,7 @@ def _line(obj: Any) -> str:
 
 def dumps(meta: CheckpointMeta) -> str:
     """The deterministic text of ``meta`` (ends with a newline)."""
-    lines = [FIRST_LINE,
+    lines = [FIRST_LINE, HINT,
              _line({"checkpoint": {"format": meta.format, "metadata": dict(meta.metadata or {}), "lsh": meta.lsh}}),
              _line({"structure": meta.structure}),
              _line({"order": list(meta.order)})]
@@ -172,6 +182,14 @@ def is_metadata(data: "str | bytes | bytearray | memoryview") -> bool:
     if not isinstance(head, str):
         head = bytes(head).decode("latin-1")
     return head == MAGIC + " "
+
+
+def same_content(a: "str | bytes", b: "str | bytes") -> bool:
+    """True when two metadata texts differ at most in comment lines (e.g. one predates :data:`HINT`)."""
+    def strip(t):
+        t = t.encode("utf-8") if isinstance(t, str) else bytes(t)
+        return [line for line in t.split(b"\n") if not line.startswith(b"#")]
+    return strip(a) == strip(b)
 
 
 def loads(text: "str | bytes") -> CheckpointMeta:
@@ -198,7 +216,7 @@ def loads(text: "str | bytes") -> CheckpointMeta:
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
     for no, line in enumerate(lines[1:], start=2):
-        if not line.strip():
+        if not line.strip() or line.startswith("#"):
             continue
         try:
             obj = json.loads(line)

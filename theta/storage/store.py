@@ -4,14 +4,27 @@ Layout (the one git-lfs uses, so `git lfs push/fetch/fsck` see our objects):
 ``<git-common-dir>/lfs/objects/<oid[0:2]>/<oid[2:4]>/<oid>``. ``lfs.storage`` in git config moves the
 ``lfs`` directory, as it does for git-lfs. Objects are written to a temp file beside their final path and
 renamed, so a reader never sees half an object; writing an object that exists is a no-op (dedup).
+
+**Protection from `git lfs prune`.** git-lfs finds the objects a repository needs by scanning git for LFS
+pointer files; theta's metadata is not a pointer, so `git lfs prune` counts every theta blob as unreferenced
+and deletes it (git-lfs 3.3 even with ``--verify-remote``: it only verifies objects some pointer reaches).
+A repository's store (:meth:`LfsStore.for_repo`) therefore keeps a second name for each blob, a hard link
+``<lfs>/theta-objects/<oid[0:2]>/<oid[2:4]>/<oid>`` (same inode: no extra disk). git-lfs walks and deletes
+only under ``<lfs>/objects``, so a prune removes git-lfs's name and the bytes stay; the next lookup puts the
+name back (git-lfs needs it to push). Only `git theta prune` (:mod:`theta.storage.prune`) removes both names.
+Where hard links are impossible (a file system without them) the second name is a copy.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import mmap
 import os
+import shutil
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -21,6 +34,12 @@ from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreErro
 from theta.git import repo as gitutil
 
 _CHUNK = 8 << 20
+KEEP_DIR = "theta-objects"          # <lfs>/theta-objects: theta's own name for each blob (see the docstring)
+QUARANTINE_DIR = "theta-quarantine"  # <lfs>/theta-quarantine: corrupt objects moved aside by fsck --repair
+# link() errors meaning "this file system cannot hard-link here": fall back to a copy
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
 @dataclass(frozen=True)
 class BlobRef:
     """A stored blob: sha256 hex of its bytes and its size in bytes."""
@@ -36,11 +55,25 @@ def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
     return h.hexdigest()
 
 
+def sha256_file(path: "str | os.PathLike") -> str:
+    """sha256 hex of a file's bytes, read in chunks (never whole in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class LfsStore:
     """Content-addressed blobs in a git-lfs objects directory."""
 
-    def __init__(self, objects_dir: str | os.PathLike, verify: bool = False):
+    def __init__(self, objects_dir: str | os.PathLike, verify: bool = False,
+                 keep_dir: str | os.PathLike | None = None):
         self.objects_dir = Path(objects_dir)
+        # theta's second name for every blob, out of `git lfs prune`'s reach (None: no protection, e.g. a
+        # scratch store in a test or a benchmark)
+        self.keep_dir = Path(keep_dir) if keep_dir is not None else None
+        self._copy_warned = False
         # get() always checks the size; verify=True also checks the sha256. Off by default because every
         # reader checks more: zstd frame checksums while decoding, and reconstruct() compares the rebuilt
         # value with the group's content hash.
@@ -50,6 +83,7 @@ class LfsStore:
 
     @classmethod
     def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
+        """The store of the repository containing ``cwd`` (``lfs.storage`` honoured); StoreError outside one."""
         try:
             common = gitutil.common_dir(cwd)
         except (GitError, OSError):
@@ -59,22 +93,159 @@ class LfsStore:
             lfs_dir = Path(storage) if os.path.isabs(storage) else Path(common) / storage
         else:
             lfs_dir = Path(common) / "lfs"
-        return cls(lfs_dir / "objects")
+        return cls(lfs_dir / "objects", keep_dir=lfs_dir / KEEP_DIR)
 
     def __repr__(self) -> str:
         return f"LfsStore({str(self.objects_dir)!r})"
 
     def path(self, ref: "BlobRef | str") -> Path:
+        """Where the object ``ref`` (a BlobRef or an oid) lives: ``objects/<oid[0:2]>/<oid[2:4]>/<oid>``."""
         oid = ref if isinstance(ref, str) else ref.oid
         return self.objects_dir / oid[0:2] / oid[2:4] / oid
 
+    def keep_path(self, ref: "BlobRef | str") -> Path | None:
+        """theta's protected name for the blob (None when this store keeps none)."""
+        if self.keep_dir is None:
+            return None
+        oid = ref if isinstance(ref, str) else ref.oid
+        return self.keep_dir / oid[0:2] / oid[2:4] / oid
+
     def has(self, ref: BlobRef) -> bool:
+        """True when the blob is stored with its size. Also repairs its two names: a blob only git-lfs's
+        name holds (written by git-lfs, or by a theta without protection) gets theta's; a blob `git lfs
+        prune` unlinked gets git-lfs's name back, so `git lfs push` finds it."""
+        st = _stat(self.path(ref))
+        if st is not None and st.st_size == ref.size:
+            if self.keep_dir is not None:
+                kst = _stat(self.keep_path(ref))
+                if kst is None or kst.st_size != ref.size:
+                    self._link(self.path(ref), self.keep_path(ref))
+            return True
+        if self.keep_dir is not None:
+            kst = _stat(self.keep_path(ref))
+            if kst is not None and kst.st_size == ref.size:
+                self._link(self.keep_path(ref), self.path(ref))
+                return True
+        return False
+
+    def _link(self, src: Path, dest: Path) -> bool:
+        """Give ``src``'s file the name ``dest`` (atomically, replacing a stale one); a copy where this
+        file system cannot hard-link. False (and nothing changed) when the directory is not writable."""
+        tmp = dest.with_name(f".{dest.name}.theta-link-{os.getpid()}-{threading.get_ident()}")
         try:
-            return self.path(ref).stat().st_size == ref.size
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            try:
+                os.link(src, tmp)
+            except OSError as e:
+                if e.errno not in _NO_LINK:
+                    raise
+                if not self._copy_warned:
+                    self._copy_warned = True
+                    print(f"git-theta: warning: cannot hard-link in {dest.parent.parent.parent} ({e.strerror}); "
+                          "keeping a second copy of each blob to protect it from `git lfs prune`", file=sys.stderr)
+                shutil.copyfile(src, tmp)
+                os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+            return True
         except FileNotFoundError:
+            return False  # src went away meanwhile (a concurrent prune): nothing to link
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if e.errno in (errno.EACCES, errno.EROFS):
+                return False  # a read-only store: readable, but we cannot add names to it
+            raise StoreError(f"cannot link blob {dest.name} into {dest.parent}: {e}") from e
+
+    def remove(self, ref: "BlobRef | str") -> int:
+        """Delete both names of a blob; the bytes this freed on disk (0 when it was not stored)."""
+        freed = 0
+        for p in (self.path(ref), self.keep_path(ref)):
+            st = _stat(p) if p is not None else None
+            if st is None:
+                continue
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise StoreError(f"cannot delete {p}: {e}") from e
+            if st.st_nlink == 1:
+                freed += st.st_size  # that was the inode's last name: its blocks are free
+        return freed
+
+    def is_duplicated(self, ref: BlobRef) -> bool:
+        """True when the blob's two names are two separate files (copied by a tool that does not keep hard
+        links, such as ``cp -r`` or ``rsync`` without ``-H``, or re-downloaded by git-lfs): twice the disk."""
+        if self.keep_dir is None:
             return False
+        a, b = _stat(self.path(ref)), _stat(self.keep_path(ref))
+        return a is not None and b is not None and (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino)
+
+    def relink(self, ref: BlobRef) -> int:
+        """Make a duplicated blob's two names one file again, when both copies hash to its oid (otherwise
+        nothing changes: fsck reports the bad one). Returns the bytes freed."""
+        if not self.is_duplicated(ref):
+            return 0
+        keep, lfs = self.keep_path(ref), self.path(ref)
+        try:
+            if sha256_file(keep) != ref.oid or sha256_file(lfs) != ref.oid:
+                return 0
+        except OSError:
+            return 0
+        size = os.stat(lfs).st_size
+        return size if self._link(keep, lfs) and not self.is_duplicated(ref) else 0
+
+    def quarantine(self, ref: BlobRef) -> Path | None:
+        """Move a (corrupt) blob out of both names into ``<lfs>/theta-quarantine/<oid>``, so a fetch can
+        store a good copy; the quarantined path, or None when the blob was not stored."""
+        qdir = self.objects_dir.parent / QUARANTINE_DIR
+        names = [p for p in (self.path(ref), self.keep_path(ref)) if p is not None and _stat(p) is not None]
+        if not names:
+            return None
+        qdir.mkdir(parents=True, exist_ok=True)
+        dest = qdir / ref.oid
+        n = 1
+        while dest.exists():
+            dest, n = qdir / f"{ref.oid}.{n}", n + 1
+        try:
+            os.replace(names[0], dest)
+            for p in names[1:]:
+                os.unlink(p)
+        except OSError as e:
+            raise StoreError(f"cannot move blob {ref.oid} aside into {qdir}: {e}") from e
+        return dest
+
+    def kept(self) -> Iterator[BlobRef]:
+        """Every blob theta keeps under its protected name (sizes as stored), in no particular order."""
+        if self.keep_dir is None or not self.keep_dir.is_dir():
+            return
+        for d1 in sorted(os.scandir(self.keep_dir), key=lambda e: e.name):
+            if not d1.is_dir(follow_symlinks=False) or len(d1.name) != 2:
+                continue
+            for d2 in os.scandir(d1.path):
+                if not d2.is_dir(follow_symlinks=False) or len(d2.name) != 2:
+                    continue
+                for f in os.scandir(d2.path):
+                    if _is_oid(f.name) and f.is_file(follow_symlinks=False):
+                        yield BlobRef(f.name, f.stat(follow_symlinks=False).st_size)
+
+    def _open(self, ref: BlobRef):
+        """Open the blob by git-lfs's name, else theta's (restoring git-lfs's name)."""
+        try:
+            return open(self.path(ref), "rb")
+        except FileNotFoundError:
+            keep = self.keep_path(ref)
+            if keep is None:
+                raise
+            f = open(keep, "rb")
+            with contextlib.suppress(StoreError):
+                self._link(keep, self.path(ref))
+            return f
 
     def put(self, data: "bytes | bytearray | memoryview") -> BlobRef:
+        """Store ``data`` once (an existing object is never rewritten) and return its reference."""
         return self.put_chunks([data])
 
     def put_chunks(self, chunks: "list[bytes | bytearray | memoryview]") -> BlobRef:
@@ -108,10 +279,16 @@ class LfsStore:
         """Move a fully written temp file to its content address; returns the temp path still to remove
         (when the object was already stored: dedup), or None once it is published."""
         if self.has(ref):
+            # stored already: mark it used now, so a concurrent `git theta prune` that planned before this
+            # reuse leaves it (it deletes only blobs unmodified since its plan)
+            with contextlib.suppress(OSError):
+                os.utime(self.path(ref))
             return tmp
         dest = self.path(ref)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o644)
+        if self.keep_dir is not None:
+            self._link(Path(tmp), self.keep_path(ref))  # theta's name first: the blob is never unprotected
         os.replace(tmp, dest)
         self.written_objects += 1
         self.written_bytes += ref.size
@@ -142,9 +319,11 @@ class LfsStore:
         return ref
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
+        """The blob's bytes. BlobMissingError (naming ``group`` and ``file``) when it is not local,
+        BlobCorruptError when its size (or, with ``verify``, its sha256) differs from ``ref``."""
         p = self.path(ref)
         try:
-            with open(p, "rb") as f:
+            with self._open(ref) as f:
                 data = f.read()
         except FileNotFoundError:
             raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
@@ -166,7 +345,7 @@ class LfsStore:
         """
         p = self.path(ref)
         try:
-            f = open(p, "rb")
+            f = self._open(ref)
         except FileNotFoundError:
             raise BlobMissingError(ref.oid, group=group, file=file, size=ref.size) from None
         except OSError as e:
@@ -203,3 +382,14 @@ class LfsStore:
                 if not self.has(r):
                     out.append(r)
         return out
+
+
+def _stat(p: Path) -> os.stat_result | None:
+    try:
+        return os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _is_oid(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)

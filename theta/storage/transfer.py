@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Callable, Iterable
 
 from theta.errors import TransferError
 from theta.git import lfs
-from theta.storage.store import BlobRef, LfsStore
+from theta.storage.store import BlobRef, LfsStore, sha256_file
+
+VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
 
 
 def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
@@ -52,3 +54,35 @@ def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef]
                             "from a remote that has them first")
     lfs.push_objects(repo_dir, remote, [r.oid for r in unique])
     return len(unique)
+
+
+def verify_on_remote(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str,
+                     on_batch: Callable[[int], None] | None = None) -> set[str]:
+    """The oids of ``refs`` that ``remote``'s LFS server verifiably holds: each is downloaded into a throwaway
+    repository sharing nothing local (:func:`theta.git.lfs.fetched_elsewhere`; git-lfs checks the sha256, so
+    do we) and dropped. git-lfs's client has no "do you have it" request outside its own prune, so this is
+    the check available through it; it costs the download.
+
+    Works in batches of about :data:`VERIFY_BATCH_BYTES` so the scratch space stays bounded; calls
+    ``on_batch(bytes)`` after each. An object the server lacks (or serves wrong) is simply not returned.
+    """
+    todo = sorted({r.oid: r for r in refs}.values(), key=lambda r: r.oid)
+    verified: set[str] = set()
+    batch: list[BlobRef] = []
+    size = 0
+    for ref in todo + [None]:
+        if ref is not None:
+            batch.append(ref)
+            size += ref.size
+        if batch and (ref is None or size >= VERIFY_BATCH_BYTES):
+            verified |= _verify_batch(repo_dir, batch, remote)
+            if on_batch is not None:
+                on_batch(size)
+            batch, size = [], 0
+    return verified
+
+
+def _verify_batch(repo_dir, batch: list[BlobRef], remote: str) -> set[str]:
+    with lfs.fetched_elsewhere(repo_dir, remote, [(r.oid, r.size) for r in batch]) as (objects_dir, _err):
+        got = LfsStore(objects_dir)
+        return {ref.oid for ref in batch if got.has(ref) and sha256_file(got.path(ref)) == ref.oid}

@@ -28,12 +28,23 @@ GROUP = "theta.updates"
 
 @dataclass
 class Encoded:
+    """What an update type's ``encode`` returns: named arrays (stored together as one blob) and small
+    JSON-able ``params`` (recorded in the metadata step and given back to ``apply``)."""
+
     parts: dict[str, np.ndarray]               # stored in one blob (dense: {"values": arr})
     params: dict = field(default_factory=dict)  # small JSON-able values recorded in the Step
 
 
 @runtime_checkable
 class UpdateType(Protocol):
+    """An update type: how a group's new value is stored relative to its previous value.
+
+    ``encode(new, previous, **options)`` returns an :class:`Encoded` whose ``apply`` rebuilds ``new`` bit
+    for bit, or None when this type cannot represent the change (the caller then stores it dense).
+    ``apply(parts, params, previous)`` returns the new value. ``incremental`` is True when ``apply``
+    needs the previous value (False: the step is self-contained, like ``dense``).
+    """
+
     name: str
     incremental: bool  # True when apply needs the previous value
 

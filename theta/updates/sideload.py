@@ -244,3 +244,99 @@ def open_for_clean(options, lsd, previous) -> UpdateData | None:
         data.close()
         raise
     return data
+
+
+# ---------------------------------------------------------------- Git-Theta's side-loaded workflow
+
+@dataclass
+class WorktreeForm:
+    """Which form a side-loaded `git theta add` found the work-tree file in (see :func:`apply_to_worktree`)."""
+
+    original: list[str]     # groups holding the previous value: rewritten to previous-with-update
+    updated: list[str]      # groups already holding previous-with-update (the current form)
+
+
+def git_theta_apply(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
+                    path: "str | os.PathLike") -> np.ndarray:
+    """previous (+ or *) update, with Git-Theta 0.2.0's own arithmetic, in previous's dtype."""
+    from theta.errors import GitThetaFormatError
+    from theta.storage.gittheta import apply_update
+
+    try:
+        value = apply_update(update_type, parts, previous, file=os.fspath(path), group=group)
+    except GitThetaFormatError as e:
+        raise UpdateDataError(f"update data {path}: {e}") from None
+    return value.astype(previous.dtype, copy=False)
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.size:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
+
+
+def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_value, rtol: float = 1e-5,
+                      atol: float = 1e-8) -> WorktreeForm:
+    """Git-Theta's documented workflow: the work-tree file holds the ORIGINAL checkpoint and FILE the update.
+
+    For every group of ``data``: its work-tree value equal (bit for bit) to ``previous_value(group)`` is the
+    original form; equal to previous-with-update (within rtol/atol) the current form; anything else is
+    refused naming the group and both distances. Groups in the original form are replaced by
+    previous-with-update (Git-Theta's arithmetic) and the file is rewritten atomically, one group in memory
+    at a time, in its own format and layout; afterwards it holds what the commit records, so `git status`
+    stays clean. Nothing is written when a group is refused."""
+    import zipslice
+    from zipslice import dtypes
+    from zipslice.convert import plan_write
+
+    path = os.fspath(path)
+    form = WorktreeForm([], [])
+    with zipslice.load(path) as ckpt:
+        for group in data.keys:
+            if group not in ckpt:
+                raise UpdateDataError(f"update data {data.path}: group {group!r} is not in the checkpoint {path}")
+            previous = previous_value(group)
+            if previous is None:
+                raise UpdateDataError(f"update data {data.path}: group {group!r} has no previous version to "
+                                      f"apply a {data.update_type} update to (commit the base model first)")
+            have = np.asarray(ckpt.numpy(group))
+            if have.shape == previous.shape and have.dtype == previous.dtype and \
+                    bytes(dtypes.le_bytes(have)) == bytes(dtypes.le_bytes(previous)):
+                form.original.append(group)
+                continue
+            applied = git_theta_apply(data.update_type, data.parts(group), previous, group, data.path)
+            if have.shape == applied.shape and have.dtype == applied.dtype and \
+                    _agrees(applied, have, previous, rtol, atol):
+                form.updated.append(group)
+                continue
+            raise UpdateDataError(
+                f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
+                f"{_max_abs(have, previous):.3g}) nor the previous version with the {data.update_type} update "
+                f"applied (max abs difference {_max_abs(have, applied):.3g}): it differs from the saved model "
+                f"{path}; refusing to add it")
+        if not form.original:
+            return form
+        plan = plan_write(ckpt, ckpt.format)
+        replace = set(form.original)
+
+        def updated(name: str):
+            return lambda: dtypes.le_bytes(git_theta_apply(data.update_type, data.parts(name), previous_value(name),
+                                                           name, data.path))
+
+        for src in plan.sources:
+            if src.name in replace:
+                src.read = updated(src.name)
+        options = {"structure": plan.structure, "metadata": plan.metadata or None}
+        if ckpt.format == "torch":
+            from zipslice import torch_writer
+
+            options["record_prefix"] = torch_writer.default_prefix(path)
+        options = {k: v for k, v in options.items() if v is not None}
+        # zipslice.save writes beside the file and renames: the original is intact until the new one is whole
+        zipslice.save(path + ".theta-sideload.tmp", [(s.name, s) for s in plan.sources], format=ckpt.format,
+                      **options)
+    os.replace(path + ".theta-sideload.tmp", path)
+    return form

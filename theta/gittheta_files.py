@@ -1,0 +1,246 @@
+"""A file whose committed version Git-Theta 0.2.0 wrote, inside a theta repository.
+
+Both tools name their filter ``theta``, so a repository with Git-Theta history reaches theta's filter with
+Git-Theta's JSON metadata. :class:`GitThetaFile` turns that metadata into what Git-Theta itself checks out:
+
+* :meth:`GitThetaFile.fetch` brings every LFS object of every group's update chain (earlier commits'
+  blobs included) into the store in one git-lfs run (:func:`theta.storage.transfer.fetch_missing`);
+* :meth:`GitThetaFile.sources` are zipslice :class:`~zipslice.TensorSource` s in Git-Theta's order whose
+  ``read()`` rebuilds one group (:mod:`theta.storage.gittheta`: same numpy operations as Git-Theta), so a
+  checkout streams one group at a time;
+* :meth:`GitThetaFile.matches` says whether a work-tree checkpoint holds exactly those values (then the
+  clean filter hands git the committed Git-Theta text back and ``git status`` stays clean);
+* :func:`to_theta_metadata` rewrites the file into theta's own format (``git theta migrate``, and the
+  previous version a new commit on top of Git-Theta history builds on).
+
+Only flat checkpoints (a PyTorch state dict: one key per group) are written; a nested group is refused
+naming it. Values are those of the chain's arithmetic on this machine: bit for bit for dense, sparse and
+ia3; low-rank's BLAS matmul may differ from another machine's in the last bit.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from zipslice import TensorSource, dtypes
+
+from theta.errors import GitThetaFormatError, ThetaError
+from theta.git import repo as gitutil
+from theta.storage import gittheta as gt
+from theta.storage.store import BlobRef, LfsStore
+
+
+def is_git_theta(data: "bytes | None") -> bool:
+    """True when a blob is Git-Theta metadata (cheap for anything else: only JSON objects are parsed)."""
+    return data is not None and data[:1] == b"{" and gt.is_git_theta_metadata(data)
+
+
+class GitThetaFile:
+    """The Git-Theta metadata ``text`` of ``path`` (relative to the top of ``repo_dir``)."""
+
+    def __init__(self, text: bytes, path: str, repo_dir: "str | os.PathLike", store: LfsStore,
+                 label: str | None = None):
+        self.path, self.repo_dir, self.store = path, Path(repo_dir), store
+        self.meta = gt.parse_metadata(text, label or path)
+        self.resolver = gt.ChainResolver(self.repo_dir, path, self._read_object)
+        self._chains: dict[tuple[str, ...], list] = {}
+        self._dtypes: dict[tuple[str, ...], np.dtype] = {}
+        for group in self.meta.groups.values():
+            if len(group.key) != 1:
+                raise GitThetaFormatError("nested checkpoint groups are not supported by theta's Git-Theta "
+                                          "reader (only flat state dicts)", file=self.meta.file, group=group.name)
+
+    # -- reading -------------------------------------------------------------------------------------
+    def _read_object(self, repo_dir, ref: "gt.ObjectRef") -> bytes | None:
+        if isinstance(ref, gt.GitBlob):
+            return gitutil.read_blob(f"{ref.commit}:{ref.path}", repo_dir)
+        blob = BlobRef(ref.oid, ref.size)
+        return self.store.get(blob) if self.store.has(blob) else None
+
+    def names(self) -> list[str]:
+        """Group names in text order (the order Git-Theta writes the checkout in)."""
+        return [g.name for g in self.meta.groups.values()]
+
+    def chain(self, name: str) -> list:
+        """``[(group metadata, metadata text name), ...]`` from the group back to its dense value."""
+        group = self.meta.group(name)
+        if group.key not in self._chains:
+            self._chains[group.key] = self.resolver.chain(group, self.meta.file)
+        return self._chains[group.key]
+
+    def blob_refs(self) -> list[BlobRef]:
+        """Every LFS object any group's chain needs (reads earlier commits' metadata, no blob)."""
+        seen: dict[str, BlobRef] = {}
+        for name in self.names():
+            for g, _ in self.chain(name):
+                seen.setdefault(g.lfs.oid, BlobRef(g.lfs.oid, g.lfs.size))
+        return list(seen.values())
+
+    def fetch(self) -> int:
+        """Download whatever LFS objects the chains need and the store lacks (one git-lfs run)."""
+        from theta.storage.transfer import fetch_missing
+
+        return fetch_missing(self.repo_dir, self.blob_refs(), store=self.store)
+
+    def dtype(self, name: str) -> np.dtype:
+        """The dtype of the value Git-Theta checks out (numpy's promotion along the chain), from headers."""
+        group = self.meta.group(name)
+        if group.key not in self._dtypes:
+            chain = self.chain(name)
+            dt = np.dtype(chain[-1][0].tensor.dtype)
+            for g, gfile in reversed(chain[:-1]):
+                blob = self._read_object(self.repo_dir, gt.LfsObject(g.lfs.oid, g.lfs.size, g.lfs.pointer_text()))
+                if blob is None:
+                    from theta.errors import BlobMissingError
+
+                    raise BlobMissingError(g.lfs.oid, group=g.name, file=gfile, size=g.lfs.size)
+                dt = gt.result_dtype(g.theta.update_type, gt.part_dtypes(blob, file=gfile, group=g.name), dt)
+            self._dtypes[group.key] = dt
+        return self._dtypes[group.key]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.meta.group(name).tensor.shape)
+
+    def update_type(self, name: str) -> str:
+        return self.meta.group(name).theta.update_type
+
+    def value(self, name: str) -> np.ndarray:
+        """The value Git-Theta checks out for group ``name`` (blobs must be local: :meth:`fetch`)."""
+        group = self.meta.group(name)
+        value = self.resolver.resolve(group, self.meta.file)
+        if value.dtype != self.dtype(name):
+            raise GitThetaFormatError(f"rebuilt as {value.dtype}, its blobs' headers say {self.dtype(name)}",
+                                      file=self.meta.file, group=name)
+        return value
+
+    def values(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.names():
+            yield name, self.value(name)
+
+    # -- writing -------------------------------------------------------------------------------------
+    def sources(self) -> list[TensorSource]:
+        """One source per group, in text order; each ``read()`` rebuilds its group when the writer asks."""
+        out = []
+        for name in self.names():
+            dt = dtypes.from_numpy(self.dtype(name)).name
+            out.append(TensorSource(name=name, dtype=dt, shape=self.shape(name), read=self._reader(name)))
+        return out
+
+    def _reader(self, name: str):
+        return lambda: dtypes.le_bytes(self.value(name))
+
+    def write(self, out_path: "str | os.PathLike", fmt: str | None = None) -> None:
+        """Write the checkout to ``out_path`` (torch unless ``fmt``), atomically (temp file + rename)."""
+        import zipslice
+        from zipslice import torch_writer
+
+        out_path = os.fspath(out_path)
+        fmt = fmt or "torch"
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(out_path).name}.", suffix=".theta-tmp",
+                                   dir=os.path.dirname(out_path) or ".")
+        os.close(fd)
+        options = {"record_prefix": torch_writer.default_prefix(out_path)} if fmt == "torch" else {}
+        try:
+            zipslice.save(tmp, [(s.name, s) for s in self.sources()], format=fmt, **options)
+            os.replace(tmp, out_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def write_to(self, out, name: str) -> None:
+        """Stream the torch checkout to ``out`` (nothing seeks): the filter's pipe to git."""
+        from zipslice import torch_writer
+
+        torch_writer.write_to(out, self.sources(), record_prefix=torch_writer.default_prefix(name), path=name)
+
+    # -- comparing -----------------------------------------------------------------------------------
+    def matches(self, checkpoint_path: "str | os.PathLike") -> bool:
+        """True when the checkpoint at ``checkpoint_path`` holds exactly the groups this metadata checks out:
+        the same names, dtypes and shapes, every value bit for bit. One group in memory at a time."""
+        import zipslice
+
+        try:
+            ckpt = zipslice.load(checkpoint_path)
+        except zipslice.ZipsliceError:
+            return False
+        try:
+            keys = list(ckpt.keys())
+            if sorted(keys) != sorted(self.names()):
+                return False
+            for name in self.names():
+                info = ckpt.info(name)
+                if tuple(info.shape) != self.shape(name) or info.dtype != dtypes.from_numpy(self.dtype(name)).name:
+                    return False
+            for name in self.names():
+                have = np.asarray(ckpt.numpy(name))
+                if bytes(dtypes.le_bytes(have)) != bytes(dtypes.le_bytes(self.value(name))):
+                    return False
+            return True
+        finally:
+            close = getattr(ckpt, "close", None)
+            if close:
+                close()
+
+
+def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
+    """The file in theta's own format: its checkout written to a temporary file under ``spool_dir`` and
+    cleaned as a new file with default options (every group one dense step, stored in ``gtf.store``).
+    Returns the CheckpointMeta; blobs must be local (:meth:`GitThetaFile.fetch`)."""
+    from theta.clean import clean_checkpoint
+
+    fd, tmp = tempfile.mkstemp(prefix="gittheta-", suffix=".pt", dir=spool_dir)
+    os.close(fd)
+    try:
+        gtf.write(tmp, "torch")
+        return clean_checkpoint(tmp, gtf.store, None)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class GitThetaSide:
+    """A version given as Git-Theta metadata, for :func:`theta.diff.diff_sides` (`git theta diff`, the
+    diff driver). Values are rebuilt on demand; there is no theta LSH signature to estimate from."""
+
+    format = "torch"
+
+    def __init__(self, gtf: GitThetaFile, label: str):
+        self.gtf, self.label = gtf, label
+        self._hashes: dict[str, str] = {}
+        self._fetched = False
+
+    def names(self) -> list[str]:
+        return self.gtf.names()
+
+    def aliases(self) -> set[str]:
+        return set()
+
+    def info(self, name: str):
+        from theta.diff import GroupInfo
+
+        self.prefetch(())
+        return GroupInfo(dtypes.from_numpy(self.gtf.dtype(name)).name, self.gtf.shape(name),
+                         self.gtf.update_type(name), len(self.gtf.chain(name)))
+
+    def hash(self, name: str) -> str:
+        from theta.updates import content_hash
+
+        if name not in self._hashes:
+            self._hashes[name] = content_hash(self.array(name))
+        return self._hashes[name]
+
+    def signature(self, name: str) -> list[int] | None:
+        return None
+
+    def prefetch(self, names) -> None:
+        if not self._fetched:
+            self.gtf.fetch()
+            self._fetched = True
+
+    def array(self, name: str, cache: dict | None = None) -> np.ndarray:
+        self.prefetch(())
+        return self.gtf.value(name)
