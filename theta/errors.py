@@ -10,11 +10,18 @@ class ThetaError(Exception):
 
 
 class MetadataError(ThetaError):
-    """A metadata text is malformed, of an unknown version, or inconsistent."""
+    """A metadata text is malformed, of an unknown version, inconsistent, or over a limit.
+
+    ``file``, ``group`` and ``field`` say where, when known (theta.storage.schema fills them in).
+    """
+
+    def __init__(self, message: str, file: str | None = None, group: str | None = None, field: str | None = None):
+        self.file, self.group, self.field = file, group, field
+        super().__init__(message)
 
 
 class CodecError(ThetaError):
-    """A stored blob cannot be decoded (truncated, corrupt, or of an unknown encoding)."""
+    """A stored blob cannot be decoded (truncated, corrupt, over a limit, or of an unknown encoding)."""
 
 
 class StoreError(ThetaError):

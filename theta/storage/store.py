@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import mmap
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,31 @@ from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreErro
 from theta.git import repo as gitutil
 
 _CHUNK = 8 << 20
+_OID = re.compile(r"[0-9a-f]{64}")
+MAX_BLOB_SIZE = (1 << 63) - 1
+
+
+def valid_oid(oid: object) -> bool:
+    """True for 64 lowercase hex digits: the only oids that can name a path inside the store."""
+    return isinstance(oid, str) and _OID.fullmatch(oid) is not None
+
+
 @dataclass(frozen=True)
 class BlobRef:
-    """A stored blob: sha256 hex of its bytes and its size in bytes."""
+    """A stored blob: sha256 hex of its bytes and its size in bytes.
+
+    Both are checked on construction (defence in depth: metadata is checked by theta.storage.schema first),
+    so no BlobRef can name a path outside the store.
+    """
 
     oid: str
     size: int
+
+    def __post_init__(self) -> None:
+        if not valid_oid(self.oid):
+            raise StoreError(f"invalid blob oid {self.oid!r:.80}: expected 64 lowercase hex digits")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or not 0 <= self.size <= MAX_BLOB_SIZE:
+            raise StoreError(f"invalid size {self.size!r:.40} for blob {self.oid}")
 
 
 def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
@@ -66,6 +86,8 @@ class LfsStore:
 
     def path(self, ref: "BlobRef | str") -> Path:
         oid = ref if isinstance(ref, str) else ref.oid
+        if not valid_oid(oid):  # never a path outside the store, whatever the caller passes
+            raise StoreError(f"invalid blob oid {oid!r:.80}: expected 64 lowercase hex digits")
         return self.objects_dir / oid[0:2] / oid[2:4] / oid
 
     def has(self, ref: BlobRef) -> bool:
