@@ -137,6 +137,7 @@ class Filter:
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self._verify: str | None = None
+        self._max_output: int | None = None
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -147,14 +148,16 @@ class Filter:
             data = gitutil.read_blob(spec, self.cwd)
             if data is not None and is_metadata(data):
                 try:
-                    return loads(data)
+                    meta = loads(data, file=path)
                 except MetadataError as e:
                     log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
                     return None
+                return None if meta.is_opaque else meta
         return None
 
     def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
-        from theta.clean import clean_checkpoint
+        from theta.clean import CleanStats, clean_checkpoint, store_opaque
+        from theta.errors import NotCheckpointError
         from theta.storage.metadata import dumps, is_metadata
 
         worktree = self.cwd / path if path else None
@@ -164,16 +167,26 @@ class Filter:
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
+            stats = CleanStats()
             try:
-                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd))
+                meta = clean_checkpoint(got.path, self.store, self.previous(path), settings.clean_options(self.cwd),
+                                        stats=stats)
+            except NotCheckpointError as e:
+                # not a checkpoint (a README under `* filter=theta`, a zip, a damaged file): keep its bytes as
+                # one blob, as git-lfs would, and say so on one line
+                reason = " ".join(e.reason.replace(str(got.path), path).split())[:200]
+                log(f"warning: {path} is not a checkpoint theta can read ({reason}); stored as one opaque blob")
+                meta = store_opaque(got.path, self.store)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
+            for w in stats.warnings:
+                log(f"warning: {path}: {w}")
             if before is not None and _stat_key(got.path) != before:
                 raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
-            return dumps(meta).encode("utf-8")
+            return dumps(meta, file=path).encode("utf-8")
         finally:
             got.cleanup()
 
@@ -190,7 +203,8 @@ class Filter:
         from theta.errors import TransferError
         from theta.storage.transfer import fetch_missing
         from theta.storage.metadata import is_metadata, loads
-        from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+        from theta.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
+        from theta.updates.bounds import check_output
 
         if path in self.ready:  # a delayed file git asks for again (its content section is empty)
             for _ in chunks:
@@ -206,7 +220,15 @@ class Filter:
                 return False
             if got is not None:
                 text = got.path.read_bytes()
-            meta = loads(text)
+            meta = loads(text, file=path)
+            # everything the metadata alone can refuse is refused before any download or byte of output
+            fmt = settings.checkout_format(path, self.cwd)
+            limit = self.max_output()
+            if meta.is_opaque:
+                check_output(meta, path, limit)
+            else:
+                check_rebuildable(meta, path, fmt, limit)
+            check_space(meta, (self.cwd / path).parent, path)
             if can_delay and self.store.missing(meta.blob_refs()):
                 self.delayed[path] = text
                 return True
@@ -214,16 +236,16 @@ class Filter:
                 fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
             except TransferError as e:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
-            fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
             if stream is not None and streams(meta, fmt):
                 smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
-                                 progress=settings.stderr_is_terminal(), verify=verify)
+                                 progress=settings.stderr_is_terminal(), verify=verify, max_output=limit)
                 return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
             try:
-                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify)
+                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify,
+                                  max_output=limit)
                 with open(tmp, "rb") as f:
                     out(f)
             finally:
@@ -233,6 +255,12 @@ class Filter:
         finally:
             if got is not None:
                 got.cleanup()
+
+    def max_output(self) -> int:
+        """theta.maxCheckoutBytes (read once per process)."""
+        if self._max_output is None:
+            self._max_output = settings.max_checkout_bytes(self.cwd)
+        return self._max_output
 
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
@@ -252,7 +280,7 @@ class Filter:
 
         if not self.delayed:
             return []
-        refs = [r for text in self.delayed.values() for r in loads(text).blob_refs()]
+        refs = [r for path, text in self.delayed.items() for r in loads(text, file=path).blob_refs()]
         t0 = time.perf_counter()
         try:
             n = fetch_missing(self.cwd, refs, store=self.store)

@@ -49,6 +49,11 @@ class BlobRef:
             raise StoreError(f"invalid size {self.size!r:.40} for blob {self.oid}")
 
 
+def _corrupt(problem: str, ref: BlobRef, p: Path, group: str | None, file: str | None) -> BlobCorruptError:
+    where = "".join([f"{file}: " if file else "", f"group {group!r}: " if group else ""])
+    return BlobCorruptError(f"{where}blob {ref.oid} at {p} {problem}", file=file, group=group, oid=ref.oid)
+
+
 def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
     h = hashlib.sha256()
     for c in chunks:
@@ -173,11 +178,9 @@ class LfsStore:
         except OSError as e:
             raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
         if len(data) != ref.size:
-            raise BlobCorruptError(f"blob {ref.oid} at {p} has {len(data)} bytes, expected {ref.size}"
-                                   + (f" (group {group!r})" if group else ""))
+            raise _corrupt(f"has {len(data)} bytes, expected {ref.size}", ref, p, group, file)
         if self.verify and hashlib.sha256(data).hexdigest() != ref.oid:
-            raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
-                                   + (f" (group {group!r})" if group else ""))
+            raise _corrupt("does not match its sha256 (corrupt object)", ref, p, group, file)
         return data
 
     @contextlib.contextmanager
@@ -196,8 +199,7 @@ class LfsStore:
         with f:
             size = os.fstat(f.fileno()).st_size
             if size != ref.size:
-                raise BlobCorruptError(f"blob {ref.oid} at {p} has {size} bytes, expected {ref.size}"
-                                       + (f" (group {group!r})" if group else ""))
+                raise _corrupt(f"has {size} bytes, expected {ref.size}", ref, p, group, file)
             if size == 0:
                 yield memoryview(b"")
                 return
@@ -205,8 +207,7 @@ class LfsStore:
             view = memoryview(m)
             try:
                 if self.verify and hashlib.sha256(view).hexdigest() != ref.oid:
-                    raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
-                                           + (f" (group {group!r})" if group else ""))
+                    raise _corrupt("does not match its sha256 (corrupt object)", ref, p, group, file)
                 yield view
             finally:
                 try:
@@ -214,6 +215,29 @@ class LfsStore:
                     m.close()
                 except BufferError:
                     pass  # a traceback still holds a slice (error path): the map closes when it is collected
+
+    # -- bindings: "blob OID decodes to the value whose content hash is HASH", as proven on this machine ----
+    # Written when theta itself encoded the value (clean, merge) or hashed what the blob decodes to (a
+    # checkout in "hash" mode). A checkout in "frames" mode trusts a blob's frame checksums only for a
+    # binding found here, so metadata whose hash disagrees with its blob is always caught at checkout.
+    # One empty file per binding, beside the objects (a binding is a fact about an object's content).
+    def _binding(self, oid: str, value_hash: str) -> Path:
+        if not (valid_oid(oid) and valid_oid(value_hash)):
+            raise StoreError(f"invalid binding {oid!r:.80} -> {value_hash!r:.80}")
+        return self.objects_dir.parent / "theta-verified" / oid[0:2] / f"{oid}-{value_hash}"
+
+    def bound(self, oid: str, value_hash: str) -> bool:
+        """True when this store has proven that blob ``oid`` decodes to a value of content hash ``value_hash``."""
+        return self._binding(oid, value_hash).exists()
+
+    def bind(self, oid: str, value_hash: str) -> None:
+        """Record that blob ``oid`` decodes to the value of content hash ``value_hash`` (best effort)."""
+        p = self._binding(oid, value_hash)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError:
+            pass  # a read-only store: checkouts keep hashing, nothing is wrong
 
     def missing(self, refs: Iterable[BlobRef]) -> list[BlobRef]:
         """The refs not present locally, each once, in first-seen order."""
