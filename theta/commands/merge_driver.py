@@ -16,6 +16,7 @@ once, and %A is replaced atomically only after every group is merged.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -83,6 +84,25 @@ def choose_strategies(plan: MergePlan, config: MergeConfig, stdin: TextIO | None
             else:
                 known = strategy.defaults
                 p.params = {k: v for k, v in p.params.items() if k in known}
+                problem = check_params(strategy, p.params)
+                if problem:
+                    plan.conflicts.append(f"{p.name}: {problem} (from {p.source})")
+
+
+def check_params(strategy, params: dict) -> str | None:
+    """What is wrong with a strategy's parameters (any source), before any tensor is read; None if fine."""
+    from theta.errors import MergeError
+
+    bad = [f"{k}={v!r}" for k, v in params.items() if not (isinstance(v, (int, float)) and math.isfinite(v))]
+    if bad:
+        return f"merge parameter {', '.join(bad)} is not a finite number"
+    validate = getattr(strategy, "params", None)
+    if callable(validate):
+        try:
+            validate(params)
+        except MergeError as e:
+            return str(e)
+    return None
 
 
 def _applicable(p: Pending) -> list[str]:

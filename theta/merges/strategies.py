@@ -44,6 +44,8 @@ class Strategy:
     needs_ancestor: ClassVar[bool] = False
     picks: ClassVar[str | None] = None
     defaults: ClassVar[dict[str, float]] = {}
+    # parameter -> (low, high, low included): values outside are refused before any tensor is read
+    ranges: ClassVar[dict[str, tuple[float, float, bool]]] = {}
 
     def applies(self, dtype: str, has_ancestor: bool) -> bool:
         if self.needs_ancestor and not has_ancestor:
@@ -60,8 +62,15 @@ class Strategy:
         for key, value in given.items():
             try:
                 out[key] = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not a number") from None
+            if not math.isfinite(out[key]):
+                raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not finite")
+            if key in self.ranges:
+                lo, hi, lo_in = self.ranges[key]
+                if not ((lo <= out[key] if lo_in else lo < out[key]) and out[key] <= hi):
+                    raise MergeError(f"merge strategy {self.name!r}: {key} must be in "
+                                     f"{'[' if lo_in else '('}{lo:g}, {hi:g}], got {value!r}")
         return out
 
     def merge(self, name: str, ours: np.ndarray, theirs: np.ndarray, ancestor: np.ndarray | None,
@@ -182,6 +191,7 @@ class Ties(Strategy):
     summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda": 1.0}
+    ranges = {"density": (0.0, 1.0, False)}
 
     def compute(self, name, A, B, O, p):
         density, lam = p["density"], p["lambda"]
@@ -216,10 +226,13 @@ class Dare(Strategy):
     summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
+    ranges = {"density": (0.0, 1.0, False), "seed": (0.0, float(2 ** 53), True)}
 
     def compute(self, name, A, B, O, p):
         density = p["density"]
         _check_density(self.name, density)
+        if p["seed"] != int(p["seed"]):
+            raise MergeError(f"merge strategy {self.name!r}: seed must be a whole number, got {p['seed']:g}")
         seed = int(p["seed"])
         # one stream per side, consumed chunk after chunk: the same values as one draw of n numbers
         rng_a = np.random.default_rng(dare_seed(name, "ours", seed))
