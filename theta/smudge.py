@@ -19,7 +19,7 @@ from zipslice import TensorSource, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
-from theta import parallel
+from theta import parallel, scratch
 from theta.parallel import READ_AHEAD_BYTES
 from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
@@ -115,7 +115,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     if meta.metadata:
         options["metadata"] = dict(meta.metadata)
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
-    tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
+    tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{scratch.owner_tag()}.tmp")
     if target == "torch":
         options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
     try:
@@ -159,7 +159,7 @@ _COPY_CHUNK = 8 << 20
 @contextlib.contextmanager
 def atomic_file(path: str):
     """A file written beside ``path`` and renamed over it only when the block succeeds."""
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{Path(path).name}.theta-{os.getpid()}.tmp")
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{Path(path).name}.theta-{scratch.owner_tag()}.tmp")
     try:
         with open(tmp, "wb") as f:
             yield f

@@ -133,7 +133,7 @@ class Filter:
 
         self.cwd = Path(cwd).resolve()
         self.store = LfsStore.for_repo(self.cwd)
-        self.spool_dir = gitutil.theta_dir(self.cwd)
+        self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self._verify: str | None = None
@@ -256,6 +256,12 @@ class Filter:
             if got is not None:
                 got.cleanup()
 
+    def close(self) -> None:
+        """Remove this process's scratch directory (a killed process's is swept by the next one)."""
+        import shutil
+
+        shutil.rmtree(self.spool_dir, ignore_errors=True)
+
     def max_output(self) -> int:
         """theta.maxCheckoutBytes (read once per process)."""
         if self._max_output is None:
@@ -360,6 +366,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         try:
             header = r.read_pairs()
         except EOFError:
+            filt.close()
             if stdin is getattr(sys.stdin, "buffer", None):
                 _exit_now()
             return 0

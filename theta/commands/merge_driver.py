@@ -122,16 +122,20 @@ def read_meta(path: str | os.PathLike, role: str, checkpoint: str, optional: boo
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; the temp file has no name until then (a kill leaves
+    nothing behind, see theta.scratch)."""
+    from theta import scratch
+
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, tmp = scratch.anonymous(path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n", closefd=False) as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.fchmod(fd, 0o644)
+        scratch.publish(fd, tmp, path, replace=True)
+        tmp = None
+    finally:
+        scratch.discard(fd, tmp)
 
 
 def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
@@ -203,7 +207,7 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
             config.env_params[key] = float(value)
         except (TypeError, ValueError):
             raise ThetaError(f"merge parameter {key}={value!r} is not a number") from None
-    with tempfile.TemporaryDirectory(dir=gitutil.theta_dir(repo)) as d:
+    with tempfile.TemporaryDirectory(dir=gitutil.scratch_dir(repo)) as d:
         files = []
         for n, role in ((1, "ancestor"), (2, "ours"), (3, "theirs")):
             f = Path(d) / role

@@ -12,7 +12,6 @@ import hashlib
 import mmap
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -108,65 +107,58 @@ class LfsStore:
         """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first).
 
         Like git-lfs, the bytes go to a temp file under ``lfs/tmp`` while a second thread hashes them
-        (hashlib and file writes release the GIL); the temp file is then renamed to its oid path, or
-        dropped when that object already exists.
+        (hashlib and file writes release the GIL); the temp file is then linked under its oid path, or
+        dropped when that object already exists. The temp file has no name (O_TMPFILE) until it is
+        complete, so a process killed midway leaves nothing behind (see :mod:`theta.scratch`).
         """
         size = sum(memoryview(c).nbytes for c in chunks)
-        tmp_dir = self.objects_dir.parent / "tmp"
         hashing = parallel.pool("hash").submit(sha256_of, chunks)
-        tmp = None
         try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
-            with os.fdopen(fd, "wb") as f:
-                for c in chunks:
-                    f.write(c)
-            ref = BlobRef(hashing.result(), size)
-            tmp = self._publish(tmp, ref)
-        except OSError as e:
-            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+            return self._write(lambda f: [f.write(c) for c in chunks], lambda: BlobRef(hashing.result(), size))
         finally:
             hashing.cancel() or hashing.exception()  # never leave the hasher reading freed buffers
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
-
-    def _publish(self, tmp: str, ref: BlobRef) -> str | None:
-        """Move a fully written temp file to its content address; returns the temp path still to remove
-        (when the object was already stored: dedup), or None once it is published."""
-        if self.has(ref):
-            return tmp
-        dest = self.path(ref)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-        self.written_objects += 1
-        self.written_bytes += ref.size
-        return None
 
     def put_stream(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> BlobRef:
         """Store the concatenation of ``chunks`` as they are produced (e.g. by codec.iter_encode_parts):
         each is hashed and written, then dropped, so the whole blob is never in memory."""
         h = hashlib.sha256()
         size = 0
+
+        def write(f) -> None:
+            nonlocal size
+            for c in chunks:
+                h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                f.write(c)
+                size += memoryview(c).nbytes
+
+        return self._write(write, lambda: BlobRef(h.hexdigest(), size))
+
+    def _write(self, fill, ref_of) -> BlobRef:
+        """Write a temp file with ``fill(f)``, then publish it under the oid ``ref_of()`` names."""
+        from theta import scratch
+
         tmp_dir = self.objects_dir.parent / "tmp"
-        tmp = None
+        fd = name = None
         try:
             tmp_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
-            with os.fdopen(fd, "wb") as f:
-                for c in chunks:
-                    h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
-                    f.write(c)
-                    size += memoryview(c).nbytes
-            ref = BlobRef(h.hexdigest(), size)
-            tmp = self._publish(tmp, ref)
+            scratch.sweep(tmp_dir)  # named temp files of killed theta processes (file systems without O_TMPFILE)
+            fd, name = scratch.anonymous(tmp_dir)
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                fill(f)
+            ref = ref_of()
+            if not self.has(ref):
+                dest = self.path(ref)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.fchmod(fd, 0o644)
+                if scratch.publish(fd, name, dest, replace=dest.exists()):
+                    name = None  # now the object itself
+                    self.written_objects += 1
+                    self.written_bytes += ref.size
+            return ref
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
         finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
+            scratch.discard(fd, name)
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
         p = self.path(ref)
