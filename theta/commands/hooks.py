@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from theta.git import repo as gitutil
-from theta.errors import ThetaError
+from theta.errors import MetadataError, ThetaError
 from theta.storage.store import BlobRef
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
 ZERO = "0" * 40
-MAX_METADATA_BYTES = 256 << 20  # blobs larger than this are not theta metadata; never read them
+from theta.storage.schema import MAX_TEXT_BYTES as MAX_METADATA_BYTES  # larger blobs are no theta metadata
 
 
 def hook_script() -> str:
@@ -117,7 +117,12 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> l
                 continue
             _, data = cat.read(info.sha)
             if is_metadata(data):
-                for ref in loads(data.decode("utf-8")).blob_refs():
+                try:
+                    meta = loads(data, file=f"blob {info.sha}")
+                except MetadataError as e:  # someone else's broken metadata: its blobs cannot be named
+                    print(f"git-theta: warning: {e}; its blobs are not uploaded", file=sys.stderr)
+                    continue
+                for ref in meta.blob_refs():
                     refs[ref.oid] = ref
     return list(refs.values())
 

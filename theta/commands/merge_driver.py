@@ -118,7 +118,7 @@ def read_meta(path: str | os.PathLike, role: str, checkpoint: str, optional: boo
     if not is_metadata(data):
         raise ThetaError(f"{checkpoint}: the {role} version is not theta metadata (was it committed without the "
                          f"theta filter? run `git theta install` and `git theta track`)")
-    return loads(data)
+    return loads(data, file=f"{checkpoint} ({role})")
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
@@ -149,6 +149,8 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     ancestor = read_meta(ancestor_file, "ancestor", path, optional=True)
     ours = read_meta(ours_file, "our", path)
     theirs = read_meta(theirs_file, "their", path)
+    if any(m is not None and m.is_opaque for m in (ancestor, ours, theirs)):
+        return merge_opaque(ancestor, ours, theirs, path, ours_file, err)
     config = config or MergeConfig.load(repo_dir)
     config.check_parameters({k for n in strategy_names() for k in get_strategy(n).defaults})
     plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
@@ -164,6 +166,25 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     err.write(f"theta: merged {path}: {len(meta.groups)} groups ({c['unchanged']} unchanged, {c['ours']} from ours, "
               f"{c['theirs']} from theirs, {len(plan.pending)} merged by strategy)\n")
     return meta
+
+
+def merge_opaque(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: CheckpointMeta, path: str,
+                 ours_file: str, err: TextIO) -> CheckpointMeta:
+    """A file stored as one opaque blob (on any side) merges like a binary file: the side that changed wins,
+    a change on both sides is a conflict."""
+    from theta.merges.merge import three_way
+
+    def key(m: CheckpointMeta | None):
+        return None if m is None else (m.opaque if m.is_opaque else dumps(m))
+
+    side, value = three_way(ancestor, ours, theirs, key)
+    if side == "both":
+        raise MergeConflict(path, ["(file) not a checkpoint (stored as one opaque blob) and changed on both "
+                                   "sides; keep one with `git checkout --ours` or `--theirs`"])
+    if side == "theirs":
+        write_atomically(ours_file, dumps(value))
+    err.write(f"theta: merged {path}: not a checkpoint, took {'ours' if side == 'same' else side}\n")
+    return value
 
 
 def main(ancestor_file: str, ours_file: str, theirs_file: str, marker_size: str, path: str) -> int:
