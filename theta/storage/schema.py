@@ -145,28 +145,41 @@ def json_depth(text: str) -> int:
     """The deepest nesting of [ and { in a JSON text, counting only brackets outside strings.
 
     Computed without recursion (json.loads recurses once per level and would hit the interpreter's limit
-    on a hostile line first): strings are removed with one linear regex pass, then the running depth is
-    summed in chunks with numpy.
+    on a hostile line first) and without regular expressions (a backtracking match over a long string costs
+    memory per character): numpy finds the quotes that are not escaped (an even run of backslashes before
+    them), the string state is their running parity, and the depth the running sum of the brackets outside
+    strings -- chunk by chunk, carrying the state across, so memory stays within a few chunks.
     """
-    if text.count("[") + text.count("{") <= 1:
-        return text.count("[") + text.count("{")
+    opens = text.count("[") + text.count("{")
+    if opens <= 1:
+        return opens
     import numpy as np
 
-    bare = _STRING.sub("", text).encode("utf-8", "replace")
-    depth, deepest = 0, 0
-    for start in range(0, len(bare), _DEPTH_CHUNK):
-        b = np.frombuffer(bare, np.uint8, count=min(_DEPTH_CHUNK, len(bare) - start), offset=start)
-        step = ((b == 0x5B) | (b == 0x7B)).astype(np.int32) - ((b == 0x5D) | (b == 0x7D)).astype(np.int32)
-        if not step.any():
-            continue
-        running = np.cumsum(step, dtype=np.int64) + depth
-        deepest = max(deepest, int(running.max()))
-        depth = int(running[-1])
+    depth = deepest = 0
+    in_string, pending = 0, 0  # inside a string at the chunk's start; backslashes ending the previous chunk
+    for start in range(0, len(text), _DEPTH_CHUNK):
+        b = np.frombuffer(text[start:start + _DEPTH_CHUNK].encode("utf-8", "surrogatepass"), np.uint8)
+        n = b.size
+        idx = np.arange(n, dtype=np.int64)
+        last_other = np.maximum.accumulate(np.where(b != 0x5C, idx, -1))  # last non-backslash at or before i
+        run = np.empty(n, dtype=np.int64)  # backslashes right before position i
+        run[0] = pending
+        run[1:] = idx[:-1] - last_other[:-1] + np.where(last_other[:-1] < 0, pending, 0)
+        quote = (b == 0x22) & ((run & 1) == 0)
+        quotes = np.cumsum(quote, dtype=np.int64)
+        inside = ((quotes - quote) & 1) ^ in_string  # an odd count of quotes before i: inside a string
+        step = np.where((b == 0x5B) | (b == 0x7B), 1, 0) - np.where((b == 0x5D) | (b == 0x7D), 1, 0)
+        step[inside.astype(bool)] = 0
+        if step.any():
+            running = np.cumsum(step, dtype=np.int64) + depth
+            deepest = max(deepest, int(running.max()))
+            depth = int(running[-1])
+        in_string ^= int(quotes[-1] & 1)
+        pending = int(n - 1 - last_other[-1]) + (pending if last_other[-1] < 0 else 0)
     return deepest
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_DEPTH_CHUNK = 16 << 20
+_DEPTH_CHUNK = 1 << 20
 
 
 def _reject_constant(name: str) -> Any:
@@ -177,9 +190,10 @@ def parse_line(line: str, where: Where) -> Any:
     """One line's JSON value: nesting bounded before parsing, duplicate keys and NaN/Infinity refused."""
     from zipslice.jsonutil import loads_strict
 
-    depth = json_depth(line)
-    if depth > MAX_JSON_DEPTH:
-        raise where.fail(None, f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+    if line.count("[") + line.count("{") > MAX_JSON_DEPTH:  # else it cannot nest deeper than the limit
+        depth = json_depth(line)
+        if depth > MAX_JSON_DEPTH:
+            raise where.fail(None, f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
     try:
         return loads_strict(line)
     except RecursionError:  # defence in depth: json_depth should have refused it
