@@ -249,7 +249,8 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
             o = reconstruct(p.ancestor, store, cache, file=plan.path) if strategy.needs_ancestor else None
             a = reconstruct(p.ours, store, cache, file=plan.path)
             b = reconstruct(p.theirs, store, cache, file=plan.path)
-            merged = strategy.merge(p.name, a, b, o, **p.params)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
+                merged = strategy.merge(p.name, a, b, o, **p.params)
             bad = new_non_finite(merged, [x for x in (a, b, o) if x is not None])
             del a, b, o, cache
             if bad:

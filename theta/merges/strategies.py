@@ -46,6 +46,7 @@ class Strategy:
     defaults: ClassVar[dict[str, float]] = {}
     # parameter -> (low, high, low included): values outside are refused before any tensor is read
     ranges: ClassVar[dict[str, tuple[float, float, bool]]] = {}
+    integers: ClassVar[frozenset[str]] = frozenset()  # parameters that must be whole numbers
 
     def applies(self, dtype: str, has_ancestor: bool) -> bool:
         if self.needs_ancestor and not has_ancestor:
@@ -66,6 +67,8 @@ class Strategy:
                 raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not a number") from None
             if not math.isfinite(out[key]):
                 raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not finite")
+            if key in self.integers and out[key] != int(out[key]):
+                raise MergeError(f"merge strategy {self.name!r}: {key} must be a whole number, got {value!r}")
             if key in self.ranges:
                 lo, hi, lo_in = self.ranges[key]
                 if not ((lo <= out[key] if lo_in else lo < out[key]) and out[key] <= hi):
@@ -227,12 +230,11 @@ class Dare(Strategy):
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
     ranges = {"density": (0.0, 1.0, False), "seed": (0.0, float(2 ** 53), True)}
+    integers = frozenset({"seed"})
 
     def compute(self, name, A, B, O, p):
         density = p["density"]
         _check_density(self.name, density)
-        if p["seed"] != int(p["seed"]):
-            raise MergeError(f"merge strategy {self.name!r}: seed must be a whole number, got {p['seed']:g}")
         seed = int(p["seed"])
         # one stream per side, consumed chunk after chunk: the same values as one draw of n numbers
         rng_a = np.random.default_rng(dare_seed(name, "ours", seed))
@@ -252,6 +254,7 @@ class Slerp(Strategy):
     name = "slerp"
     summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
     defaults = {"t": 0.5}
+    ranges = {"t": (0.0, 1.0, True)}  # an interpolation: beyond [0, 1] sin((1-t)θ) gives finite garbage
 
     def compute(self, name, A, B, O, p):
         t = p["t"]
