@@ -39,6 +39,11 @@ from theta.git.pktline import PktReader, PktWriter
 
 
 
+# files git (or theta) reads from the repository itself: a `* filter=theta` pattern must not turn them into
+# metadata, or a clone would read its attributes from a metadata text
+GIT_OWN_FILES = frozenset({".gitattributes", ".gitignore", ".gitmodules", ".mailmap", ".thetamerge"})
+
+
 def log(msg: str) -> None:
     print(f"git-theta: {msg}", file=sys.stderr, flush=True)
 
@@ -165,6 +170,8 @@ class Filter:
         try:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
+            if Path(path).name in GIT_OWN_FILES:
+                return got.path.read_bytes()  # git reads these itself (a `*` pattern catches them): never stored
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
             stats = CleanStats()
@@ -238,8 +245,11 @@ class Filter:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             verify = self.verify()
             if stream is not None and streams(meta, fmt):
-                smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
+                lazy = _Lazy(stream)
+                smudge_to_stream(meta, self.store, lazy, Path(path).name, fmt=fmt,
                                  progress=settings.stderr_is_terminal(), verify=verify, max_output=limit)
+                if lazy.out is None:
+                    lazy.out = stream()  # an empty file: success with empty content
                 return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)

@@ -21,6 +21,7 @@ from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreErro
 from theta.git import repo as gitutil
 
 _CHUNK = 8 << 20
+EMPTY_OID = hashlib.sha256(b"").hexdigest()
 _OID = re.compile(r"[0-9a-f]{64}")
 MAX_BLOB_SIZE = (1 << 63) - 1
 
@@ -95,6 +96,8 @@ class LfsStore:
         return self.objects_dir / oid[0:2] / oid[2:4] / oid
 
     def has(self, ref: BlobRef) -> bool:
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            return True  # the empty blob needs no file (git-lfs neither uploads nor downloads it)
         try:
             return self.path(ref).stat().st_size == ref.size
         except FileNotFoundError:
@@ -161,6 +164,8 @@ class LfsStore:
             scratch.discard(fd, name)
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            return b""
         p = self.path(ref)
         try:
             with open(p, "rb") as f:
@@ -181,6 +186,9 @@ class LfsStore:
 
         Nothing derived from the view may outlive the ``with`` block (decoders copy what they keep).
         """
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            yield memoryview(b"")
+            return
         p = self.path(ref)
         try:
             f = open(p, "rb")
