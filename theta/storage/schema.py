@@ -194,10 +194,14 @@ def parse_line(line: str, where: Where) -> Any:
         depth = json_depth(line)
         if depth > MAX_JSON_DEPTH:
             raise where.fail(None, f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+    from zipslice.errors import DuplicateKey
+
     try:
         return loads_strict(line)
     except RecursionError:  # defence in depth: json_depth should have refused it
         raise where.fail(None, "JSON nested too deeply") from None
+    except DuplicateKey as e:
+        raise where.fail(None, f"key {_show(str(e))} appears twice in one object") from None
     except ValueError as e:
         raise where.fail(None, f"not valid JSON: {e}: {_show(line, 60)}") from None
 
