@@ -46,6 +46,7 @@ class CleanOptions:
     progress: bool = False                  # progress bar on stderr (only when it is a terminal)
     isolate: bool = False                   # parse natively-parsed formats (HDF5) in a child process
                                             # (zipslice.load(isolate=True)); the git filter turns it on
+    isolate_timeout: float = 60.0           # seconds the child may take to open the file
 
     def __post_init__(self) -> None:
         from theta.errors import ThetaError
@@ -58,6 +59,10 @@ class CleanOptions:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ThetaError(f"{name} (theta.{name}) must be a finite number >= 0, got {v!r}")
+        t = self.isolate_timeout
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ThetaError(f"isolate_timeout (theta.isolateTimeout) must be a positive number of seconds, "
+                             f"got {t!r}")
         if not (isinstance(self.level, int) and -(1 << 17) <= self.level <= 22):
             raise ThetaError(f"level (theta.level) must be a zstd level (at most 22), got {self.level!r}")
 
@@ -106,7 +111,7 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
     stats = stats if stats is not None else CleanStats()
     path = os.fspath(path)
     try:
-        lsd = zipslice.load(path, isolate=options.isolate)
+        lsd = zipslice.load(path, isolate=options.isolate, timeout=options.isolate_timeout)
     except NotACheckpointError as e:
         raise NotCheckpointError(f"cannot clean {path}: {e}", reason=str(e)) from e
     except ZipsliceError as e:

@@ -108,7 +108,7 @@ class IsolatedHDF5Checkpoint(LazyCheckpoint):
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     self._stop()
-                    raise self._fail(f"HDF5 parsing did not finish within {timeout:g} s while trying to {doing} "
+                    raise self._fail(f"HDF5 parsing did not finish within {timeout:.3g} s while trying to {doing} "
                                      "(the file is likely malformed; the separate process parsing it was stopped)")
                 k = os.readv(fd, [buf[got:]])
                 if k == 0:
