@@ -19,7 +19,7 @@ from zipslice import TensorSource, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
-from theta import parallel, scratch
+from theta import faults, parallel, scratch
 from theta.parallel import READ_AHEAD_BYTES
 from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
@@ -253,6 +253,7 @@ class _Job:
         def reader(group_name: str):
             def read():
                 value, fresh = rebuild.get(group_name, before_new=before_new)
+                faults.point("smudge:group")
                 if fresh and not rebuild.verified(group_name):
                     checker.submit(meta.groups[group_name], value)  # verified on another thread while written
                     bar.advance(value.nbytes)

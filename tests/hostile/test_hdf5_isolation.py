@@ -149,5 +149,7 @@ def test_git_add_of_a_hanging_hdf5_file_fails_cleanly(tmp_path, path):
     (repo / "model.h5").write_bytes(path.read_bytes())
     res = limited_git(repo, "add", "model.h5", timeout=120, extra_env={"GIT_THETA_ISOLATE_TIMEOUT": "5"})
     assert not res.timed_out and "Traceback" not in res.err
-    if res.returncode != 0:
-        assert "model.h5" in res.err and ("did not finish" in res.err or "HDF5" in res.err), res.err
+    if h5py.version.version.startswith("3.16") or res.returncode != 0:  # the libhdf5 the case was recorded with
+        assert res.returncode != 0
+        assert "model.h5" in res.err and "did not finish within 5 s" in res.err, res.err
+        assert repo.out("ls-files") == ""

@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from theta import settings
+from theta import faults, settings
 from theta.git import repo as gitutil
 from theta.errors import ThetaError
 from theta.errors import ProtocolError
@@ -167,6 +167,7 @@ class Filter:
 
         worktree = self.cwd / path if path else None
         got = receive(chunks, self.spool_dir, worktree)
+        faults.point("clean:received")
         try:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
@@ -193,7 +194,9 @@ class Filter:
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
-            return dumps(meta, file=path).encode("utf-8")
+            text = dumps(meta, file=path).encode("utf-8")
+            faults.point("clean:done")
+            return text
         finally:
             got.cleanup()
 
@@ -244,12 +247,14 @@ class Filter:
             except TransferError as e:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
             verify = self.verify()
+            faults.point("smudge:fetched")
             if stream is not None and streams(meta, fmt):
                 lazy = _Lazy(stream)
                 smudge_to_stream(meta, self.store, lazy, Path(path).name, fmt=fmt,
                                  progress=settings.stderr_is_terminal(), verify=verify, max_output=limit)
                 if lazy.out is None:
                     lazy.out = stream()  # an empty file: success with empty content
+                faults.point("smudge:done")
                 return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
@@ -258,6 +263,7 @@ class Filter:
                                   max_output=limit)
                 with open(tmp, "rb") as f:
                     out(f)
+                faults.point("smudge:done")
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)

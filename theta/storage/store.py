@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta import parallel
+from theta import faults, parallel
 from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
 
@@ -148,6 +148,7 @@ class LfsStore:
             fd, name = scratch.anonymous(tmp_dir)
             with os.fdopen(fd, "wb", closefd=False) as f:
                 fill(f)
+            faults.point("store:written")
             ref = ref_of()
             if not self.has(ref):
                 dest = self.path(ref)
@@ -157,6 +158,7 @@ class LfsStore:
                     name = None  # now the object itself
                     self.written_objects += 1
                     self.written_bytes += ref.size
+                    faults.point("store:published")
             return ref
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
