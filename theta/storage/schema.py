@@ -31,6 +31,7 @@ MAX_PARAMS_BYTES = 16 << 10       # one step's params, as JSON
 MAX_PARAMS_DEPTH = 8              # nesting inside one step's params
 MAX_LSH = 1024                    # one LSH signature (theta writes 16 numbers)
 MAX_LSH_BITS = 1100               # one signature number: a float64 projection over the bucket width 1e-6
+_LSH_BOUND = 1 << MAX_LSH_BITS
 MAX_LSH_HEADER = 64               # entries of the checkpoint's LSH parameters
 MAX_FORMAT_CHARS = 64
 MAX_INT_BITS = 8192               # plain integers in the structure tree (Python parses 4300 digits at most)
@@ -208,6 +209,8 @@ def parse_line(line: str, where: Where) -> Any:
 
 def _small_json(v: Any, where: Where, field: str, max_bytes: int, max_depth: int) -> None:
     """A JSON-able value whose encoding and nesting stay within the limits (iterative, no recursion)."""
+    if not v:
+        return  # {} -- most steps' params
     stack = [(v, 0)]
     while stack:
         node, depth = stack.pop()
@@ -329,9 +332,10 @@ def group(obj: dict, where: Where) -> dict:
     if sig is not None:
         if not isinstance(sig, list) or len(sig) > MAX_LSH:
             raise where.fail("lsh", f"expected null or a list of at most {MAX_LSH} integers")
-        for v in sig:
-            if not isinstance(v, int) or isinstance(v, bool) or v.bit_length() > MAX_LSH_BITS:
-                raise where.fail("lsh", f"expected integers of at most {MAX_LSH_BITS} bits, got {_show(v)}")
+        # in C for the common case (16 plain ints); the loop only finds what to name
+        if sig and not (all(type(v) is int for v in sig) and -_LSH_BOUND < min(sig) and max(sig) < _LSH_BOUND):
+            bad = next(v for v in sig if type(v) is not int or not -_LSH_BOUND < v < _LSH_BOUND)
+            raise where.fail("lsh", f"expected integers of at most {MAX_LSH_BITS} bits, got {_show(bad)}")
     steps = obj["steps"]
     if not isinstance(steps, list) or not steps:
         raise where.fail("steps", "expected a non-empty list of steps")
