@@ -5,8 +5,8 @@ JSON object is checked here (types, ranges, lengths, nesting) *before* it become
 checks run on what :func:`theta.storage.metadata.dumps` writes, so theta never writes what it would refuse to
 read. A violation raises :class:`MetadataError` naming the file, the line, the group and the field.
 
-The limits (docs/design/security.md explains each one) are high enough for real models and low enough that
-nothing derived from a metadata text can exhaust memory or time before a blob is even read:
+The limits below (docs/design/security.md gives each one's reason) are high enough for real models and low
+enough that nothing derived from a metadata text can exhaust memory or time before a blob is even read.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ MAX_LSH = 1024                    # one LSH signature (theta writes 16 numbers)
 MAX_LSH_BITS = 1100               # one signature number: a float64 projection over the bucket width 1e-6
 _LSH_BOUND = 1 << MAX_LSH_BITS
 MAX_LSH_HEADER = 64               # entries of the checkpoint's LSH parameters
-MAX_FORMAT_CHARS = 64
 MAX_INT_BITS = 8192               # plain integers in the structure tree (Python parses 4300 digits at most)
 MAX_DEVICE_CHARS = 64
 # the torch reader's own limits, so theta never writes a torch file zipslice would refuse to read back
