@@ -42,8 +42,10 @@ def _v2(sd):
     return v2
 
 
-@pytest.mark.parametrize("point", ["clean:received", "store:written", "store:published", "store:published:2",
-                                   "clean:done"])
+# two points in the default run, all under -m slow
+@pytest.mark.parametrize("point", [pytest.param("clean:received", marks=pytest.mark.slow), "store:written",
+                                   pytest.param("store:published", marks=pytest.mark.slow),
+                                   pytest.param("store:published:2", marks=pytest.mark.slow), "clean:done"])
 def test_kill_during_add(genv, point):
     repo = genv.init("work")
     v1 = make_state(1)
@@ -67,7 +69,9 @@ def test_kill_during_add(genv, point):
     assert repo.status() == ""
 
 
-@pytest.mark.parametrize("point", ["smudge:fetched", "smudge:group", "smudge:group:3", "smudge:done"])
+@pytest.mark.parametrize("point", [pytest.param("smudge:fetched", marks=pytest.mark.slow), "smudge:group:3",
+                                   pytest.param("smudge:group", marks=pytest.mark.slow),
+                                   pytest.param("smudge:done", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["model.pt", "model.safetensors"])
 def test_kill_during_checkout(genv, point, name):
     from safetensors.torch import save_file

@@ -142,6 +142,7 @@ def test_files_that_hang_or_crash_libhdf5_give_a_clean_error(path):
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _hostile_fixtures()[:1], ids=lambda p: p.name)
 def test_git_add_of_a_hanging_hdf5_file_fails_cleanly(tmp_path, path):
     genv = GitEnv.create(tmp_path)

@@ -151,8 +151,9 @@ def _diverged(genv: GitEnv, thetamerge: str):
 @pytest.mark.parametrize("thetamerge,fragments", [
     ('[default]\nstrategy = "average"\nalpha = 1e308\n', ["CONFLICT in model.safetensors", "w: strategy 'average'",
                                                          "NaN/inf"]),
-    ('[default]\nstrategy = "slerp"\nt = nan\n', ["t: expected a finite number"]),
-    ("[default]\nx = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested 100000 deep"]),
+    pytest.param('[default]\nstrategy = "slerp"\nt = nan\n', ["t: expected a finite number"], marks=pytest.mark.slow),
+    pytest.param("[default]\nx = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested 100000 deep"],
+                 marks=pytest.mark.slow),
 ], ids=["overflow", "nan", "deep"])
 def test_git_merge_with_a_hostile_thetamerge_stops_cleanly(tmp_path, thetamerge, fragments):
     genv = GitEnv.create(tmp_path)

@@ -120,6 +120,7 @@ def test_opaque_metadata_is_version_2_and_version_1_is_still_read(tmp_path):
     assert '{"opaque":' in text and text.splitlines()[2].startswith('{"opaque"')
 
 
+@pytest.mark.slow
 def test_opaque_merge_follows_the_changed_side_and_conflicts_on_both(genv):
     repo = genv.init("work", track=("*.bin",))
     (repo / "a.bin").write_bytes(b"base")

@@ -116,8 +116,14 @@ def side_from_file(file: str, label: str, repo_dir: str | os.PathLike) -> Side |
 
 
 def meta_side(meta, label: str, repo_dir) -> Side:
-    """A side for committed metadata: a checkpoint's, or one opaque blob's."""
-    return OpaqueSide(meta.opaque, label) if meta.is_opaque else MetaSide(meta, label, repo_dir)
+    """A side for committed metadata: a checkpoint's, or one opaque blob's. Metadata declaring more than
+    theta.maxCheckoutBytes is refused before any value is rebuilt (it came with a clone: untrusted)."""
+    from theta.updates.bounds import check_output
+
+    if meta.is_opaque:
+        return OpaqueSide(meta.opaque, label)
+    check_output(meta, label, settings.max_checkout_bytes(repo_dir))
+    return MetaSide(meta, label, repo_dir)
 
 
 def driver_main(argv: Sequence[str], out: TextIO | None = None) -> int:

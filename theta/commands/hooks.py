@@ -14,12 +14,13 @@ from pathlib import Path
 
 from theta.git import repo as gitutil
 from theta.errors import MetadataError, ThetaError
+from theta.storage.schema import MAX_TEXT_BYTES
 from theta.storage.store import BlobRef
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
 ZERO = "0" * 40
-from theta.storage.schema import MAX_TEXT_BYTES as MAX_METADATA_BYTES  # larger blobs are no theta metadata
+MAX_METADATA_BYTES = MAX_TEXT_BYTES  # blobs larger than theta's metadata limit are not theta metadata
 
 
 def hook_script() -> str:

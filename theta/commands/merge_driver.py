@@ -151,6 +151,13 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     theirs = read_meta(theirs_file, "their", path)
     if any(m is not None and m.is_opaque for m in (ancestor, ours, theirs)):
         return merge_opaque(ancestor, ours, theirs, path, ours_file, err)
+    from theta import settings
+    from theta.updates.bounds import check_output
+
+    limit = settings.max_checkout_bytes(repo_dir)
+    for role, m in (("ancestor", ancestor), ("ours", ours), ("theirs", theirs)):
+        if m is not None:  # metadata from a clone: refused before any value is rebuilt
+            check_output(m, f"{path} ({role})", limit)
     config = config or MergeConfig.load(repo_dir)
     config.check_parameters({k for n in strategy_names() for k in get_strategy(n).defaults})
     plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
