@@ -269,3 +269,34 @@ def test_declared_output_over_the_maximum_is_refused():
     assert bounds.check_output(meta, "model.pt") == 48
     with pytest.raises(MetadataError, match="over the limit of 47 bytes"):
         bounds.check_output(meta, "model.pt", max_output=47)
+
+
+def test_max_checkout_bytes_from_environment_and_config(monkeypatch, tmp_path):
+    import subprocess
+
+    from theta import settings
+    from theta.errors import ThetaError
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.delenv("GIT_THETA_MAX_CHECKOUT_BYTES", raising=False)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    assert settings.max_checkout_bytes(tmp_path) == bounds.DEFAULT_MAX_OUTPUT == 1 << 40
+    subprocess.run(["git", "-C", str(tmp_path), "config", "theta.maxCheckoutBytes", "512g"], check=True)
+    assert settings.max_checkout_bytes(tmp_path) == 512 << 30
+    monkeypatch.setenv("GIT_THETA_MAX_CHECKOUT_BYTES", "2t")
+    assert settings.max_checkout_bytes(tmp_path) == 2 << 40
+    for bad in ("-1", "0", "lots", "1e9", ""):
+        monkeypatch.setenv("GIT_THETA_MAX_CHECKOUT_BYTES", bad)
+        with pytest.raises(ThetaError, match="GIT_THETA_MAX_CHECKOUT_BYTES"):
+            settings.max_checkout_bytes(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [("max_chain", 65), ("max_chain", 0), ("rtol", float("nan")),
+                                         ("atol", -1.0), ("level", 99), ("isolate_timeout", 0.0)])
+def test_clean_options_are_checked(field, value):
+    from theta.clean import CleanOptions
+    from theta.errors import ThetaError
+
+    with pytest.raises(ThetaError, match=field):
+        CleanOptions(**{field: value})
