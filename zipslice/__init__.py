@@ -29,8 +29,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'zipslice' has no attribute {name!r}")
 
 
-def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None) -> LazyCheckpoint:
+def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None, isolate: bool = False,
+         timeout: float | None = None) -> LazyCheckpoint:
     """Open a checkpoint lazily; the format is sniffed from its bytes.
+
+    ``isolate=True``: formats parsed by native code (HDF5, through libhdf5) are parsed in a child process
+    with a time limit (``timeout`` seconds to open, default :data:`zipslice.hdf5_isolated.DEFAULT_TIMEOUT`),
+    so a malformed file that hangs or crashes the library becomes a CorruptCheckpointError instead of taking
+    this process down (:mod:`zipslice.hdf5_isolated`). The other readers are zipslice's own Python code and
+    run in-process either way; a sharded index passes ``isolate`` on to its shards.
 
     ``mmap=True`` (torch formats only): each tensor is a private copy-on-write mapping of just its pages
     instead of a positioned read into fresh memory -- no copy, but the file must not be truncated or
@@ -41,7 +48,13 @@ def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | Non
     """
     fmt = _sniff_any(path)
     spec = formats.get(fmt)
-    if not mmap:
+    if isolate and fmt == "hdf5":
+        from .hdf5_isolated import IsolatedHDF5Checkpoint
+
+        if mmap:
+            raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
+        lsd = IsolatedHDF5Checkpoint(path, timeout=timeout)
+    elif not mmap:
         lsd = spec.reader_class()(path)
     elif not spec.mmap:
         raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
@@ -49,6 +62,8 @@ def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | Non
         lsd = spec.reader_class()(path, mmap=True)
     if drop_behind is not None:
         lsd.drop_behind = drop_behind
+    if isolate and fmt == "sharded":
+        lsd.isolate, lsd.isolate_timeout = True, timeout
     return lsd
 
 

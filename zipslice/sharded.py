@@ -30,6 +30,8 @@ class ShardedCheckpoint(LazyCheckpoint):
     """
 
     format = "sharded"
+    isolate = False                      # zipslice.load(isolate=True): shards parsed by native code in a child
+    isolate_timeout: float | None = None
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
@@ -97,7 +99,7 @@ class ShardedCheckpoint(LazyCheckpoint):
 
         if sniff(shard) == "sharded":
             raise CorruptCheckpointError(self.path, f"shard {shard} is itself an index, not a checkpoint", key)
-        ckpt = self._shards[shard] = load(shard)
+        ckpt = self._shards[shard] = load(shard, isolate=self.isolate, timeout=self.isolate_timeout)
         ckpt.drop_behind = self.dropping_behind()  # decided for all shards together, not one by one
         return ckpt
 

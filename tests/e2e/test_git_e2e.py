@@ -90,11 +90,15 @@ def test_metadata_passes_through_clean_unchanged(repo):
     assert again == repo.out("rev-parse", "HEAD:model.pt")
 
 
-@pytest.mark.parametrize("content", [b"PK\x03\x04 this is no zip at all" * 10, b"", b"\x00" * 100])
+# a damaged checkpoint is refused; a file that is no checkpoint at all (empty, zeros, text) is stored as one
+# opaque blob instead (tests/hostile/test_opaque_files.py)
+@pytest.mark.parametrize("content", [b"PK\x03\x04 this is no zip at all" * 10, "truncated"])
 def test_corrupt_checkpoint_is_refused_and_index_untouched(repo, content):
     save_pt(repo / "model.pt", make_state(4))
     repo.commit("v1", ".gitattributes", "model.pt")
     index = (repo.git_common_dir() / "index").read_bytes()
+    if content == "truncated":
+        content = (repo / "model.pt").read_bytes()[:-100]
     (repo / "model.pt").write_bytes(content)
     proc = repo.git("add", "model.pt", check=False)
     assert proc.returncode != 0
@@ -209,6 +213,9 @@ def test_single_file_filter_fallbacks(repo):
     repo.git("checkout", "--", "model.pt")
     assert_same_checkpoint(repo / "model.pt", sd)
     assert repo.status() == ""
-    (repo / "model.pt").write_bytes(b"not a checkpoint")
+    (repo / "model.pt").write_bytes(b"not a checkpoint")  # not one at all: one opaque blob, with a warning
+    proc = repo.git("add", "model.pt")
+    assert b"stored as one opaque blob" in proc.stderr
+    (repo / "model.pt").write_bytes(b"PK\x03\x04 a damaged zip" * 10)  # a damaged checkpoint: refused
     proc = repo.git("add", "model.pt", check=False)
     assert proc.returncode != 0 and b"error: " in proc.stderr

@@ -200,7 +200,9 @@ def test_auto_choice_stages_only_the_winner(tmp_path):
     prev = weights(rng, (256, 256), np.float32)
     new = tuned(rng, prev)
     c = choose(new, prev, store=store)
-    assert c.update_type == "delta" and len(list((tmp_path / "lfs" / "tmp").iterdir())) == 1
+    # the losers are gone (staged files have no name: O_TMPFILE), the winner is staged, not yet stored
+    assert c.update_type == "delta" and list((tmp_path / "lfs" / "tmp").iterdir()) == []
+    assert not store.has(c.staged.ref) and c.staged.read()[:4] == codec.PARTS_MAGIC
     step = steps.store_staged(c.update_type, c.staged, c.params, content_hash(new), store)
     assert list((tmp_path / "lfs" / "tmp").iterdir()) == []
     out = get("delta").apply(codec.decode_parts(store.get(step.blob)), step.params, prev)

@@ -233,7 +233,11 @@ def clean(path: str = typer.Argument("", metavar="PATH", help="The path git pass
     """Single-file clean filter (fallback): checkpoint on stdin, metadata on stdout."""
     from theta.commands.filter_process import Filter
 
-    data = Filter(os.getcwd()).clean(path, _stdin_chunks())
+    filt = Filter(os.getcwd())
+    try:
+        data = filt.clean(path, _stdin_chunks())
+    finally:
+        filt.close()
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 
@@ -248,7 +252,11 @@ def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git pas
             sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
 
-    Filter(os.getcwd()).smudge(path, _stdin_chunks(), send)
+    filt = Filter(os.getcwd())
+    try:
+        filt.smudge(path, _stdin_chunks(), send)
+    finally:
+        filt.close()
 
 
 @app.command("post-commit", hidden=True)

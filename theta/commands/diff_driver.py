@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence, TextIO
@@ -19,7 +20,8 @@ from rich.markup import escape
 
 from theta import settings
 from theta.git import repo as gitutil
-from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
+from theta.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
+                        checkpoint_or_opaque, diff_sides)
 from theta.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.store import LfsStore
@@ -39,7 +41,7 @@ def _num(x: float) -> str:
 def group_line(g: GroupDiff) -> str:
     """One group of the report, as rich markup."""
     style = STYLE[g.status]
-    head = f"[{style}]{g.status:<9}[/] {escape(g.name)}"
+    head = f"[{style}]{g.status:<9}[/] {printable(g.name)}"
     if g.status == "added":
         return f"{head}  {_shape(g.new)}"
     if g.status == "removed":
@@ -69,6 +71,15 @@ def summary_line(fd: FileDiff) -> str:
     return text
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` for the terminal: rich markup escaped, control characters (a name from a checkpoint someone
+    else wrote could carry terminal escape sequences) shown as \\xNN."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+
+
 def render(fd: FileDiff, console: Console, stat: bool = False) -> None:
     fmt = fd.new_format or fd.old_format
     if fd.old_format and fd.new_format and fd.old_format != fd.new_format:
@@ -79,7 +90,7 @@ def render(fd: FileDiff, console: Console, stat: bool = False) -> None:
         return
     console.print(f"[bold]theta diff {escape(fd.path)}[/] ({fmt}){state}", highlight=False)
     for note in fd.notes:
-        console.print(f"  [cyan]note[/]      {escape(note)}", highlight=False, soft_wrap=True)
+        console.print(f"  [cyan]note[/]      {printable(note)}", highlight=False, soft_wrap=True)
     for g in fd.groups:
         console.print("  " + group_line(g), highlight=False, soft_wrap=True)
     console.print(f"  [bold]{summary_line(fd)}[/]", highlight=False, soft_wrap=True)
@@ -101,10 +112,21 @@ def side_from_file(file: str, label: str, repo_dir: str | os.PathLike) -> Side |
     with open(file, "rb") as f:
         head = f.read(64)
     if is_metadata(head):
-        return MetaSide(loads(Path(file).read_bytes()), label, repo_dir)
+        return meta_side(loads(Path(file).read_bytes(), file=label), label, repo_dir)
     if not head:
         return None
-    return CheckpointSide(file, label)
+    return checkpoint_or_opaque(file, label)
+
+
+def meta_side(meta, label: str, repo_dir) -> Side:
+    """A side for committed metadata: a checkpoint's, or one opaque blob's. Metadata declaring more than
+    theta.maxCheckoutBytes is refused before any value is rebuilt (it came with a clone: untrusted)."""
+    from theta.updates.bounds import check_output
+
+    if meta.is_opaque:
+        return OpaqueSide(meta.opaque, label)
+    check_output(meta, label, settings.max_checkout_bytes(repo_dir))
+    return MetaSide(meta, label, repo_dir)
 
 
 def driver_main(argv: Sequence[str], out: TextIO | None = None) -> int:
@@ -148,7 +170,7 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
             path = spec.split(":", 1)[1]
             return GitThetaSide(GitThetaFile(data, path, repo, LfsStore.for_repo(repo), label=spec), label)
         raise ThetaError(f"{spec} is not theta metadata (committed without the theta filter?)")
-    return MetaSide(loads(data), label, repo)
+    return meta_side(loads(data, file=spec), label, repo)
 
 
 def file_diffs(revs: list[str], paths: list[str], estimate: bool = False,
@@ -241,6 +263,8 @@ def textconv_lines(file: str) -> list[str]:
     side = side_from_file(file, file, ".")
     if side is None:
         return []
+    if isinstance(side, OpaqueSide):
+        return [f"opaque file (not a checkpoint): {side.ref.size} bytes, sha256 {side.ref.oid}"]
     try:
         lines = [f"theta checkpoint ({side.format})"]
         for name in side.names():

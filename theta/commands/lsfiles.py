@@ -39,8 +39,9 @@ def list_tracked(rev: str | None = None, cwd=None) -> list[TrackedFile]:
             info, data = cat.read(spec(name))
             if info is None or not is_metadata(data):
                 continue
-            meta = loads(data)
-            size = sum(g.numel * dtypes.get(g.dtype).itemsize for g in meta.groups.values())
+            meta = loads(data, file=name)
+            size = meta.opaque.size if meta.is_opaque else sum(g.numel * dtypes.get(g.dtype).itemsize
+                                                               for g in meta.groups.values())
             refs = {r.oid: r for r in meta.blob_refs()}
             out.append(TrackedFile(name, meta.format, len(meta.groups), size,
                                    sum(r.size for r in refs.values()),

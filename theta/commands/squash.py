@@ -29,12 +29,14 @@ def squash_path(path: str, cwd: str | os.PathLike = ".") -> SquashReport:
     if not is_metadata(data):
         raise ThetaError(f"{path}: the staged version is not theta metadata (is the path tracked with "
                          f"`git theta track`?)")
-    meta = loads(data)
+    meta = loads(data, file=rel)
+    if meta.is_opaque:
+        raise ThetaError(f"{path}: not a checkpoint (stored as one opaque blob); nothing to squash")
     store = LfsStore.for_repo(top)
     fetch_missing(top, meta.blob_refs(), store=store)
     squashed, report = squash_meta(meta, store, file=rel)
     if report.rewritten:
-        text = dumps(squashed).encode("utf-8")  # stored as is: it already is the clean form
+        text = dumps(squashed, file=rel).encode("utf-8")  # stored as is: it already is the clean form
         oid = gitutil.run(["hash-object", "-w", "--no-filters", "--stdin"], top, input=text).decode().strip()
         mode = gitutil.run_text(["ls-files", "-s", "--", rel], top).split()[0]
         gitutil.run(["update-index", "--cacheinfo", f"{mode},{oid},{rel}"], top)

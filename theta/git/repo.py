@@ -63,6 +63,17 @@ def theta_dir(cwd=None) -> Path:
     return d
 
 
+def scratch_dir(cwd=None) -> Path:
+    """This process's own temp directory, ``<git-common-dir>/theta/tmp/<pid>-<start time>``, after removing
+    what killed theta processes left there (:mod:`theta.scratch`)."""
+    from theta import scratch
+
+    parent = theta_dir(cwd) / "tmp"
+    parent.mkdir(exist_ok=True)
+    scratch.sweep(parent)
+    return scratch.owned_dir(parent)
+
+
 # -- config -------------------------------------------------------------------------------------------
 def config_get(key: str, cwd=None, scope: str | None = None) -> str | None:
     args = ["config"] + ([f"--{scope}"] if scope else []) + ["--get", key]

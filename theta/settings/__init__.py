@@ -78,6 +78,8 @@ def clean_options(cwd=None, progress: bool | None = None):
         if raw is None:
             continue
         kwargs[f.name] = _convert(raw, f.type, default, f"bad value for {source}")
+    # checkouts and adds run the HDF5 parser in a child process unless theta.isolate says otherwise
+    kwargs.setdefault("isolate", True)
     opts = CleanOptions(**kwargs)
     opts.progress = stderr_is_terminal() if progress is None else progress
     return opts
@@ -109,6 +111,36 @@ def commit_format() -> str | None:
     if fmt not in FORMATS:
         raise ThetaError(f"{ENV_PREFIX}FORMAT is {fmt!r}; expected one of {', '.join(FORMATS)}")
     return fmt
+
+
+_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_size(value: str, where: str) -> int:
+    """A positive byte count, with git's optional k/m/g suffix (and t, p), e.g. ``512g``."""
+    text = value.strip().lower().removesuffix("b").removesuffix("i")
+    if not text:
+        raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}")
+    number, suffix = (text[:-1], text[-1]) if text[-1:] in _SUFFIXES else (text, "")
+    try:
+        n = int(number) * _SUFFIXES[suffix]
+    except (ValueError, KeyError):
+        raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}") from None
+    if n <= 0:
+        raise ThetaError(f"{where}: expected a positive size, got {value!r}")
+    return n
+
+
+def max_checkout_bytes(cwd=None) -> int:
+    """The most tensor bytes one checked-out file may declare (env GIT_THETA_MAX_CHECKOUT_BYTES, else
+    ``git config theta.maxCheckoutBytes``, else theta.updates.bounds.DEFAULT_MAX_OUTPUT = 1 TiB). A checkout
+    declaring more is refused before any work: metadata from a clone is untrusted."""
+    from theta.updates.bounds import DEFAULT_MAX_OUTPUT
+
+    value, source = env("MAX_CHECKOUT_BYTES"), ENV_PREFIX + "MAX_CHECKOUT_BYTES"
+    if value is None:
+        value, source = gitutil.config_get("theta.maxCheckoutBytes", cwd), "git config theta.maxCheckoutBytes"
+    return DEFAULT_MAX_OUTPUT if value is None else parse_size(value, source)
 
 
 def verify_mode(cwd=None) -> str:

@@ -20,11 +20,12 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Union
+from typing import Callable, Iterator, Union
 
 import msgpack
 import numpy as np
@@ -37,7 +38,18 @@ from theta.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"
-FRAME_BYTES = 4 << 20
+FRAME_BYTES = 4 << 20  # 4 MiB frames: fewer bytes in flight per codec thread (docs/design/performance.md)
+# Limits on what a blob (untrusted: it came from a remote) may claim. zstd cannot expand data more than
+# 32768x: a block holds at most 128 KiB and the smallest block (RLE) costs 4 bytes. A frame claiming more
+# than that from its compressed bytes is refused before anything is allocated. Decoding therefore never
+# allocates more than ZSTD_MAX_RATIO x the blob's size (+ one block per frame).
+ZSTD_MAX_RATIO = 1 << 15
+ZSTD_BLOCK_BYTES = 128 << 10
+MAX_HEADER_BYTES = 64 << 20   # msgpack header of one array blob (a frame list: ~20 bytes per 8 MiB frame)
+MAX_RANK = 64
+MAX_PARTS = 64                # parts of one update blob (theta's update types use at most 4)
+MAX_PART_NAME = 256
+_MAX_HEADER_ITEMS = 1 << 24
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
 # preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1
@@ -198,43 +210,84 @@ def _trailer(blob: memoryview, magic: bytes, what: str) -> tuple[dict, int]:
     end = n - 8 - hlen
     if end < 4:
         raise CodecError(f"theta {what} blob truncated: header needs {hlen} bytes, blob has {n}")
+    if hlen > MAX_HEADER_BYTES:
+        raise CodecError(f"theta {what} blob header of {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(blob[end:n - 8])
-    except (msgpack.UnpackException, ValueError) as e:
+        header = msgpack.unpackb(blob[end:n - 8], max_array_len=_MAX_HEADER_ITEMS, max_map_len=16,
+                                 max_str_len=MAX_PART_NAME, max_bin_len=0, max_ext_len=0)
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
         raise CodecError(f"theta {what} blob has a corrupt header: {e}") from None
     if not isinstance(header, dict):
         raise CodecError(f"theta {what} blob header is not a map")
     return header, end
 
 
-def _array_layout(blob: memoryview) -> tuple[dtypes.DType, tuple, str, list]:
-    """Validated header of an array blob: (dtype, shape, encoding, frame jobs (byte start, count, offset, sizes))."""
+@dataclass(frozen=True)
+class _ArrayLayout:
+    """An array blob's checked header: what it decodes to and where each frame's compressed bytes are."""
+
+    dtype: "dtypes.DType"
+    shape: tuple[int, ...]
+    enc: str
+    frames: list[tuple[int, list[int]]]
+    payload_end: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _nonneg_int(v, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CodecError(f"theta array blob header is invalid: {what} {v!r:.60} is not a non-negative integer")
+    return v
+
+
+def _array_layout(blob: memoryview) -> _ArrayLayout:
+    """Check an array blob's header against its own bytes, before anything is allocated.
+
+    Every frame must decode to no more than zstd can produce from its compressed bytes (ZSTD_MAX_RATIO), so
+    a header cannot make the decoder allocate more than a fixed multiple of the blob's size.
+    """
     header, payload_end = _trailer(blob, ARRAY_MAGIC, "array")
+    if set(header) != {"dtype", "shape", "enc", "frames"}:
+        raise CodecError(f"theta array blob header has fields {sorted(map(str, header))}, "
+                         f"expected dtype, shape, enc, frames")
     try:
         dt = dtypes.get(header["dtype"])
-        shape = tuple(int(s) for s in header["shape"])
-        enc, frames = header["enc"], header["frames"]
-        frames = [(int(count), [int(c) for c in sizes]) for count, sizes in frames]
-    except (KeyError, TypeError, ValueError) as e:
-        raise CodecError(f"theta array blob header is invalid: {e}") from None
-    if enc not in ("planes", "zstd") or any(s < 0 for s in shape):
-        raise CodecError(f"theta array blob has unknown encoding {enc!r} or bad shape {shape}")
-    item = dt.itemsize
-    n = int(np.prod(shape, dtype=np.int64))
-    if sum(f[0] for f in frames) != n or any(f[0] < 0 or min(f[1], default=0) < 0 for f in frames):
-        raise CodecError(f"theta array blob frames hold {sum(f[0] for f in frames)} elements, shape needs {n}")
-    jobs, start, off = [], 0, 4
-    for count, sizes in frames:
-        if enc == "planes" and len(sizes) != item:
-            raise CodecError(f"theta array blob frame has {len(sizes)} planes, dtype needs {item}")
-        if enc == "zstd" and len(sizes) != 1:
-            raise CodecError(f"theta array blob frame has {len(sizes)} zstd frames, expected 1")
-        jobs.append((start, count, off, sizes))
-        start += count * item
+    except (KeyError, TypeError):
+        raise CodecError(f"theta array blob has unknown dtype {header['dtype']!r:.60}") from None
+    raw_shape, enc, raw_frames = header["shape"], header["enc"], header["frames"]
+    if enc not in ("planes", "zstd") or (enc == "planes" and dt.itemsize < 2):
+        raise CodecError(f"theta array blob has encoding {enc!r:.40}, which does not fit dtype {dt.name}")
+    if not isinstance(raw_shape, list) or len(raw_shape) > MAX_RANK:
+        raise CodecError(f"theta array blob shape {raw_shape!r:.80} is not a list of at most {MAX_RANK} dimensions")
+    shape = tuple(_nonneg_int(s, "dimension") for s in raw_shape)
+    if not isinstance(raw_frames, list):
+        raise CodecError("theta array blob header is invalid: frames is not a list")
+    item, frames, count_sum, off = dt.itemsize, [], 0, 4
+    for f in raw_frames:
+        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[1], list)):
+            raise CodecError(f"theta array blob header is invalid: frame {f!r:.60} is not [count, [sizes]]")
+        count = _nonneg_int(f[0], "frame element count")
+        sizes = [_nonneg_int(c, "frame size") for c in f[1]]
+        if len(sizes) != (item if enc == "planes" else 1):
+            raise CodecError(f"theta array blob frame has {len(sizes)} compressed parts, "
+                             f"{dt.name} with encoding {enc} needs {item if enc == 'planes' else 1}")
+        per_part = count if enc == "planes" else count * item
+        for c in sizes:
+            if per_part > ZSTD_MAX_RATIO * c + ZSTD_BLOCK_BYTES:
+                raise CodecError(f"theta array blob frame claims {per_part} bytes from {c} compressed bytes, "
+                                 f"more than zstd can produce (at most {ZSTD_MAX_RATIO}x)")
+        frames.append((count, sizes))
+        count_sum += count
         off += sum(sizes)
+    n = math.prod(shape)
+    if count_sum != n:
+        raise CodecError(f"theta array blob frames hold {count_sum} elements, shape {list(shape)} needs {n}")
     if off != payload_end:
         raise CodecError(f"theta array blob has {payload_end - 4} payload bytes, its frames say {off - 4}")
-    return dt, shape, enc, jobs
+    return _ArrayLayout(dt, shape, enc, frames, payload_end)
 
 
 def _forget(blob: memoryview, start: int, stop: int) -> None:
@@ -255,45 +308,70 @@ def _forget(blob: memoryview, start: int, stop: int) -> None:
         pass  # closed map or no madvise on this platform: only a memory optimisation
 
 
+def _frame_jobs(layout: "_ArrayLayout") -> list:
+    """(byte start in the decoded array, element count, offset in the blob, compressed sizes) per frame."""
+    item, jobs, start, off = layout.dtype.itemsize, [], 0, 4
+    for count, sizes in layout.frames:
+        jobs.append((start, count, off, sizes))
+        start += count * item
+        off += sum(sizes)
+    return jobs
+
+
 def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
-    """Decompress one frame into ``dest`` (uint8, count * item bytes)."""
+    """Decompress one frame into ``dest`` (uint8, count * item bytes); each zstd frame must declare exactly
+    the size the header says (:func:`_decompress`)."""
     _, count, o, sizes = job
-    _forget_after = (o, o + sum(sizes))
+    forget_after = (o, o + sum(sizes))
     d = _decompressor()
     try:
         if enc == "planes":
             grid = dest.reshape(count, item)
             for i, c in enumerate(sizes):
-                plane = d.decompress(blob[o:o + c], max_output_size=count)
-                if len(plane) != count:
-                    raise CodecError(f"theta array blob plane {i} decodes to {len(plane)} bytes, expected {count}")
-                grid[:, i] = np.frombuffer(plane, np.uint8)
+                grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count), np.uint8)
                 o += c
         else:
-            data = d.decompress(blob[o:o + sizes[0]], max_output_size=count * item)
-            if len(data) != count * item:
-                raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {count * item}")
-            dest[:] = np.frombuffer(data, np.uint8)
+            dest[:] = np.frombuffer(_decompress(d, blob[o:o + sizes[0]], count * item), np.uint8)
     except zstandard.ZstdError as e:
         raise CodecError(f"theta array blob is corrupt: {e}") from None
-    _forget(blob, *_forget_after)
+    _forget(blob, *forget_after)
 
 
-def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
-    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape."""
+def decode_array(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> np.ndarray:
+    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape.
+
+    The header is checked first (see :func:`_array_layout`); ``max_bytes`` additionally refuses a value
+    larger than the caller expects, before anything is allocated. Each zstd frame must declare its content
+    size (theta's encoder always does) equal to what the header says it holds.
+    """
     blob = memoryview(blob).cast("B")
-    dt, shape, enc, jobs = _array_layout(blob)
-    item = dt.itemsize
-    n = int(np.prod(shape, dtype=np.int64))
-    out = np.empty(n * item, dtype=np.uint8)
-    _map(lambda job: _decode_frame(blob, enc, item, job, out[job[0]:job[0] + job[1] * item]), jobs)
-    return out.view(dt.to_numpy()).reshape(shape)
+    layout = _array_layout(blob)
+    if max_bytes is not None and layout.nbytes > max_bytes:
+        raise CodecError(f"theta array blob decodes to {layout.nbytes} bytes, more than the {max_bytes} expected")
+    item = layout.dtype.itemsize
+    out = np.empty(math.prod(layout.shape) * item, dtype=np.uint8)
+    _map(lambda job: _decode_frame(blob, layout.enc, item, job, out[job[0]:job[0] + job[1] * item]),
+         _frame_jobs(layout))
+    return out.view(layout.dtype.to_numpy()).reshape(layout.shape)
+
+
+def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, expected: int) -> bytes:
+    """One zstd frame that must decode to exactly ``expected`` bytes (its header says so before decoding)."""
+    declared = zstandard.get_frame_parameters(frame).content_size
+    if declared != expected:
+        raise CodecError(f"theta array blob frame declares {declared} bytes, its header {expected}"
+                         if declared != zstandard.CONTENTSIZE_UNKNOWN else
+                         "theta array blob frame does not declare its size")
+    data = d.decompress(frame, max_output_size=expected)
+    if len(data) != expected:
+        raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {expected}")
+    return data
 
 
 def array_info(blob: "bytes | bytearray | memoryview") -> tuple[np.dtype, tuple]:
     """(dtype, shape) of an array blob, without decoding it."""
-    dt, shape, _, _ = _array_layout(memoryview(blob).cast("B"))
-    return dt.to_numpy(), shape
+    layout = _array_layout(memoryview(blob).cast("B"))
+    return layout.dtype.to_numpy(), layout.shape
 
 
 def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[int, np.ndarray]]:
@@ -301,7 +379,8 @@ def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[
     array, the frame's elements as a flat array of the real dtype). Frames are decoded on the codec threads a
     few ahead, so memory stays at a few frames (``FRAME_BYTES`` each) whatever the array's size."""
     blob = memoryview(blob).cast("B")
-    dt, _, enc, jobs = _array_layout(blob)
+    layout = _array_layout(blob)
+    dt, enc, jobs = layout.dtype, layout.enc, _frame_jobs(layout)
     item, np_dt = dt.itemsize, dt.to_numpy()
 
     def work(job) -> tuple[int, np.ndarray]:
@@ -334,28 +413,54 @@ def encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> b
     return b"".join(iter_encode_parts(parts, level))
 
 
-def part_blobs(blob: "bytes | bytearray | memoryview") -> dict[str, memoryview]:
-    """The array blobs of a parts blob by name (views into ``blob``, nothing decoded)."""
-    blob = memoryview(blob).cast("B")
+def _parts_index(blob: memoryview) -> list[tuple[str, int, int]]:
+    """(name, start, end) of each part of a parts blob, checked to tile the payload exactly."""
     header, end = _trailer(blob, PARTS_MAGIC, "parts")
-    out: dict[str, memoryview] = {}
-    pos = 4
-    try:
-        entries: Iterable = header["parts"]
-        for name, size in entries:
-            if not isinstance(name, str) or not isinstance(size, int) or size < 0 or pos + size > end:
-                raise CodecError(f"theta parts blob truncated or invalid in part {name!r}")
-            out[name] = blob[pos:pos + size]
-            pos += size
-    except (KeyError, TypeError, ValueError) as e:
-        raise CodecError(f"theta parts blob header is invalid: {e}") from None
+    entries = header.get("parts") if set(header) == {"parts"} else None
+    if not isinstance(entries, list) or len(entries) > MAX_PARTS:
+        raise CodecError(f"theta parts blob header is invalid: expected {{'parts': [[name, size], ...]}} "
+                         f"with at most {MAX_PARTS} parts")
+    out, pos, seen = [], 4, set()
+    for e in entries:
+        if not (isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
+                and not isinstance(e[1], bool) and e[1] >= 0):
+            raise CodecError(f"theta parts blob header is invalid: entry {e!r:.60} is not [name, size]")
+        name, size = e
+        if name in seen:
+            raise CodecError(f"theta parts blob names part {name!r:.60} twice")
+        seen.add(name)
+        if pos + size > end:
+            raise CodecError(f"theta parts blob truncated in part {name!r:.60}")
+        out.append((name, pos, pos + size))
+        pos += size
     if pos != end:
         raise CodecError(f"theta parts blob has {end - pos} stray bytes between its parts and its index")
     return out
 
 
-def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray]:
-    return decode_parts_of(part_blobs(blob))
+def parts_nbytes(blob: "bytes | bytearray | memoryview") -> int:
+    """The bytes every part of a parts blob decodes to, from its checked headers (nothing is decoded)."""
+    blob = memoryview(blob).cast("B")
+    return sum(_array_layout(blob[a:b]).nbytes for _, a, b in _parts_index(blob))
+
+
+def decode_parts(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """The named arrays of a parts blob. ``max_bytes``: refuse, before decoding anything, parts that would
+    decode to more than this many bytes in all."""
+    blob = memoryview(blob).cast("B")
+    index = _parts_index(blob)
+    if max_bytes is not None:
+        total = sum(_array_layout(blob[a:b]).nbytes for _, a, b in index)
+        if total > max_bytes:
+            raise CodecError(f"theta parts blob decodes to {total} bytes, more than the {max_bytes} this step "
+                             f"can need")
+    return {name: decode_array(blob[a:b]) for name, a, b in index}
+
+
+def part_blobs(blob: "bytes | bytearray | memoryview") -> dict[str, memoryview]:
+    """The array blobs of a parts blob by name (views into ``blob``, nothing decoded; index checked)."""
+    blob = memoryview(blob).cast("B")
+    return {name: blob[a:b] for name, a, b in _parts_index(blob)}
 
 
 def decode_parts_of(blobs: "dict[str, memoryview]") -> dict[str, np.ndarray]:
@@ -372,18 +477,14 @@ def frames_checksummed(blob: "bytes | bytearray | memoryview") -> bool:
     """
     try:
         blob = memoryview(blob).cast("B")
-        header, end = _trailer(blob, PARTS_MAGIC, "parts")
-        pos = 4
-        for _name, size in header["parts"]:
-            part = blob[pos:pos + size]
-            pos += size
-            arr_header, _ = _trailer(part, ARRAY_MAGIC, "array")
+        for _name, a, b in _parts_index(blob):
+            part = blob[a:b]
             off = 4
-            for _count, sizes in arr_header["frames"]:
+            for _count, sizes in _array_layout(part).frames:
                 for c in sizes:
                     if not zstandard.get_frame_parameters(part[off:off + c]).has_checksum:
                         return False
                     off += c
-        return pos == end
-    except (CodecError, KeyError, TypeError, ValueError, zstandard.ZstdError):
+        return True
+    except (CodecError, zstandard.ZstdError):
         return False

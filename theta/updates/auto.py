@@ -213,13 +213,13 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
           and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
         from dataclasses import replace
 
-        from theta.errors import BlobMissingError
+        from theta.errors import BlobMissingError, IntegrityError, MetadataError
         from theta.updates import reconstruct, relayout_steps
 
         try:
             base = reconstruct(reshaped_previous, store)
-        except BlobMissingError:
-            base = None  # not fetched locally: store the value itself
+        except (BlobMissingError, IntegrityError, MetadataError):
+            base = None  # not fetched locally, or broken: store the value itself
         if base is not None:
             # the chain continues across the change of shape: its earlier steps record their own shape
             # (same dtype: rows_may_apply checked it)

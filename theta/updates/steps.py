@@ -19,12 +19,17 @@ def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value
                level: int = codec.DEFAULT_LEVEL) -> Step:
     """Encode ``parts`` into one blob, stream it into the store, return the Step."""
     ref = store.put_stream(codec.iter_encode_parts(parts, level))
+    if type_name == "dense":
+        store.bind(ref.oid, value_hash)  # theta encoded this value itself: a checkout may trust its frames
     return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
 
 
 def store_encoded(type_name: str, chunks: list, params: dict, value_hash: str, store: LfsStore) -> Step:
     """Store a blob already encoded in memory."""
-    return Step(type=type_name, blob=store.put_chunks(chunks), params=dict(params), hash=value_hash)
+    ref = store.put_chunks(chunks)
+    if type_name == "dense":
+        store.bind(ref.oid, value_hash)
+    return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
 
 
 def store_staged(type_name: str, staged, params: dict, value_hash: str, store: LfsStore) -> Step:
