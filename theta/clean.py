@@ -27,7 +27,7 @@ from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
-from theta.errors import BlobMissingError, CheckpointError
+from theta.errors import BlobMissingError, CheckpointError, UpdateTypeError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, reconstruct
@@ -148,6 +148,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
     # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
     # read-ahead never adds more than that to peak memory).
+    # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
+    # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
+    largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -158,9 +161,11 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 got = _read_group(lsd, key, previous)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
+            held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
+            budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_THREADS:
                 size = lsd.info(group_keys[nxt]).nbytes
-                if ahead + size > READ_AHEAD_BYTES:
+                if ahead + size > budget:
                     break
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
                 ahead += size
@@ -238,16 +243,26 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         sig = lsh.signature(arr)  # same bytes but side-loaded: the reader skipped it
 
     cached: list = []
+    checking: list = []  # the hash of the rebuilt previous value, computed on the hash thread meanwhile
 
     def previous_value() -> np.ndarray | None:
         if prev is None:
             return None
         if not cached:
             try:
-                cached.append(reconstruct(prev, store, file=path))
+                # its final hash is checked on another thread while it is compared with / encoded against
+                # (check_previous() before anything built on it is returned)
+                value = reconstruct(prev, store, file=path, verify=False)
+                checking.append(parallel.pool("hash").submit(content_hash, value))
+                cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
         return cached[0]
+
+    def check_previous() -> None:
+        if checking and checking.pop().result() != prev.hash:
+            raise UpdateTypeError(f"{path}: group {key!r}: its previous version rebuilt from the store does not "
+                                  f"match its content hash (corrupt object?)")
 
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
@@ -257,12 +272,19 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         if maybe:
             old = previous_value()
             if old is not None and numeric.allclose(arr, old, options.rtol, options.atol):
+                check_previous()
                 stats.close += 1
                 return keep(prev)
 
     before = store.written_bytes
-    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
-                                 reshaped_previous=got.reshaped)
+    try:
+        steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
+                                     reshaped_previous=got.reshaped)
+    except BaseException:
+        for fut in checking:
+            fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
+        raise
+    check_previous()
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before

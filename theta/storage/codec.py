@@ -20,9 +20,11 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
-from typing import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Union
 
 import msgpack
 import numpy as np
@@ -35,7 +37,7 @@ from theta.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"
-FRAME_BYTES = 8 << 20
+FRAME_BYTES = 4 << 20
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
 # preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1
@@ -81,24 +83,73 @@ def _uses_planes(dt: dtypes.DType) -> bool:
     return dt.is_float and dt.itemsize > 1
 
 
-def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
-    """The blob of ``arr`` as byte strings in order, compressed on the codec threads a few frames ahead.
+@dataclass
+class LazyArray:
+    """An array the encoder pulls frame by frame instead of holding it whole (e.g. a delta's code words,
+    computed from the new and previous values as each frame is compressed, on the codec threads).
 
-    Memory: the input plus at most ``2 * parallel.CODEC_THREADS`` compressed frames in flight.
+    ``read(start, stop)`` returns elements ``[start, stop)`` of the C-order flattened array as a contiguous
+    array of ``dtype`` (a fresh or a read-only one: the encoder only reads it); it must be safe to call
+    from several threads at once. ``planes``: byte-plane every frame (see :func:`iter_encode_array`).
+    """
+
+    dtype: np.dtype
+    shape: tuple
+    read: Callable[[int, int], np.ndarray]
+    planes: bool | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def planed(arr: np.ndarray) -> LazyArray:
+    """``arr`` encoded in byte planes whatever its dtype (integer words whose high bytes are mostly zero,
+    such as a delta's zigzag codes, compress far better plane by plane)."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return LazyArray(arr.dtype, tuple(arr.shape), lambda a, b: flat[a:b], planes=True)
+
+
+ArrayLike = Union[np.ndarray, LazyArray]
+
+
+def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool | None = None) -> Iterator[bytes]:
+    """The blob of ``arr`` (an array or a :class:`LazyArray`) as byte strings in order, compressed on the
+    codec threads a few frames ahead.
+
+    ``planes``: byte-plane each frame (default: floats wider than a byte; a LazyArray may ask for it).
+    Memory: the input (a LazyArray: only the frames in flight) plus at most ``2 * parallel.CODEC_THREADS``
+    compressed frames in flight.
     """
     try:
-        dt = dtypes.from_numpy(arr.dtype)
+        dt = dtypes.from_numpy(np.dtype(arr.dtype))
     except KeyError as e:
         raise CodecError(f"cannot encode an array of dtype {arr.dtype}: {e}") from None
-    arr = dtypes.little_endian(arr)
-    raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
     item = dt.itemsize
-    per_frame = max(1, FRAME_BYTES // item) * item
-    bounds = [(s, min(s + per_frame, raw.size)) for s in range(0, raw.size, per_frame)]
-    planes = _uses_planes(dt)
+    if isinstance(arr, LazyArray):
+        lazy, shape, n = arr, tuple(arr.shape), arr.size
+        if planes is None:
+            planes = arr.planes
+    else:
+        arr = dtypes.little_endian(arr)
+        lazy, shape, n = None, tuple(arr.shape), arr.size
+        raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+    if planes is None:
+        planes = _uses_planes(dt)
+    planes = bool(planes) and item > 1
+    per_frame = max(1, FRAME_BYTES // item)  # elements
+    bounds = [(s, min(s + per_frame, n)) for s in range(0, n, per_frame)]
+
+    def frame_bytes(b: tuple[int, int]) -> np.ndarray:
+        if lazy is None:
+            return raw[b[0] * item:b[1] * item]
+        got = dtypes.little_endian(np.ascontiguousarray(lazy.read(b[0], b[1])))
+        if got.dtype.itemsize != item or got.size != b[1] - b[0]:
+            raise CodecError(f"lazy array gave {got.size} elements of {got.dtype} for [{b[0]}, {b[1]}) of {dt.name}")
+        return got.reshape(-1).view(np.uint8)
 
     def work(b: tuple[int, int]) -> list[bytes]:
-        frame = raw[b[0]:b[1]]
+        frame = frame_bytes(b)
         c = _compressor(level, planes)
         if planes:
             grouped = frame.reshape(-1, item).T.copy()  # plane i = byte i of every element
@@ -108,9 +159,9 @@ def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[b
     yield ARRAY_MAGIC
     frames = []
     for b, ps in zip(bounds, _ordered(work, bounds)):
-        frames.append([(b[1] - b[0]) // item, [len(p) for p in ps]])
+        frames.append([b[1] - b[0], [len(p) for p in ps]])
         yield from ps
-    header = {"dtype": dt.name, "shape": list(arr.shape), "enc": "planes" if planes else "zstd", "frames": frames}
+    header = {"dtype": dt.name, "shape": list(shape), "enc": "planes" if planes else "zstd", "frames": frames}
     h = msgpack.packb(header)
     yield h + struct.pack("<I", len(h)) + ARRAY_MAGIC
 
@@ -156,60 +207,112 @@ def _trailer(blob: memoryview, magic: bytes, what: str) -> tuple[dict, int]:
     return header, end
 
 
-def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
-    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape."""
-    blob = memoryview(blob).cast("B")
+def _array_layout(blob: memoryview) -> tuple[dtypes.DType, tuple, str, list]:
+    """Validated header of an array blob: (dtype, shape, encoding, frame jobs (byte start, count, offset, sizes))."""
     header, payload_end = _trailer(blob, ARRAY_MAGIC, "array")
-    pos = 4
     try:
         dt = dtypes.get(header["dtype"])
         shape = tuple(int(s) for s in header["shape"])
         enc, frames = header["enc"], header["frames"]
+        frames = [(int(count), [int(c) for c in sizes]) for count, sizes in frames]
     except (KeyError, TypeError, ValueError) as e:
         raise CodecError(f"theta array blob header is invalid: {e}") from None
     if enc not in ("planes", "zstd") or any(s < 0 for s in shape):
         raise CodecError(f"theta array blob has unknown encoding {enc!r} or bad shape {shape}")
     item = dt.itemsize
     n = int(np.prod(shape, dtype=np.int64))
-    if sum(f[0] for f in frames) != n:
+    if sum(f[0] for f in frames) != n or any(f[0] < 0 or min(f[1], default=0) < 0 for f in frames):
         raise CodecError(f"theta array blob frames hold {sum(f[0] for f in frames)} elements, shape needs {n}")
-    out = np.empty(n * item, dtype=np.uint8)
-    jobs, start, off = [], 0, pos
+    jobs, start, off = [], 0, 4
     for count, sizes in frames:
+        if enc == "planes" and len(sizes) != item:
+            raise CodecError(f"theta array blob frame has {len(sizes)} planes, dtype needs {item}")
+        if enc == "zstd" and len(sizes) != 1:
+            raise CodecError(f"theta array blob frame has {len(sizes)} zstd frames, expected 1")
         jobs.append((start, count, off, sizes))
         start += count * item
         off += sum(sizes)
     if off != payload_end:
         raise CodecError(f"theta array blob has {payload_end - 4} payload bytes, its frames say {off - 4}")
+    return dt, shape, enc, jobs
 
-    def work(job) -> None:
-        s, count, o, sizes = job
-        d = _decompressor()
-        dest = out[s:s + count * item]
-        try:
-            if enc == "planes":
-                if len(sizes) != item:
-                    raise CodecError(f"theta array blob frame has {len(sizes)} planes, dtype needs {item}")
-                grid = dest.reshape(count, item)
-                for i, c in enumerate(sizes):
-                    plane = d.decompress(blob[o:o + c], max_output_size=count)
-                    if len(plane) != count:
-                        raise CodecError(f"theta array blob plane {i} decodes to {len(plane)} bytes, expected {count}")
-                    grid[:, i] = np.frombuffer(plane, np.uint8)
-                    o += c
-            else:
-                data = d.decompress(blob[o:o + sizes[0]], max_output_size=count * item)
-                if len(data) != count * item:
-                    raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {count * item}")
-                dest[:] = np.frombuffer(data, np.uint8)
-        except zstandard.ZstdError as e:
-            raise CodecError(f"theta array blob is corrupt: {e}") from None
 
-    _map(work, jobs)
+def _forget(blob: memoryview, start: int, stop: int) -> None:
+    """Drop bytes [start, stop) of ``blob`` from this process's resident set when it is a read-only memory map
+    (LfsStore.mapped): they stay in the page cache, but a decoded frame's compressed bytes no longer count
+    toward the process's memory on top of the decoded value."""
+    m = blob.obj
+    if not isinstance(m, mmap.mmap) or stop - start < 2 * mmap.PAGESIZE:
+        return
+    try:
+        base = np.frombuffer(m, np.uint8).ctypes.data
+        here = np.frombuffer(blob, np.uint8).ctypes.data - base  # where blob starts in the map
+        first = -(-(here + start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (here + stop) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            m.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except (ValueError, OSError, AttributeError):
+        pass  # closed map or no madvise on this platform: only a memory optimisation
+
+
+def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
+    """Decompress one frame into ``dest`` (uint8, count * item bytes)."""
+    _, count, o, sizes = job
+    _forget_after = (o, o + sum(sizes))
+    d = _decompressor()
+    try:
+        if enc == "planes":
+            grid = dest.reshape(count, item)
+            for i, c in enumerate(sizes):
+                plane = d.decompress(blob[o:o + c], max_output_size=count)
+                if len(plane) != count:
+                    raise CodecError(f"theta array blob plane {i} decodes to {len(plane)} bytes, expected {count}")
+                grid[:, i] = np.frombuffer(plane, np.uint8)
+                o += c
+        else:
+            data = d.decompress(blob[o:o + sizes[0]], max_output_size=count * item)
+            if len(data) != count * item:
+                raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {count * item}")
+            dest[:] = np.frombuffer(data, np.uint8)
+    except zstandard.ZstdError as e:
+        raise CodecError(f"theta array blob is corrupt: {e}") from None
+    _forget(blob, *_forget_after)
+
+
+def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
+    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape."""
+    blob = memoryview(blob).cast("B")
+    dt, shape, enc, jobs = _array_layout(blob)
+    item = dt.itemsize
+    n = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(n * item, dtype=np.uint8)
+    _map(lambda job: _decode_frame(blob, enc, item, job, out[job[0]:job[0] + job[1] * item]), jobs)
     return out.view(dt.to_numpy()).reshape(shape)
 
 
-def iter_encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
+def array_info(blob: "bytes | bytearray | memoryview") -> tuple[np.dtype, tuple]:
+    """(dtype, shape) of an array blob, without decoding it."""
+    dt, shape, _, _ = _array_layout(memoryview(blob).cast("B"))
+    return dt.to_numpy(), shape
+
+
+def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[int, np.ndarray]]:
+    """The array of an array blob frame by frame, in order: (index of the first element in the flattened
+    array, the frame's elements as a flat array of the real dtype). Frames are decoded on the codec threads a
+    few ahead, so memory stays at a few frames (``FRAME_BYTES`` each) whatever the array's size."""
+    blob = memoryview(blob).cast("B")
+    dt, _, enc, jobs = _array_layout(blob)
+    item, np_dt = dt.itemsize, dt.to_numpy()
+
+    def work(job) -> tuple[int, np.ndarray]:
+        dest = np.empty(job[1] * item, dtype=np.uint8)
+        _decode_frame(blob, enc, item, job, dest)
+        return job[0] // item, dest.view(np_dt)
+
+    yield from _ordered(work, jobs)
+
+
+def iter_encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
     """Several named arrays in one blob, streamed; names are stored sorted so the blob is deterministic."""
     yield PARTS_MAGIC
     index = []
@@ -223,31 +326,41 @@ def iter_encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) 
     yield h + struct.pack("<I", len(h)) + PARTS_MAGIC
 
 
-def encode_parts_chunks(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> list[bytes]:
+def encode_parts_chunks(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> list[bytes]:
     return list(iter_encode_parts(parts, level))
 
 
-def encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> bytes:
+def encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> bytes:
     return b"".join(iter_encode_parts(parts, level))
 
 
-def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray]:
+def part_blobs(blob: "bytes | bytearray | memoryview") -> dict[str, memoryview]:
+    """The array blobs of a parts blob by name (views into ``blob``, nothing decoded)."""
     blob = memoryview(blob).cast("B")
     header, end = _trailer(blob, PARTS_MAGIC, "parts")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, memoryview] = {}
     pos = 4
     try:
         entries: Iterable = header["parts"]
         for name, size in entries:
-            if pos + size > end:
-                raise CodecError(f"theta parts blob truncated in part {name!r}")
-            out[name] = decode_array(blob[pos:pos + size])
+            if not isinstance(name, str) or not isinstance(size, int) or size < 0 or pos + size > end:
+                raise CodecError(f"theta parts blob truncated or invalid in part {name!r}")
+            out[name] = blob[pos:pos + size]
             pos += size
     except (KeyError, TypeError, ValueError) as e:
         raise CodecError(f"theta parts blob header is invalid: {e}") from None
     if pos != end:
         raise CodecError(f"theta parts blob has {end - pos} stray bytes between its parts and its index")
     return out
+
+
+def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray]:
+    return decode_parts_of(part_blobs(blob))
+
+
+def decode_parts_of(blobs: "dict[str, memoryview]") -> dict[str, np.ndarray]:
+    """Every part of :func:`part_blobs`' result, decoded."""
+    return {name: decode_array(b) for name, b in blobs.items()}
 
 
 def frames_checksummed(blob: "bytes | bytearray | memoryview") -> bool:

@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -318,6 +319,12 @@ class LfsStore:
                 os.unlink(tmp)
         return ref
 
+    def stage(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> "Staged":
+        """Write the concatenation of ``chunks`` to a temp file (hashed as it is written) without publishing it:
+        a candidate blob that costs disk, not memory. :meth:`Staged.publish` stores it, :meth:`Staged.discard`
+        (or dropping it) removes it."""
+        return stage_chunks(chunks, self.objects_dir.parent / "tmp", self)
+
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
         """The blob's bytes. BlobMissingError (naming ``group`` and ``file``) when it is not local,
         BlobCorruptError when its size (or, with ``verify``, its sha256) differs from ``ref``."""
@@ -393,3 +400,72 @@ def _stat(p: Path) -> os.stat_result | None:
 
 def _is_oid(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+class Staged:
+    """A blob written to a temp file and hashed, not yet in the store (see :meth:`LfsStore.stage`)."""
+
+    def __init__(self, ref: BlobRef, tmp: str, store: "LfsStore | None"):
+        self.ref, self.tmp, self.store = ref, tmp, store
+        self._cleanup = weakref.finalize(self, _unlink_quietly, tmp)  # dropped without publish: removed
+
+    @property
+    def size(self) -> int:
+        return self.ref.size
+
+    def read(self) -> bytes:
+        """The staged bytes (for tests and small blobs)."""
+        with open(self.tmp, "rb") as f:
+            return f.read()
+
+    def publish(self, store: "LfsStore | None" = None) -> BlobRef:
+        """Move the temp file into ``store`` (default: the store that staged it) under its oid."""
+        store = store or self.store
+        if store is None:
+            raise StoreError("a blob staged outside a store needs a store to be published to")
+        try:
+            if self.store is not store:  # staged elsewhere (another file system maybe): copy
+                with open(self.tmp, "rb") as f:
+                    ref = store.put_stream(iter(lambda: f.read(_CHUNK), b""))
+                self.discard()
+                return ref
+            left = store._publish(self.tmp, self.ref)
+        except OSError as e:
+            raise StoreError(f"cannot write a blob to {store.objects_dir}: {e}") from e
+        if left is not None:
+            _unlink_quietly(left)
+        self._cleanup.detach()
+        return self.ref
+
+    def discard(self) -> None:
+        self._cleanup()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "str | os.PathLike | None" = None,
+                 store: LfsStore | None = None) -> Staged:
+    """Stream ``chunks`` into a temp file under ``tmp_dir`` (default: the system's) with its sha256."""
+    h = hashlib.sha256()
+    size = 0
+    tmp = None
+    try:
+        if tmp_dir is not None:
+            os.makedirs(tmp_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="theta-stage-", suffix=".tmp", dir=tmp_dir)
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                f.write(c)
+                size += memoryview(c).nbytes
+        staged = Staged(BlobRef(h.hexdigest(), size), tmp, store)
+        tmp = None
+        return staged
+    except OSError as e:
+        raise StoreError(f"cannot write a temp blob under {tmp_dir}: {e}") from e
+    finally:
+        if tmp is not None:
+            _unlink_quietly(tmp)

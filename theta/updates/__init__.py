@@ -16,7 +16,7 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.storage.codec import decode_parts
+from theta.storage.codec import decode_parts, part_blobs
 from theta.errors import MetadataError, UpdateTypeError
 
 if TYPE_CHECKING:
@@ -86,7 +86,9 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     """The value of ``group``: walk its steps from the last cached one, checking every step's hash.
 
     ``cache`` maps content hash -> array for one checkout/merge (callers decide what to keep in it);
-    the result is added to it. Memory: the previous value, one step's parts, and the new value.
+    the result is added to it. Memory: the previous value, one step's parts, and the new value; a type with
+    ``apply_blob(blobs, params, previous, in_place)`` (delta, sparse) streams its step from the blob and updates
+    a value this function owns in place, so a chain of such steps costs one value and a few frames.
     ``verify=False`` skips only the check of the final value (the caller checks it, e.g. smudge hashes it
     on another thread while writing); intermediate values of a chain are always checked.
     Each step's value has the dtype/shape :func:`step_layout` gives (a chain may cross a change of shape).
@@ -106,14 +108,23 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
                 start, value = i + 1, hit if tuple(hit.shape) == shape else hit.reshape(shape)
                 break
     last = len(steps) - 1
+    shared = value  # a cached value belongs to the cache: never updated in place
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
-        with store.mapped(step.blob, group=group.name, file=file) as blob:
-            parts = decode_parts(blob)  # decoded arrays are fresh memory: nothing points into the map
         if value is None and ut.incremental:
             raise MetadataError(f"group {group.name!r}: step {step.type!r} needs a previous value but is first")
-        value = ut.apply(parts, step.params, value)
-        del parts
+        streamed = getattr(ut, "apply_blob", None) if value is not None else None
+        with store.mapped(step.blob, group=group.name, file=file) as blob:
+            if streamed is not None:
+                # reads the map while applying; its result is fresh memory or the value itself
+                mine = shared is None or not np.may_share_memory(value, shared)
+                value = streamed(part_blobs(blob), step.params, value, in_place=mine)
+                parts = None
+            else:
+                parts = decode_parts(blob)  # decoded arrays are fresh memory: nothing points into the map
+        if parts is not None:
+            value = ut.apply(parts, step.params, value)
+            del parts
         dtype_name, shape = step_layout(step, group)
         want = dtypes.get(dtype_name).to_numpy()
         if value.dtype != want or tuple(value.shape) != shape:

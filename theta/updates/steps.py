@@ -23,8 +23,14 @@ def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value
 
 
 def store_encoded(type_name: str, chunks: list, params: dict, value_hash: str, store: LfsStore) -> Step:
-    """Store a blob already encoded (e.g. by the auto policy, which encodes candidates to compare sizes)."""
+    """Store a blob already encoded in memory."""
     return Step(type=type_name, blob=store.put_chunks(chunks), params=dict(params), hash=value_hash)
+
+
+def store_staged(type_name: str, staged, params: dict, value_hash: str, store: LfsStore) -> Step:
+    """Publish a blob already encoded and staged (e.g. by the auto policy, which stages candidates to compare
+    their sizes: :meth:`LfsStore.stage`)."""
+    return Step(type=type_name, blob=staged.publish(store), params=dict(params), hash=value_hash)
 
 
 def store_dense(value: np.ndarray, store: LfsStore, level: int = codec.DEFAULT_LEVEL,

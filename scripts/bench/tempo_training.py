@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Benchmark: tempo (memory-lean fine-tuning) side by side with stock PyTorch, on CPU, in one run.
+
+Models are Hugging Face BERT built from BertConfig() (BERT-base: H=768, 12 heads, 3072 intermediate),
+random init, eager attention, dropout 0.1, float32; no downloads. Every section runs in its own child
+process through the shared harness (wall, CPU, peak RSS of the process tree).
+
+layer   One BERT-base layer, B=8, S=128.
+        Bytes autograd keeps for backward (tempo.measure: saved-tensor hooks, once per storage, weights
+        apart) for stock (CPU: float dropout masks), stock with boolean masks as on GPU (dropout through
+        torch.native_dropout, bit-identical on CPU), tempo and each technique alone. "isolated": the layer
+        alone; "in a stack": what one more layer adds to a stack (2 layers minus 1), i.e. the per-layer
+        cost in a deep model, where a layer's output is the next one's input (kept once).
+        Forward + backward time: all variants interleaved in one process, median of --reps steps, wall
+        and process CPU time (CPU time is the robust one on a busy machine).
+grads   The same layer's gradients (every parameter and the input) against float64 stock: relative L2
+        error of stock float32 and of tempo float32, and their ratio. attention.self.key.bias has a zero
+        gradient in exact arithmetic (softmax ignores a per-row constant), so both errors there are
+        relative to rounding noise: shown, not judged.
+train   300 AdamW steps fine-tuning a small BERT (H=128, 2 layers) on a synthetic classification task,
+        stock and patched from the same seed: largest relative difference of the loss at any step.
+model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=128: bytes kept for
+        backward, stock vs tempo; peak RSS of the process tree for two training steps (AdamW); and the
+        largest batch whose two training steps fit a memory budget (--budget-gib, a memory cgroup: the
+        kernel decides; without cgroups, the batch is predicted from the peak RSS at B=8 and B=16).
+
+Targets (issue #15): saved bytes <= 0.62x stock-with-boolean-masks per layer; time <= 1.25x stock;
+gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at every step.
+
+    python3 scripts/bench/tempo_training.py                    # everything (~15-25 min on 2 cores)
+    python3 scripts/bench/tempo_training.py --quick            # fewer timing steps, no budget search
+    python3 scripts/bench/tempo_training.py --only layer,grads --reps 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+# this file is named tempo.py: the checkout's root must come first so `import tempo` finds the package
+sys.path.insert(0, str(ROOT))
+
+MiB = 1 << 20
+VARIANTS = ("stock", "stock-bool", "tempo", "tempo-gelu", "tempo-layernorm", "tempo-attention", "tempo-dropout")
+TECHNIQUES = ("gelu", "layernorm", "attention", "dropout")
+
+
+# ------------------------------------------------------------------------------------------------------
+# children: each prints one JSON object on stdout
+# ------------------------------------------------------------------------------------------------------
+def _bert_config(**overrides):
+    import transformers
+
+    return transformers.BertConfig(attn_implementation="eager", **overrides)
+
+
+def _patch(model, variant: str):
+    """Apply `variant` to model in place (stock variants: nothing)."""
+    import tempo
+
+    if variant == "tempo":
+        tempo.patch(model)
+    elif variant.startswith("tempo-"):
+        only = variant.split("-", 1)[1]
+        tempo.patch(model, **{t: t == only for t in TECHNIQUES})
+    return model
+
+
+class _BooleanMaskDropout:
+    """While active, F.dropout in training goes through torch.native_dropout: the fused op CUDA uses, which
+    keeps a bool mask; on CPU its output and RNG use are bit-identical to F.dropout's (float mask)."""
+
+    def __enter__(self):
+        import torch
+        import torch.nn.functional as F
+
+        self.original = F.dropout
+
+        def dropout(input, p=0.5, training=True, inplace=False):
+            if not training or p == 0.0 or inplace:
+                return self.original(input, p, training, inplace)
+            return torch.native_dropout(input, p, True)[0]
+
+        F.dropout = dropout
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        F.dropout = self.original
+
+
+def _measure(model, inputs, variant: str) -> int:
+    import contextlib
+
+    import tempo
+
+    context = _BooleanMaskDropout() if variant == "stock-bool" else contextlib.nullcontext()
+    with context:
+        return tempo.measure(model, inputs).total_bytes
+
+
+def child_layer(args) -> dict:
+    import copy
+
+    import torch
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    torch.manual_seed(0)
+    base = BertLayer(_bert_config()).train()
+    second = BertLayer(_bert_config()).train()
+
+    class Stack(torch.nn.Module):
+        def __init__(self, a, b):
+            super().__init__()
+            self.a, self.b = a, b
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    x = torch.randn(args.batch, args.seq, 768, generator=torch.Generator().manual_seed(1))
+    saved = {}
+    for variant in VARIANTS:
+        one = _patch(copy.deepcopy(base), variant)
+        two = _patch(Stack(copy.deepcopy(base), copy.deepcopy(second)), variant)
+        torch.manual_seed(2)
+        isolated = _measure(one, (x.clone().requires_grad_(),), variant)
+        torch.manual_seed(2)
+        stacked = _measure(two, (x.clone().requires_grad_(),), variant)
+        saved[variant] = {"isolated": isolated, "stack": stacked - isolated}
+
+    timed = [v for v in VARIANTS if v != "stock-bool"]
+    layers = {v: _patch(copy.deepcopy(base), v) for v in timed}
+    grad = torch.randn(args.batch, args.seq, 768, generator=torch.Generator().manual_seed(3))
+    wall = {v: [] for v in timed}
+    cpu = {v: [] for v in timed}
+
+    def step(layer):
+        inp = x.clone().requires_grad_()
+        out = layer(inp)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(grad)
+
+    for v in timed:  # warm-up (tables, allocator)
+        step(layers[v])
+        step(layers[v])
+    for rep in range(args.reps):
+        order = timed if rep % 2 == 0 else timed[::-1]
+        for v in order:
+            w0, c0 = time.perf_counter(), time.process_time()
+            step(layers[v])
+            wall[v].append(time.perf_counter() - w0)
+            cpu[v].append(time.process_time() - c0)
+    return {"saved": saved, "wall": {v: statistics.median(t) for v, t in wall.items()},
+            "cpu": {v: statistics.median(t) for v, t in cpu.items()}, "threads": torch.get_num_threads()}
+
+
+def child_grads(args) -> dict:
+    import copy
+
+    import torch
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    torch.manual_seed(0)
+    stock = BertLayer(_bert_config()).train()
+    patched = _patch(copy.deepcopy(stock), "tempo")
+    reference = copy.deepcopy(stock).double()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, args.seq, 768, generator=gen)
+    g = torch.randn(args.batch, args.seq, 768, generator=gen)
+
+    def grads(model, dtype):
+        inp = x.to(dtype).clone().requires_grad_()
+        torch.manual_seed(5)  # the same dropout masks in every run (bernoulli_ draws alike in any dtype)
+        out = model(inp)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(g.to(dtype))
+        result = {name: p.grad.double() for name, p in model.named_parameters()}
+        result["(input)"] = inp.grad.double()
+        return result
+
+    ref, ours, theirs = grads(reference, torch.float64), grads(patched, torch.float32), grads(stock, torch.float32)
+    rows = []
+    for name, r in ref.items():
+        norm = r.norm().item()
+        rows.append({"name": name, "ref_norm": norm,
+                     "stock": ((theirs[name] - r).norm() / r.norm()).item(),
+                     "tempo": ((ours[name] - r).norm() / r.norm()).item()})
+    return {"rows": rows}
+
+
+def child_train(args) -> dict:
+    import torch
+    import transformers
+
+    import tempo
+
+    def build():
+        torch.manual_seed(0)
+        config = _bert_config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                              vocab_size=200, max_position_embeddings=64, num_labels=2)
+        return transformers.BertForSequenceClassification(config).train()
+
+    def batch(step):
+        gen = torch.Generator().manual_seed(1000 + step)
+        ids = torch.randint(5, 200, (16, 32), generator=gen)
+        labels = (ids[:, :16] < 60).sum(1).gt(4).long()  # more than 4 "small" tokens in the first half?
+        return ids, labels
+
+    def train(model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        torch.manual_seed(1)
+        losses = []
+        for step in range(args.steps):
+            ids, labels = batch(step)
+            loss = model(input_ids=ids, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    stock = train(build())
+    patched_model = build()
+    tempo.patch(patched_model)
+    patched = train(patched_model)
+    return {"stock": stock, "tempo": patched}
+
+
+def _bert_base():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(_bert_config(num_labels=2)).train()
+
+
+def _bert_batch(batch: int, seq: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(batch)
+    return {"input_ids": torch.randint(1000, 30000, (batch, seq), generator=gen),
+            "labels": torch.randint(0, 2, (batch,), generator=gen)}
+
+
+def child_model_saved(args) -> dict:
+    import torch
+
+    saved = {}
+    for variant in ("stock", "stock-bool", "tempo"):
+        model = _patch(_bert_base(), variant)
+        torch.manual_seed(2)
+        saved[variant] = _measure(model, _bert_batch(args.batch, args.seq), variant)
+    return {"saved": saved}
+
+
+def child_step(args) -> dict:
+    """Two AdamW training steps of BERT-base at --batch (the second one with optimizer state allocated)."""
+    import torch
+
+    model = _patch(_bert_base(), args.variant)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    batch = _bert_batch(args.batch, args.seq)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return {"step_seconds": times}
+
+
+CHILDREN = {"layer": child_layer, "grads": child_grads, "train": child_train, "model-saved": child_model_saved,
+            "step": child_step}
+
+
+# ------------------------------------------------------------------------------------------------------
+# parent
+# ------------------------------------------------------------------------------------------------------
+def run_child(name: str, cgroup=None, check: bool = True, **options):
+    """Run a child section through the harness; (its JSON result or None if it failed, the harness Measure)."""
+    import tempfile
+
+    from harness import run_measured
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name]
+    for key, value in options.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    with tempfile.TemporaryFile() as out:
+        m = run_measured(cmd, ROOT, env=dict(os.environ), cgroup=cgroup, check=check, stdout=out)
+        out.seek(0)
+        text = out.read().decode()
+    result = json.loads(text.strip().splitlines()[-1]) if m.returncode == 0 else None
+    return result, m
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}x"
+
+
+def section_layer(args) -> dict:
+    result, m = run_child("layer", batch=args.batch, seq=args.seq, reps=args.reps)
+    saved, wall, cpu = result["saved"], result["wall"], result["cpu"]
+    print(f"\n## BERT-base layer, B={args.batch} S={args.seq} float32, dropout 0.1, CPU "
+          f"({result['threads']} threads; child peak tree RSS {m.peak_tree_rss / MiB:.0f} MiB)\n")
+    print("bytes kept for backward (MiB); ratios against stock with boolean masks (as on GPU) and stock on CPU")
+    print(f"{'variant':<18}{'isolated':>10}{'x bool':>9}{'x cpu':>8}{'in stack':>11}{'x bool':>9}{'x cpu':>8}")
+    for v in VARIANTS:
+        s = saved[v]
+        print(f"{v:<18}{s['isolated'] / MiB:>10.2f}{ratio(s['isolated'], saved['stock-bool']['isolated']):>9}"
+              f"{ratio(s['isolated'], saved['stock']['isolated']):>8}{s['stack'] / MiB:>11.2f}"
+              f"{ratio(s['stack'], saved['stock-bool']['stack']):>9}{ratio(s['stack'], saved['stock']['stack']):>8}")
+    print(f"\nforward + backward, median of {args.reps} interleaved steps")
+    print(f"{'variant':<18}{'wall ms':>9}{'x stock':>9}{'cpu ms':>9}{'x stock':>9}")
+    for v in wall:
+        print(f"{v:<18}{wall[v] * 1e3:>9.0f}{ratio(wall[v], wall['stock']):>9}{cpu[v] * 1e3:>9.0f}{ratio(cpu[v], cpu['stock']):>9}")
+    return {"saved_stack_ratio": saved["tempo"]["stack"] / saved["stock-bool"]["stack"],
+            "saved_isolated_ratio": saved["tempo"]["isolated"] / saved["stock-bool"]["isolated"],
+            "wall_ratio": wall["tempo"] / wall["stock"], "cpu_ratio": cpu["tempo"] / cpu["stock"]}
+
+
+def section_grads(args) -> dict:
+    result, _ = run_child("grads", batch=args.batch, seq=args.seq)
+    rows = result["rows"]
+    print(f"\n## gradient error against float64 stock (BERT-base layer, B={args.batch} S={args.seq})\n")
+    print(f"{'parameter':<36}{'|grad|':>10}{'stock f32':>11}{'tempo f32':>11}{'ratio':>8}")
+    worst = 0.0
+    top = max(r["ref_norm"] for r in rows)
+    for r in rows:
+        degenerate = r["ref_norm"] < 1e-9 * top
+        mark = "  (zero in exact arithmetic: noise)" if degenerate else ""
+        print(f"{r['name']:<36}{r['ref_norm']:>10.2e}{r['stock']:>11.2e}{r['tempo']:>11.2e}{r['tempo'] / r['stock']:>8.2f}{mark}")
+        if not degenerate:
+            worst = max(worst, r["tempo"] / r["stock"])
+    print(f"largest ratio (tempo error / stock error): {worst:.2f}")
+    return {"grad_ratio": worst}
+
+
+def section_train(args) -> dict:
+    result, m = run_child("train", steps=args.steps)
+    stock, ours = result["stock"], result["tempo"]
+    rel = [abs(a - b) / abs(a) for a, b in zip(stock, ours)]
+    worst = max(range(len(rel)), key=rel.__getitem__)
+    print(f"\n## training equivalence: {args.steps} AdamW steps, small BERT (H=128, 2 layers), same seed\n")
+    print(f"loss stock {stock[0]:.4f} -> {stock[-1]:.4f}, tempo {ours[0]:.4f} -> {ours[-1]:.4f}; "
+          f"largest relative difference {rel[worst]:.2e} at step {worst} (child {m.seconds:.0f} s)")
+    for step in range(0, args.steps, max(1, args.steps // 6)):
+        print(f"  step {step:>4}: stock {stock[step]:.6f}  tempo {ours[step]:.6f}  rel {rel[step]:.1e}")
+    return {"train_rel": rel[worst]}
+
+
+def _fits(variant: str, batch: int, args, cgroup) -> bool:
+    result, m = run_child("step", cgroup=cgroup, check=False, variant=variant, batch=batch, seq=args.seq)
+    return m.returncode == 0
+
+
+def _largest_batch(variant: str, args, cgroup) -> int:
+    lo, hi = 0, args.batch  # lo fits (0 trivially), find hi that does not
+    while _fits(variant, hi, args, cgroup):
+        lo, hi = hi, hi * 2
+        if hi > 512:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(variant, mid, args, cgroup):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def section_model(args) -> dict:
+    from harness import MemCgroup
+
+    result, _ = run_child("model-saved", batch=args.batch, seq=args.seq)
+    saved = result["saved"]
+    print(f"\n## whole BERT-base from BertConfig() (BertForSequenceClassification), B={args.batch} S={args.seq}\n")
+    print(f"bytes kept for backward: stock {saved['stock'] / MiB:.1f} MiB, stock with boolean masks "
+          f"{saved['stock-bool'] / MiB:.1f} MiB, tempo {saved['tempo'] / MiB:.1f} MiB: "
+          f"{ratio(saved['tempo'], saved['stock-bool'])} (boolean masks), {ratio(saved['tempo'], saved['stock'])} (CPU stock)")
+    peaks = {}
+    for variant in ("stock", "tempo"):
+        for batch in (args.batch, 2 * args.batch):
+            step, m = run_child("step", variant=variant, batch=batch, seq=args.seq)
+            peaks[(variant, batch)] = m.peak_tree_rss
+            print(f"two AdamW steps, {variant:<5} B={batch:<3}: peak tree RSS {m.peak_tree_rss / MiB:>6.0f} MiB, "
+                  f"second step {step['step_seconds'][1]:.1f} s")
+    budget = int(args.budget_gib * (1 << 30))
+    out = {"model_ratio": saved["tempo"] / saved["stock-bool"]}
+    # batch predicted from the two peaks (linear in B)
+    for variant in ("stock", "tempo"):
+        a, b = peaks[(variant, args.batch)], peaks[(variant, 2 * args.batch)]
+        per_sample = (b - a) / args.batch
+        out[f"predicted_{variant}"] = int(args.batch + (budget - a) / per_sample)
+        print(f"{variant:<5}: {per_sample / MiB:.1f} MiB per sample; predicted largest batch in "
+              f"{args.budget_gib:g} GiB: {out[f'predicted_{variant}']}")
+    if args.quick:
+        return out
+    why_not = MemCgroup.available()
+    if why_not:
+        print(f"budget search skipped: {why_not}")
+        return out
+    with MemCgroup(budget, name="tempo") as cgroup:
+        for variant in ("stock", "tempo"):
+            out[f"fits_{variant}"] = _largest_batch(variant, args, cgroup)
+    print(f"largest batch whose two training steps run in a {args.budget_gib:g} GiB memory cgroup: "
+          f"stock {out['fits_stock']}, tempo {out['fits_tempo']} ({out['fits_tempo'] / out['fits_stock']:.2f}x)")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="layer,grads,train,model", help="sections, comma-separated")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=10, help="timed steps per variant")
+    ap.add_argument("--steps", type=int, default=300, help="training-equivalence steps")
+    ap.add_argument("--budget-gib", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="--reps 3, no budget search")
+    ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        print(json.dumps(CHILDREN[args.child](args)))
+        return
+    if args.quick:
+        args.reps = min(args.reps, 3)
+    sys.path.insert(1, str(HERE))  # the shared harness
+    sections = {"layer": section_layer, "grads": section_grads, "train": section_train, "model": section_model}
+    print(f"# tempo benchmark  (load average {os.getloadavg()[0]:.1f} at start, {os.cpu_count()} CPUs)")
+    results = {}
+    for name in args.only.split(","):
+        results.update(sections[name](args))
+    print(f"\n## targets  (load average {os.getloadavg()[0]:.1f} at end)\n")
+    checks = [
+        ("saved_stack_ratio", "bytes kept per layer (in a stack) vs stock with boolean masks", 0.62),
+        ("saved_isolated_ratio", "bytes kept, isolated layer, vs stock with boolean masks", 0.62),
+        ("model_ratio", "bytes kept, whole BERT-base, vs stock with boolean masks", 0.62),
+        ("wall_ratio", "forward + backward wall time vs stock", 1.25),
+        ("cpu_ratio", "forward + backward CPU time vs stock", 1.25),
+        ("grad_ratio", "gradient error vs stock's, worst parameter", 3.0),
+        ("train_rel", "training loss, largest relative difference", 1e-4),
+    ]
+    for key, label, target in checks:
+        if key in results:
+            verdict = "meets" if results[key] <= target else "MISSES"
+            print(f"{label:<66} {results[key]:.3g}  (target <= {target:g}: {verdict})")
+
+
+if __name__ == "__main__":
+    main()

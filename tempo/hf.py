@@ -1,0 +1,184 @@
+"""Hugging Face transformers support: the rules tempo.patch uses for BERT, RoBERTa and GPT-2 modules.
+
+Imported by tempo.patch only when `transformers` is already imported (a model holding its modules
+implies it), so tempo never imports transformers itself otherwise.
+
+- GELU activations (GELUActivation: erf form; NewGELUActivation, GELUTanh, FastGELUActivation: tanh
+  form) get a subclass whose forward runs the original forward under tempo's output-keeping GELU.
+- Self/cross attention of BERT, RoBERTa and GPT-2 pick their attention function from
+  `config._attn_implementation` through transformers' AttentionInterface. The patched subclass sees a
+  per-module view of its config whose `_attn_implementation` is "tempo" (registered below); every other
+  attribute reads and writes through to the shared config, which is never modified. The "tempo" function
+  runs the model's own eager attention unless the module is training with dropout, and then the same
+  ops with softmax -> dropout -> matmul fused by tempo.attention (bit-identical forward, same RNG use).
+  Only eager attention is taken over: sdpa/flash implementations are left (reported by tempo.patch).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers import activations as hf_activations
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .attention import softmax_dropout_matmul
+from .gelu import gelu_from_output
+
+TEMPO_ATTENTION = "tempo"
+EAGER_IMPLEMENTATIONS = (None, "eager")
+
+# (module, class, GPT-2-style cast of the probabilities to V's dtype before dropout)
+_ATTENTION_CLASSES = (
+    ("transformers.models.bert.modeling_bert", "BertSelfAttention", False),
+    ("transformers.models.bert.modeling_bert", "BertCrossAttention", False),
+    ("transformers.models.roberta.modeling_roberta", "RobertaSelfAttention", False),
+    ("transformers.models.roberta.modeling_roberta", "RobertaCrossAttention", False),
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Attention", True),
+)
+_GELU_CLASSES = (
+    ("GELUActivation", "erf"),
+    ("NewGELUActivation", "tanh"),
+    ("GELUTanh", "tanh"),
+    ("FastGELUActivation", "tanh"),  # 0.7978845608 vs sqrt(2/pi): 4e-11 apart
+)
+
+
+class _AttentionConfigView:
+    """Reads and writes through to `config`, except `_attn_implementation`, which is "tempo"."""
+
+    __slots__ = ("_tempo_config",)
+
+    def __init__(self, config: Any) -> None:
+        object.__setattr__(self, "_tempo_config", config)
+
+    @property
+    def _attn_implementation(self) -> str:
+        return TEMPO_ATTENTION
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_tempo_config"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_tempo_config"), name, value)
+
+    def __repr__(self) -> str:
+        return f"tempo view of {object.__getattribute__(self, '_tempo_config')!r}"
+
+
+def _real_config(module: nn.Module) -> Any:
+    return module.__dict__["config"]
+
+
+def _config_view(module: nn.Module) -> _AttentionConfigView:
+    return _AttentionConfigView(_real_config(module))
+
+
+def _set_config(module: nn.Module, config: Any) -> None:
+    module.__dict__["config"] = config
+
+
+def tempo_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The "tempo" AttentionInterface entry: eager attention with softmax -> dropout -> matmul fused."""
+    cls = type(module)
+    eager = cls._tempo_eager
+    implementation = _real_config(module)._attn_implementation
+    if implementation not in EAGER_IMPLEMENTATIONS:  # switched after patching: honour it
+        fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager)
+        return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    same_heads = query.shape[:-2] == key.shape[:-2] == value.shape[:-2]
+    if not (module.training and dropout > 0.0 and torch.is_grad_enabled() and same_heads):
+        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs_dtype = value.dtype if cls._tempo_cast_probs else None
+    output, weights = softmax_dropout_matmul(scores, value, dropout, True, probs_dtype)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register(TEMPO_ATTENTION, tempo_attention_forward)
+
+
+def _register(cls: type) -> type:
+    cls.__module__ = __name__
+    cls.__qualname__ = cls.__name__
+    globals()[cls.__name__] = cls  # importable, so patched models pickle
+    return cls
+
+
+def _attention_subclass(base: type, cast_probs: bool) -> type:
+    eager = sys.modules[base.__module__].eager_attention_forward
+    return _register(type(f"Tempo{base.__name__}", (base,), {
+        "config": property(_config_view, _set_config),
+        "_tempo_base": base,
+        "_tempo_technique": "attention",
+        "_tempo_eager": staticmethod(eager),
+        "_tempo_cast_probs": cast_probs,
+    }))
+
+
+def _gelu_subclass(base: type, kind: str) -> type:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return gelu_from_output(input, kind, partial(base.forward, self))
+
+    return _register(type(f"Tempo{base.__name__}", (base,), {
+        "forward": forward,
+        "_tempo_base": base,
+        "_tempo_technique": "gelu",
+        "_tempo_kind": kind,
+    }))
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    technique = "attention"
+    swaps: dict
+
+    def classify(self, module: nn.Module) -> type | str | None:
+        new_cls = self.swaps.get(type(module))
+        if new_cls is None:
+            return None
+        implementation = _real_config(module)._attn_implementation
+        if implementation not in EAGER_IMPLEMENTATIONS:
+            return (f"attention implementation {implementation!r}: tempo takes over eager attention only "
+                    "(call model.set_attn_implementation('eager') before patching; on CPU, sdpa with dropout "
+                    "keeps the same tensors as eager, on CUDA its fused kernels keep less than tempo)")
+        if getattr(module, "reorder_and_upcast_attn", False):
+            return "reorder_and_upcast_attn=True (its own upcast attention path): left as is"
+        return new_cls
+
+
+@dataclass(frozen=True)
+class GeluRule:
+    technique = "gelu"
+    swaps: dict
+
+    def classify(self, module: nn.Module) -> type | str | None:
+        return self.swaps.get(type(module))
+
+
+def _build_rules() -> list:
+    attention = {}
+    for module_name, class_name, cast in _ATTENTION_CLASSES:
+        try:
+            base = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):  # absent from this transformers version
+            continue
+        attention[base] = _attention_subclass(base, cast)
+    gelus = {}
+    for class_name, kind in _GELU_CLASSES:
+        base = getattr(hf_activations, class_name, None)
+        if base is not None:
+            gelus[base] = _gelu_subclass(base, kind)
+    return [AttentionRule(attention), GeluRule(gelus)]
+
+
+RULES = _build_rules()
