@@ -79,3 +79,15 @@ class MergeConflict(ThetaError):
         self.path = path
         self.problems = problems
         super().__init__(f"{path}: cannot merge automatically: " + "; ".join(problems))
+
+
+class IndexBusyError(GitError):
+    """git's index is locked (``index.lock`` exists): another git command is running."""
+
+
+class IndexUnsupportedError(GitError):
+    """An index file theta does not update itself (split index, unknown version, malformed)."""
+
+
+class PlaceholderError(ThetaError):
+    """A work-tree file is a placeholder (the checkpoint's theta metadata), not the checkpoint itself."""

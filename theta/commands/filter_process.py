@@ -23,6 +23,7 @@ leaves the index and the working tree file untouched (``filter.theta.required=tr
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -136,7 +137,9 @@ class Filter:
         self.spool_dir = gitutil.theta_dir(self.cwd)
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
+        self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self._verify: str | None = None
+        self._checkout = None
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -178,8 +181,12 @@ class Filter:
             got.cleanup()
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
-               stream: "callable | None" = None) -> bool:
+               stream: "callable | None" = None, blob: str | None = None) -> bool:
         """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        A checkpoint larger than ``settings.checkout_settings().materialize_above`` is not rebuilt: git gets
+        the metadata text itself (a placeholder), which :meth:`finish` replaces with the checkpoint once git
+        is done (``blob``: the blob id git named in the request, else computed).
 
         With ``stream`` (a callable returning a writable stream, called at most once, just before the first
         byte), formats that can be written without seeking go straight to that stream, with no temp file.
@@ -207,6 +214,14 @@ class Filter:
             if got is not None:
                 text = got.path.read_bytes()
             meta = loads(text)
+            if self._as_placeholder(meta):
+                from theta.commands.materialize import Placeholder
+
+                if not self.checkout_settings().skip:
+                    oid = blob or gitutil.blob_id(text, gitutil.object_format(self.cwd))
+                    self.placeholders[path] = Placeholder(path, text, oid)
+                out(io.BytesIO(text))
+                return False
             if can_delay and self.store.missing(meta.blob_refs()):
                 self.delayed[path] = text
                 return True
@@ -233,6 +248,38 @@ class Filter:
         finally:
             if got is not None:
                 got.cleanup()
+
+    def checkout_settings(self):
+        """How checkout writes theta files (read once per process: theta.settings.checkout_settings)."""
+        if self._checkout is None:
+            self._checkout = settings.checkout_settings(self.cwd)
+        return self._checkout
+
+    def _as_placeholder(self, meta) -> bool:
+        from theta.commands.materialize import data_bytes
+
+        cs = self.checkout_settings()
+        return cs.skip or data_bytes(meta) > cs.materialize_above
+
+    def finish(self) -> None:
+        """git has closed the request stream: it has written the work tree and the index and waits for this
+        process to exit. Replace the placeholders handed out with their checkpoints (see
+        theta.commands.materialize); say what is left and how to finish it."""
+        from theta.commands.materialize import Outcome, materialize, report
+
+        if not self.placeholders:
+            return
+        pending = list(self.placeholders.values())
+        self.placeholders.clear()
+        t0 = time.perf_counter()
+        try:
+            outcome = materialize(self.cwd, pending)
+        except Exception as e:  # never leave git without a word: every file is still a (clean) placeholder
+            _report("", "checkout", e)
+            outcome = Outcome(left=[(p.path, "materialization failed") for p in pending])
+        if settings.env("TIMING"):
+            log(f"materialized {len(outcome.done)} file(s) in {time.perf_counter() - t0:.2f}s")
+        report(outcome)
 
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
@@ -332,6 +379,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         try:
             header = r.read_pairs()
         except EOFError:
+            filt.finish()
             if stdin is getattr(sys.stdin, "buffer", None):
                 _exit_now()
             return 0
@@ -365,7 +413,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                     content = w.content()
                     return content
                 if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1",
-                               stream=open_content):
+                               stream=open_content, blob=header.get("blob")):
                     w.text_list(["status=delayed"])
                     continue
                 if content is not None:

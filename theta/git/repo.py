@@ -56,6 +56,27 @@ def hooks_dir(cwd=None) -> Path:
     return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
 
 
+def git_path(name: str, cwd=None) -> Path:
+    """``git rev-parse --git-path NAME`` made absolute (honours GIT_INDEX_FILE for "index", worktrees...)."""
+    d = Path(run_text(["rev-parse", "--git-path", name], cwd))
+    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+
+
+def object_format(cwd=None) -> str:
+    """The repository's hash algorithm: "sha1" or "sha256"."""
+    return run_text(["rev-parse", "--show-object-format"], cwd, check=False) or "sha1"
+
+
+def blob_id(data: bytes, hash_name: str = "sha1") -> str:
+    """The id git gives a blob of these bytes (what `git hash-object` prints, without running git)."""
+    import hashlib
+
+    h = hashlib.new(hash_name)
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
 def theta_dir(cwd=None) -> Path:
     """<git-common-dir>/theta: scratch space on the repository's file system (spool files)."""
     d = common_dir(cwd) / "theta"

@@ -108,3 +108,63 @@ def verify_mode(cwd=None) -> str:
     if value not in VERIFY:
         raise ThetaError(f"{source} is {value!r}; expected one of {', '.join(VERIFY)}")
     return value
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(value: str, where: str) -> int:
+    """``123``, ``64MiB``, ``1.5G`` (binary units, as git's own size settings) -> bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ThetaError(f"{where}: expected a size such as 512MiB or 2G, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+# A checkpoint above this size is written by theta itself once git has finished (git would otherwise hold
+# all of it in memory while writing it, and leaves a just-written file "racily clean", so the next
+# `git status` re-reads it): measured with scripts/bench/git.py, the placeholder path is already as fast
+# as handing the file to git at this size, and faster above it.
+MATERIALIZE_ABOVE_DEFAULT = 32 << 20
+# ... and never more than this share of the memory the process really has (host within its cgroup): git
+# holds the whole file, theta two groups, and the page cache the rest.
+MEMORY_SHARE = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckoutSettings:
+    """How checkout writes theta-tracked files (read once per filter process).
+
+    ``materialize_above``: checkpoints larger than this (bytes of tensor data) reach the work tree as a
+    placeholder -- their metadata text, what git stores -- which theta replaces with the checkpoint when the
+    git command has finished (the filter process's last act; or `git theta checkout`).
+    ``skip``: leave every theta file as a placeholder (GIT_THETA_SKIP_SMUDGE=1, like GIT_LFS_SKIP_SMUDGE);
+    `git theta pull` / `git theta checkout` materialize them later.
+    """
+
+    materialize_above: int
+    skip: bool = False
+
+
+def checkout_settings(cwd=None) -> CheckoutSettings:
+    """env GIT_THETA_MATERIALIZE_ABOVE / git config theta.materializeAbove (a size, or "auto": the smaller of
+    32 MiB and a quarter of the memory available within this process's cgroup); GIT_THETA_SKIP_SMUDGE /
+    theta.skipSmudge."""
+    value, source = env("MATERIALIZE_ABOVE"), ENV_PREFIX + "MATERIALIZE_ABOVE"
+    if value is None:
+        value, source = gitutil.config_get("theta.materializeAbove", cwd), "git config theta.materializeAbove"
+    if value is None or value.strip().lower() == "auto":
+        from zipslice import memory
+
+        above = min(MATERIALIZE_ABOVE_DEFAULT, memory.available() // MEMORY_SHARE)
+    else:
+        above = parse_size(value, source)
+    skip_raw, skip_source = env("SKIP_SMUDGE"), ENV_PREFIX + "SKIP_SMUDGE"
+    if skip_raw is None:
+        skip_raw, skip_source = gitutil.config_get("theta.skipSmudge", cwd), "git config theta.skipSmudge"
+    skip = parse_bool(skip_raw, skip_source) if skip_raw is not None else False
+    return CheckoutSettings(materialize_above=above, skip=skip)
