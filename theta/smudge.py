@@ -45,14 +45,16 @@ def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) 
 
 
 def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.PathLike, fmt: str | None = None,
-                      progress: bool = False, verify: str = "hash") -> None:
+                      progress: bool = False, verify: str = "hash", name: str | None = None) -> None:
     """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format (or ``fmt``).
 
     The file appears at ``out_path`` only once every group was rebuilt and verified (see ``VERIFY``);
-    on any error nothing is left behind.
+    on any error nothing is left behind. ``name``: the file's real name when ``out_path`` is a temp file
+    (messages, progress, and the record prefix torch.save derives from the name).
     """
     out_path = os.fspath(out_path)
-    name = Path(out_path).name
+    real_name = name
+    name = name or Path(out_path).name
     check_blobs(meta, store, name)
     target = _target(meta, fmt)
     job = _Job(meta, store, name, target, progress, verify)
@@ -64,7 +66,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
     tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
     if target == "torch":
-        options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
+        options["record_prefix"] = torch_writer.default_prefix(real_name or out_path)  # as torch.save names it
     try:
         with _writer_errors(out_path, target):
             zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)

@@ -146,11 +146,13 @@ def pre_push(remote: str, url: str = typer.Argument("")) -> None:
 
 
 def _register_areas() -> None:
+    from theta.commands import checkout as cli_checkout
     from theta.commands import merge as cli_merge
     from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
+    cli_checkout.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -219,7 +219,7 @@ class Filter:
 
                 if not self.checkout_settings().skip:
                     oid = blob or gitutil.blob_id(text, gitutil.object_format(self.cwd))
-                    self.placeholders[path] = Placeholder(path, text, oid)
+                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns())
                 out(io.BytesIO(text))
                 return False
             if can_delay and self.store.missing(meta.blob_refs()):

@@ -47,6 +47,12 @@ class Placeholder:
     path: str      # as git names it: relative to the work-tree root, "/"-separated
     text: bytes    # the metadata: what git stores, and what the work-tree file holds
     oid: str       # git's blob id of ``text``
+    # when the filter handed it to git (time.time_ns()); None for one found in the work tree
+    issued_ns: int | None = None
+
+
+# file timestamps come from the kernel's coarse clock, a few ms behind time.time_ns()
+_CLOCK_SLACK_NS = 100_000_000
 
 
 @dataclass
@@ -86,14 +92,16 @@ def is_placeholder_file(path: str | os.PathLike) -> bool:
 
 
 # -- finding placeholders ------------------------------------------------------------------------------
-def find_placeholders(root: Path, pathspecs: list[str] | None = None) -> tuple[list[Placeholder], list[tuple[str, str]]]:
-    """Placeholders among the theta-tracked files of the index (restricted to ``pathspecs``), and the
-    (path, why) of tracked files that hold metadata other than the index's (left alone).
+def find_placeholders(root: Path, pathspecs: list[str] | None = None, spec_cwd=None
+                      ) -> tuple[list[Placeholder], list[tuple[str, str]]]:
+    """Placeholders among the theta-tracked files of the index (restricted to ``pathspecs``, read relative
+    to ``spec_cwd`` as git reads them), and the (path, why) of tracked files that hold metadata other than
+    the index's (left alone).
 
     A file is a placeholder when it starts with ``theta-metadata`` and its bytes are exactly the blob the
     index records for it: materializing it is then what `git checkout` would have written.
     """
-    names = gitutil.run(["ls-files", "-z", "--full-name", "--", *(pathspecs or [])], root).decode(
+    names = gitutil.run(["ls-files", "-z", "--full-name", "--", *(pathspecs or [])], spec_cwd or root).decode(
         "utf-8", "surrogateescape").split("\0")
     names = sorted({n for n in names if n})
     if not names:
@@ -154,7 +162,8 @@ def _index_entries(root: Path, paths: set[str]) -> dict[str, set[str]]:
 # -- materializing -------------------------------------------------------------------------------------
 def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progress: bool | None = None,
                 remote: str | None = None) -> Outcome:
-    """Replace each placeholder with its checkpoint, atomically, then record the new files in the index.
+    """Replace each placeholder with its checkpoint, atomically, then record in the index the files whose
+    index entry is the placeholder's blob (a file restored from another commit stays modified, as in git).
 
     Memory stays bounded by two parameter groups whatever the checkpoint's size. Never raises for one file's
     problem: it is reported in ``Outcome.left`` and that file stays a placeholder (git status clean).
@@ -168,16 +177,15 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
         return out
     progress = settings.stderr_is_terminal() if progress is None else progress
     hash_name = gitutil.object_format(root)
-    entries = _index_entries(root, {p.path for p in placeholders})
     todo = []
     for p in placeholders:
         target = root / p.path
-        if p.oid not in entries.get(p.path, ()):
-            continue  # git moved on (a later command replaced the file or the entry): nothing of ours
         try:
             before = os.stat(target)
             if before.st_size != len(p.text) or target.read_bytes() != p.text:
-                continue  # no longer the placeholder git wrote
+                continue  # not (or no longer) the placeholder: git wrote something else there
+            if p.issued_ns is not None and before.st_mtime_ns < p.issued_ns - _CLOCK_SLACK_NS:
+                continue  # a placeholder that was there before git smudged this blob for another purpose
             meta = loads(p.text)
         except FileNotFoundError:
             continue
@@ -265,10 +273,10 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
     target = root / p.path
     # same file system as the target: the final rename is atomic (else a temp file beside the target)
     tmp_dir = work if os.stat(work).st_dev == before.st_dev else target.parent
-    tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.tmp"
+    tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.new"  # smudge_checkpoint uses ...tmp beside it
     try:
         smudge_checkpoint(meta, store, tmp, fmt=settings.checkout_format(p.path, root), progress=progress,
-                          verify=verify)
+                          verify=verify, name=target.name)
         mode = 0o777 if before.st_mode & 0o100 else 0o666
         os.chmod(tmp, mode & ~_umask())
         now = os.stat(target)
@@ -309,6 +317,8 @@ def _record(root: Path, updates: dict, hash_name: str, out: Outcome) -> None:
     try:
         gitindex.record_stat(index_file, updates, hash_name)
         return
+    except FileNotFoundError:
+        return  # a temporary index (GIT_INDEX_FILE) that git already removed
     except IndexBusyError as e:
         out.notes.append(f"{e}; `git status` will re-read {', '.join(sorted(updates))} once")
         return

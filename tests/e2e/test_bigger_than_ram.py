@@ -1,0 +1,245 @@
+"""Checkpoints bigger than git can hold, through plain git, real git-lfs, inside a memory cgroup.
+
+Every git command that writes the work tree leaves a large checkpoint as a placeholder (its metadata), which
+the filter process replaces with the checkpoint when git has finished. After each command: the work tree
+holds the checkpoint bit for bit, `git status` is clean and does not start the filter (git trusts the
+recorded stat data: nothing is re-read), no lock is left. The default run forces the placeholder path for a
+small model (GIT_THETA_MATERIALIZE_ABOVE=0) under a proportionally small memory limit; the slow test does it
+with default settings for a model several times the limit.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from support.checkpoints import assert_same_checkpoint, make_state, save_pt
+from support.gitrepo import GitEnv, Repo
+from support.memcg import MemoryCgroup, Unavailable
+
+SMALL_LIMIT = 256 << 20  # python + numpy (the filter), git, git-lfs: ~150 MiB together, page cache aside
+
+
+@pytest.fixture
+def cgroup():
+    """A memory cgroup every git command of the test runs in, or None where the machine cannot make one."""
+    try:
+        cg = MemoryCgroup.create(f"theta-test-{os.getpid()}", SMALL_LIMIT)
+    except Unavailable:
+        yield None
+        return
+    yield cg
+    cg.remove()
+
+
+def test_memory_cgroup_is_available():
+    """Visible in the report: the tests below ran without a memory limit if this is skipped."""
+    try:
+        cg = MemoryCgroup.create(f"theta-probe-{os.getpid()}", SMALL_LIMIT)
+    except Unavailable as e:
+        pytest.skip(f"git commands run without a memory limit: {e}")
+    cg.remove()
+
+
+@pytest.fixture
+def genv(tmp_path, cgroup):
+    env = GitEnv.create(tmp_path)
+    env.env["GIT_THETA_MATERIALIZE_ABOVE"] = "0"  # every theta file goes through the placeholder path
+    env.run(["git", "theta", "install"], cwd=env.home)  # global, so a clone's checkout runs theta
+    env.preexec = cgroup.join if cgroup is not None else None
+    return env
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+_EXPORTS: dict[str, bytes] = {}
+
+
+def exported(repo: Repo, spec: str, tmp: Path) -> bytes:
+    """What `git theta export` (the writer a direct smudge uses) writes for ``spec`` (cached by blob id)."""
+    oid = repo.out("rev-parse", spec)
+    if oid not in _EXPORTS:
+        out = tmp / "export" / Path(spec.partition(":")[2]).name  # the name gives torch's record prefix
+        out.parent.mkdir(exist_ok=True)
+        repo.theta("export", spec, str(out))
+        _EXPORTS[oid] = out.read_bytes()
+    return _EXPORTS[oid]
+
+
+def assert_checked_out(repo: Repo, path: str, state, rev: str = "HEAD", extra=None) -> None:
+    """The work tree holds ``rev``'s checkpoint (tensors equal to ``state``, bytes equal to an export), git
+    status is clean without starting the filter, and no lock is left."""
+    f = repo / path
+    assert not f.read_bytes().startswith(b"theta-metadata"), f"{path} is still a placeholder"
+    assert_same_checkpoint(f, state, extra)
+    assert f.read_bytes() == exported(repo, f"{rev}:{path}", repo.path.parent)
+    assert_clean(repo)
+
+
+def assert_clean(repo: Repo) -> None:
+    assert not (repo.git_common_dir() / "index.lock").exists()
+    proc = repo.git("status", "--porcelain", extra_env={"GIT_TRACE": "1"})
+    assert proc.stdout.decode() == ""
+    # git trusted the recorded stat data: it never started the filter to re-read a checkpoint
+    assert "filter-process" not in proc.stderr.decode(), proc.stderr.decode()[-2000:]
+    leftovers = [p for p in repo.path.rglob(".*.theta-*")]
+    assert not leftovers
+
+
+def history(repo: Repo):
+    """main: v1, v2 (embed changed); branch exp from v1: v3 (layers.2.mlp changed) + notes.txt."""
+    v1 = make_state(1, n_layers=4)
+    save_pt(repo / "model.pt", v1)
+    (repo / "notes.txt").write_text("v1\n")
+    repo.commit("v1", ".gitattributes", "model.pt", "notes.txt")
+    repo.git("branch", "exp")
+    v2 = OrderedDict(v1)
+    v2["embed.weight"] = v1["embed.weight"] + 1
+    save_pt(repo / "model.pt", v2)
+    repo.commit("v2", "model.pt")
+    repo.git("checkout", "-q", "exp")
+    v3 = OrderedDict(v1)
+    v3["layers.2.mlp.weight"] = v1["layers.2.mlp.weight"] * 3
+    save_pt(repo / "model.pt", v3)
+    (repo / "notes.txt").write_text("v3\n")
+    repo.commit("v3", "model.pt", "notes.txt")
+    repo.git("checkout", "-q", "main")
+    return v1, v2, v3
+
+
+# -- every command ---------------------------------------------------------------------------------------
+def test_every_command_materializes_the_checkpoint(genv, cgroup):
+    repo = genv.init("work")
+    v1, v2, v3 = history(repo)
+    assert_checked_out(repo, "model.pt", v2)
+
+    repo.git("checkout", "-q", "HEAD~1")                      # checkout of a commit
+    assert_checked_out(repo, "model.pt", v1)
+    repo.git("switch", "-q", "exp")                           # switch
+    assert_checked_out(repo, "model.pt", v3)
+    repo.git("checkout", "-q", "main")                        # checkout of a branch
+    assert_checked_out(repo, "model.pt", v2)
+
+    save_pt(repo / "model.pt", v3)                            # -- path / restore bring the index's version back
+    repo.git("checkout", "--", "model.pt")
+    assert_checked_out(repo, "model.pt", v2)
+    (repo / "model.pt").unlink()
+    repo.git("restore", "model.pt")
+    assert_checked_out(repo, "model.pt", v2)
+    repo.git("restore", "--source", "HEAD~1", "model.pt")     # restore from another commit: not the index's
+    assert_same_checkpoint(repo / "model.pt", v1)
+    assert repo.status() == "M model.pt"
+    repo.git("restore", "model.pt")
+    assert_checked_out(repo, "model.pt", v2)
+
+    save_pt(repo / "model.pt", v3)                            # reset --hard
+    repo.git("reset", "-q", "--hard")
+    assert_checked_out(repo, "model.pt", v2)
+    repo.git("reset", "-q", "--hard", "HEAD~1")
+    assert_checked_out(repo, "model.pt", v1)
+    repo.git("reset", "-q", "--hard", "ORIG_HEAD")
+    assert_checked_out(repo, "model.pt", v2)
+
+    v4 = OrderedDict(v2)                                       # stash / stash pop
+    v4["head.bias"] = torch.full((64,), 2.0, dtype=torch.bfloat16)
+    save_pt(repo / "model.pt", v4)
+    repo.git("stash", "-q")
+    assert_checked_out(repo, "model.pt", v2)
+    repo.git("stash", "pop", "-q")
+    assert_same_checkpoint(repo / "model.pt", v4)
+    assert repo.status() == "M model.pt"
+    assert not (repo.git_common_dir() / "index.lock").exists()
+    repo.git("stash", "-q")
+    repo.git("stash", "apply", "-q")
+    assert_same_checkpoint(repo / "model.pt", v4)
+    repo.git("reset", "-q", "--hard")
+    repo.git("stash", "drop", "-q")
+    assert_checked_out(repo, "model.pt", v2)
+
+    repo.git("cherry-pick", "exp")                            # cherry-pick: v3's change on top of v2: a merge
+    merged = OrderedDict(v2)
+    merged["layers.2.mlp.weight"] = v3["layers.2.mlp.weight"]
+    assert_checked_out(repo, "model.pt", merged)
+    repo.git("reset", "-q", "--hard", "HEAD~1")
+
+    repo.git("merge", "-q", "--no-edit", "exp")               # merge without numeric work (disjoint groups)
+    assert_checked_out(repo, "model.pt", merged)
+    repo.git("reset", "-q", "--hard", "HEAD~1")
+
+    repo.git("checkout", "-q", "exp")                         # rebase exp onto main
+    repo.git("rebase", "-q", "main")
+    assert_checked_out(repo, "model.pt", merged)
+    assert (repo / "notes.txt").read_text() == "v3\n"
+    repo.git("checkout", "-q", "main")
+    assert_checked_out(repo, "model.pt", v2)
+
+    if cgroup is not None:
+        assert cgroup.oom_kills() == 0
+
+
+def test_numeric_merge_result_is_materialized(genv, cgroup):
+    repo = genv.init("work")
+    v1 = make_state(2)
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    repo.git("checkout", "-q", "-b", "side")
+    side = OrderedDict(v1)
+    side["embed.weight"] = v1["embed.weight"] + 2
+    save_pt(repo / "model.pt", side)
+    repo.commit("side", "model.pt")
+    repo.git("checkout", "-q", "main")
+    ours = OrderedDict(v1)
+    ours["embed.weight"] = v1["embed.weight"] - 2
+    save_pt(repo / "model.pt", ours)
+    repo.commit("ours", "model.pt")
+    repo.git("config", "theta.merge.strategy", "average")
+    repo.git("merge", "-q", "--no-edit", "side")              # both changed embed.weight: averaged
+    want = OrderedDict(v1)
+    want["embed.weight"] = (ours["embed.weight"] + side["embed.weight"]) / 2
+    assert_checked_out(repo, "model.pt", want)
+    if cgroup is not None:
+        assert cgroup.oom_kills() == 0
+
+
+def test_clone_and_pull_through_a_remote(genv, cgroup):
+    repo = genv.init("work")
+    bare = genv.init("remote.git", theta=False, bare=True)
+    repo.git("remote", "add", "origin", f"file://{bare.path}")
+    v1, v2, v3 = history(repo)
+    repo.git("push", "-q", "origin", "main", "exp")
+
+    clone = genv.clone(f"file://{bare.path}", "clone")       # clone: the fresh clone's filter materializes
+    assert_checked_out(clone, "model.pt", v2)
+    assert "git-theta pre-push" in (clone.git_common_dir() / "hooks" / "pre-push").read_text()
+
+    repo.git("checkout", "-q", "main")                        # pull, fast-forward
+    v5 = OrderedDict(v2)
+    v5["layers.0.attn.weight"] = v2["layers.0.attn.weight"] * 5
+    save_pt(repo / "model.pt", v5)
+    repo.commit("v5", "model.pt")
+    repo.git("push", "-q", "origin", "main")
+    clone.git("pull", "-q", "--no-rebase", "origin", "main")
+    assert_checked_out(clone, "model.pt", v5)
+
+    clone.git("config", "theta.merge.strategy", "average")    # pull with a numeric merge
+    mine = OrderedDict(v5)
+    mine["layers.0.attn.weight"] = v5["layers.0.attn.weight"] + 1
+    save_pt(clone / "model.pt", mine)
+    clone.commit("mine", "model.pt")
+    theirs = OrderedDict(v5)
+    theirs["layers.0.attn.weight"] = v5["layers.0.attn.weight"] - 1
+    save_pt(repo / "model.pt", theirs)
+    repo.commit("theirs", "model.pt")
+    repo.git("push", "-q", "origin", "main")
+    clone.git("pull", "-q", "--no-rebase", "--no-edit", "origin", "main")
+    want = OrderedDict(v5)
+    want["layers.0.attn.weight"] = (mine["layers.0.attn.weight"] + theirs["layers.0.attn.weight"]) / 2
+    assert_checked_out(clone, "model.pt", want)
+    if cgroup is not None:
+        assert cgroup.oom_kills() == 0
