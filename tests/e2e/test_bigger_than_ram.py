@@ -82,14 +82,16 @@ def assert_checked_out(repo: Repo, path: str, state, rev: str = "HEAD", extra=No
     assert_clean(repo)
 
 
-def assert_clean(repo: Repo) -> None:
+def assert_clean(repo: Repo, unread: bool = True) -> None:
+    """`git status` clean and no lock left; ``unread``: git did not even start the filter (it trusted the
+    stat data recorded for the checkpoint, so nothing was re-read)."""
     assert not (repo.git_common_dir() / "index.lock").exists()
     proc = repo.git("status", "--porcelain", extra_env={"GIT_TRACE": "1"})
     assert proc.stdout.decode() == ""
-    # git trusted the recorded stat data: it never started the filter to re-read a checkpoint
-    assert "filter-process" not in proc.stderr.decode(), proc.stderr.decode()[-2000:]
-    leftovers = [p for p in repo.path.rglob(".*.theta-*")]
-    assert not leftovers
+    if unread:
+        assert "filter-process" not in proc.stderr.decode(), proc.stderr.decode()[-2000:]
+    leftovers = [p for p in repo.path.rglob(".*.theta-*") if ".git" not in p.relative_to(repo.path).parts]
+    assert not leftovers  # temp files live under .git/theta, never in the work tree
 
 
 def history(repo: Repo):
@@ -243,3 +245,51 @@ def test_clone_and_pull_through_a_remote(genv, cgroup):
     assert_checked_out(clone, "model.pt", want)
     if cgroup is not None:
         assert cgroup.oom_kills() == 0
+
+
+# -- interrupted -----------------------------------------------------------------------------------------
+def big_state(n_groups: int, group_mib: int, seed: int = 0) -> OrderedDict:
+    g = torch.Generator().manual_seed(seed)
+    n = group_mib * (1 << 20) // 4
+    return OrderedDict((f"layers.{i}.weight", torch.randn(n, generator=g)) for i in range(n_groups))
+
+
+def test_kill_9_during_materialization_leaves_a_usable_repository(genv, cgroup):
+    repo = genv.init("work")
+    v1 = big_state(12, 4, seed=1)
+    torch.save(v1, repo / "model.pt")
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = OrderedDict((k, v + 1) for k, v in v1.items())
+    torch.save(v2, repo / "model.pt")
+    repo.commit("v2", "model.pt")
+    placeholder_v1 = repo.show("HEAD~1:model.pt")
+
+    proc = subprocess.Popen(["git", "checkout", "-q", "HEAD~1"], cwd=repo.path, env=genv.env,
+                            stderr=subprocess.PIPE, preexec_fn=genv.preexec)
+    theta_dir = repo.git_common_dir() / "theta"
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        for d in theta_dir.glob("materialize-*"):
+            if any(f.stat().st_size > (4 << 20) for f in d.iterdir() if f.is_file()):
+                killed = int(d.name.rpartition("-")[2])  # the filter process, halfway through the file
+                os.kill(killed, signal.SIGKILL)
+                break
+        time.sleep(0.005)
+    proc.wait(timeout=120)
+    assert killed is not None, "the materialization finished before it could be interrupted"
+
+    # git finished its checkout; the file is the intact placeholder, recorded as such: a clean repository
+    assert (repo / "model.pt").read_bytes() == placeholder_v1
+    assert_clean(repo, unread=False)  # git wrote the placeholder and the index in one second: it re-reads 50 KB
+    assert repo.out("rev-parse", "HEAD") == repo.out("rev-parse", "main~1")
+    # and the next command finishes the job (removing the killed process's temp files)
+    out = repo.theta("checkout")
+    assert "checked out model.pt" in out.stdout.decode()
+    assert not any(theta_dir.glob("materialize-*"))
+    got = torch.load(repo / "model.pt", weights_only=True)
+    assert all(torch.equal(got[k], v1[k]) for k in v1)
+    assert (repo / "model.pt").read_bytes() == exported(repo, "HEAD:model.pt", repo.path.parent)
+    assert_clean(repo)
+    repo.git("checkout", "-q", "main")
+    assert_clean(repo)

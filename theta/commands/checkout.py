@@ -13,6 +13,7 @@ What `git lfs checkout` / `git lfs fetch` / `git lfs pull` are to git-lfs:
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -64,7 +65,7 @@ def checkout(pathspecs: list[str] | None = None, cwd=None, remote: str | None = 
     from theta.commands.materialize import Outcome, find_placeholders, materialize
 
     root = gitutil.toplevel(cwd)
-    found, other = find_placeholders(root, pathspecs, spec_cwd=cwd)
+    found, other = find_placeholders(root, pathspecs, spec_cwd=cwd or os.getcwd())
     outcome = materialize(root, found, progress=progress, remote=remote) if found else Outcome()
     outcome.left.extend(other)
     return outcome
