@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_git import dir_bytes, git_env  # noqa: E402  (same directory: shared measuring helpers)
+from bench.git import dir_bytes, git_env  # noqa: E402  (scripts/bench: shared measuring helpers)
 
 MiB = 1 << 20
 
