@@ -181,6 +181,10 @@ def test_every_command_materializes_the_checkpoint(genv, cgroup):
     repo.git("checkout", "-q", "main")
     assert_checked_out(repo, "model.pt", v2)
 
+    repo.git("worktree", "add", "-q", "../second", "exp")   # a second work tree (its own index)
+    second = Repo(repo.path.parent / "second", genv)
+    assert_checked_out(second, "model.pt", merged)  # exp, rebased onto main above
+
     if cgroup is not None:
         assert cgroup.oom_kills() == 0
 
@@ -292,4 +296,48 @@ def test_kill_9_during_materialization_leaves_a_usable_repository(genv, cgroup):
     assert (repo / "model.pt").read_bytes() == exported(repo, "HEAD:model.pt", repo.path.parent)
     assert_clean(repo)
     repo.git("checkout", "-q", "main")
+    assert_clean(repo)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MiB file system of its own (tmpfs; root only), to fill up."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {proc.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_leaves_the_placeholder_and_no_temp_file(genv, small_disk):
+    repo = genv.init("work")
+    v1 = big_state(4, 2, seed=3)
+    torch.save(v1, repo / "model.pt")
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = OrderedDict((k, v * 2) for k, v in v1.items())
+    torch.save(v2, repo / "model.pt")
+    repo.commit("v2", "model.pt")
+    moved = small_disk / "work"
+    shutil.copytree(repo.path, moved, symlinks=True)
+    repo = Repo(moved, genv)
+    (repo / "model.pt").unlink()  # a placeholder for now: the checkout below frees no space by replacing it
+    repo.git("checkout", "--", "model.pt", extra_env={"GIT_THETA_SKIP_SMUDGE": "1"})
+    filler = small_disk / "filler"
+    free = shutil.disk_usage(small_disk).free
+    with open(filler, "wb") as f:  # leave ~2 MiB: less than the 8 MiB checkpoint
+        f.truncate(0)
+        f.write(b"\0" * max(0, free - (2 << 20)))
+
+    proc = repo.git("checkout", "-q", "HEAD~1")
+    err = proc.stderr.decode()
+    assert "model.pt is a placeholder (No space left on device); run `git theta checkout model.pt`" in err, err
+    assert (repo / "model.pt").read_bytes() == repo.show("HEAD:model.pt")
+    assert_clean(repo, unread=False)
+    assert not any((repo.git_common_dir() / "theta").glob("materialize-*"))
+    filler.unlink()
+    repo.theta("checkout")
+    got = torch.load(repo / "model.pt", weights_only=True)
+    assert all(torch.equal(got[k], v1[k]) for k in v1)
     assert_clean(repo)

@@ -78,7 +78,7 @@ def _print_outcome(outcome, verb: str) -> int:
     for path in outcome.done:
         print(f"{verb} {path}")
     report(outcome)
-    return 1 if outcome.left else 0
+    return 130 if outcome.interrupted else 1 if outcome.left else 0
 
 
 def register(app: typer.Typer) -> None:

@@ -62,6 +62,7 @@ class Outcome:
     done: list[str] = field(default_factory=list)
     left: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C: the files not done yet are left as placeholders
 
     def left_lines(self) -> list[str]:
         """One line per file left as a placeholder, naming it and the command that finishes the job."""
@@ -201,12 +202,16 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     work = _work_dir(root)
     try:
         verify = settings.verify_mode(root)
-        for p, meta, before in todo:
+        for i, (p, meta, before) in enumerate(todo):
             try:
                 st = _write_one(root, work, p, meta, store, before, verify, progress, hash_name)
             except (ThetaError, OSError) as e:
                 out.left.append((p.path, _one_line(e)))
                 continue
+            except KeyboardInterrupt:  # the temp file is gone; what is done stays done and is recorded
+                out.left.extend((q.path, "interrupted") for q, _, _ in todo[i:])
+                out.interrupted = True
+                break
             if st is not None:
                 updates[p.path] = (p.oid, st)
                 out.done.append(p.path)
