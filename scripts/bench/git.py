@@ -53,7 +53,8 @@ MiB = 1 << 20
 
 # -- measuring ---------------------------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # support.memcg: the memory cgroup the tests use too
+sys.path.insert(0, str(ROOT))            # this checkout's zipslice and theta
+sys.path.append(str(ROOT / "tests"))     # support.memcg: the memory cgroup the tests use too
 
 
 @dataclass
