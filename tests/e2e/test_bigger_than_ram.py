@@ -341,3 +341,104 @@ def test_disk_full_leaves_the_placeholder_and_no_temp_file(genv, small_disk):
     got = torch.load(repo / "model.pt", weights_only=True)
     assert all(torch.equal(got[k], v1[k]) for k in v1)
     assert_clean(repo)
+
+
+# -- several times the memory limit (slow) -------------------------------------------------------------------
+GROUP_MIB, N_GROUPS = 32, 48                     # a 1.5 GiB checkpoint of 32 MiB groups
+BIG_LIMIT = 2 * (GROUP_MIB << 20) + (300 << 20)  # issue #11: about 2 x the largest group + 300 MiB, for all
+
+
+def _group(version: int, i: int):
+    import numpy as np
+
+    n = (GROUP_MIB << 20) // 4
+    seed = i if version == 1 or i % 6 else 1000 * version + i  # later versions change every 6th group
+    return np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+
+
+def write_big(path: Path, version: int) -> None:
+    """Written group by group: the test process never holds the checkpoint either."""
+    import zipslice
+    from zipslice.info import TensorSource
+
+    n = (GROUP_MIB << 20) // 4
+    srcs = [TensorSource(f"layers.{i}.weight", "float32", (n,),
+                         (lambda i=i: memoryview(_group(version, i)).cast("B"))) for i in range(N_GROUPS)]
+    zipslice.save(path, [(s.name, s) for s in srcs], format="torch")
+
+
+def assert_big(repo: Repo, version: int, digests: dict) -> None:
+    """Bit for bit: the file equals the export of its version (by sha256), each group equals what was written,
+    git status is clean without re-reading it, no lock."""
+    import hashlib
+
+    import zipslice
+
+    f = repo / "model.pt"
+    assert not f.read_bytes()[:16].startswith(b"theta-metadata")
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while chunk := fh.read(64 << 20):
+            h.update(chunk)
+    if version not in digests:  # the reference: `git theta export` of the same version, hashed once
+        ref = repo.path.parent / "ref" / "model.pt"
+        ref.parent.mkdir(exist_ok=True)
+        repo.theta("export", "HEAD:model.pt", str(ref))
+        r = hashlib.sha256()
+        with open(ref, "rb") as fh:
+            while chunk := fh.read(64 << 20):
+                r.update(chunk)
+        ref.unlink()
+        digests[version] = r.hexdigest()
+    assert h.hexdigest() == digests[version]
+    with zipslice.load(f) as lsd:
+        for i in (0, 6, N_GROUPS - 1):
+            assert bytes(lsd.read_bytes(f"layers.{i}.weight")) == _group(version, i).tobytes()
+    assert_clean(repo)
+
+
+@pytest.mark.slow
+def test_model_several_times_the_memory_limit(tmp_path):
+    try:
+        cg = MemoryCgroup.create(f"theta-big-{os.getpid()}", BIG_LIMIT)
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        env = GitEnv.create(tmp_path)  # default settings: no threshold forced
+        env.run(["git", "theta", "install"], cwd=env.home)
+        env.preexec = cg.join
+        repo = env.init("work", track=("*.pt",))
+        bare = env.init("remote.git", theta=False, bare=True)
+        repo.git("remote", "add", "origin", f"file://{bare.path}")
+        digests: dict = {}
+        write_big(repo / "model.pt", 1)
+        repo.commit("v1", ".gitattributes", "model.pt")
+        repo.git("branch", "side")
+        write_big(repo / "model.pt", 2)
+        repo.commit("v2", "model.pt")
+        assert_big(repo, 2, digests)
+
+        repo.git("checkout", "-q", "HEAD~1")
+        assert_big(repo, 1, digests)
+        repo.git("switch", "-q", "main")
+        assert_big(repo, 2, digests)
+        (repo / "model.pt").unlink()
+        repo.git("checkout", "--", "model.pt")
+        assert_big(repo, 2, digests)
+        repo.git("reset", "-q", "--hard", "HEAD~1")
+        assert_big(repo, 1, digests)
+        repo.git("reset", "-q", "--hard", "ORIG_HEAD")
+        assert_big(repo, 2, digests)
+        write_big(repo / "model.pt", 1)
+        repo.git("stash", "-q")
+        assert_big(repo, 2, digests)
+        repo.git("stash", "pop", "-q")
+        repo.git("restore", "model.pt")
+        assert_big(repo, 2, digests)
+        repo.git("push", "-q", "origin", "main")
+        clone = env.clone(f"file://{bare.path}", "clone")
+        assert_big(clone, 2, digests)
+        assert cg.oom_kills() == 0
+        assert cg.peak() <= BIG_LIMIT
+    finally:
+        cg.remove()
