@@ -533,10 +533,10 @@ def sweep(root: Path, args, env: dict) -> int:
           "with the next `git status` (which re-reads a file git wrote in the same second as its index)")
     print(f"{'size MiB':>8}  {'direct s':>9} {'+status':>8}  {'placeholder s':>13} {'+status':>8}  "
           f"{'ratio':>6} {'+status':>8}")
-    for mib in (4, 16, 32, 64, 128, 256):
-        repo = setup_repo(root, "theta", env, name=f"sweep-{mib}")
+    for mib in args.sizes:
+        repo = setup_repo(root, "theta", env, name=f"sweep-{mib:g}")
         for v in (1, 2):
-            n = mib * MiB // 4 // 8  # 8 groups
+            n = int(mib * MiB) // 4 // 8  # 8 groups
 
             def reader(i, v=v):
                 def read():
@@ -559,11 +559,11 @@ def sweep(root: Path, args, env: dict) -> int:
                     runs.append(m.seconds)
                     runs_s.append(m.seconds + s.seconds)
             alone[mode], with_status[mode] = _median(runs), _median(runs_s)
-        print(f"{mib:8d}  {alone['direct']:9.2f} {with_status['direct']:8.2f}  {alone['placeholder']:13.2f} "
+        print(f"{mib:8g}  {alone['direct']:9.2f} {with_status['direct']:8.2f}  {alone['placeholder']:13.2f} "
               f"{with_status['placeholder']:8.2f}  {alone['placeholder'] / alone['direct']:6.2f} "
               f"{with_status['placeholder'] / with_status['direct']:8.2f}", flush=True)
         shutil.rmtree(repo, ignore_errors=True)
-        shutil.rmtree(root / f"sweep-{mib}-remote.git", ignore_errors=True)
+        shutil.rmtree(root / f"sweep-{mib:g}-remote.git", ignore_errors=True)
     return 0
 
 
@@ -582,6 +582,8 @@ def main() -> int:
     ap.add_argument("--no-clone", action="store_true", help="--big: skip the clone step (saves disk)")
     ap.add_argument("--sweep", action="store_true", help="theta's direct vs placeholder checkout by model size")
     ap.add_argument("--repeat", type=int, default=3, help="--sweep: runs per size and path")
+    ap.add_argument("--sizes", type=lambda v: [float(x) for x in v.split(",")], default=[1, 4, 16, 32, 64, 128, 256],
+                    help="--sweep: model sizes in MiB (default 1,4,16,32,64,128,256)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
     args = ap.parse_args()
     root = args.workdir

@@ -125,11 +125,13 @@ def parse_size(value: str, where: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-# A checkpoint above this size is written by theta itself once git has finished (git would otherwise hold
-# all of it in memory while writing it, and leaves a just-written file "racily clean", so the next
-# `git status` re-reads it): measured with scripts/bench/git.py, the placeholder path is already as fast
-# as handing the file to git at this size, and faster above it.
-MATERIALIZE_ABOVE_DEFAULT = 32 << 20
+# A checkpoint above this size is written by theta itself once git has finished. Handing it to git instead
+# costs git its whole size in memory, and leaves the file "racily clean" (written in the same second as the
+# index), so the next `git status` starts the filter and re-reads it. `scripts/bench/git.py --sweep`
+# (0.25-256 MiB): the checkout alone takes the same time either way (ratios 0.8-1.2, within this machine's
+# noise), checkout + next status 0.36-0.74x with the placeholder path. Small files stay on the direct path
+# (single-file smudge and git archive need it anyway): one code path for the tiny checkpoints of old tests.
+MATERIALIZE_ABOVE_DEFAULT = 1 << 20
 # ... and never more than this share of the memory the process really has (host within its cgroup): git
 # holds the whole file, theta two groups, and the page cache the rest.
 MEMORY_SHARE = 4
@@ -152,7 +154,7 @@ class CheckoutSettings:
 
 def checkout_settings(cwd=None) -> CheckoutSettings:
     """env GIT_THETA_MATERIALIZE_ABOVE / git config theta.materializeAbove (a size, or "auto": the smaller of
-    32 MiB and a quarter of the memory available within this process's cgroup); GIT_THETA_SKIP_SMUDGE /
+    1 MiB and a quarter of the memory available within this process's cgroup); GIT_THETA_SKIP_SMUDGE /
     theta.skipSmudge."""
     value, source = env("MATERIALIZE_ABOVE"), ENV_PREFIX + "MATERIALIZE_ABOVE"
     if value is None:
