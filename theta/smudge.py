@@ -160,8 +160,9 @@ class _Job:
         def reader(group_name: str):
             def read():
                 value, fresh = rebuild.get(group_name, before_new=before_new)
-                if fresh and not rebuild.verified(group_name):
-                    checker.submit(meta.groups[group_name], value)  # verified on another thread while written
+                if fresh:
+                    if not rebuild.verified(group_name):
+                        checker.submit(meta.groups[group_name], value)  # verified on another thread while written
                     bar.advance(value.nbytes)
                 view = dtypes.le_bytes(value)
                 handed.append(view)

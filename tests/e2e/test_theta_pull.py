@@ -128,3 +128,48 @@ def test_missing_blobs_leave_a_placeholder_and_say_what_to_run(genv):
     assert repo.status() == ""
     nothing = repo.theta("checkout")
     assert "nothing to check out" in nothing.stderr.decode()
+
+
+def run_in_terminal(args, cwd, env) -> str:
+    """Run a command with stdout and stderr on a pseudo-terminal; everything it printed (ANSI codes removed)."""
+    import os
+    import pty
+    import re
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, cwd=cwd, env={**env, "COLUMNS": "120"}, stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait() == 0
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.decode(errors="replace"))
+
+
+def test_progress_on_a_terminal_names_the_file(genv):
+    import torch
+
+    genv.run(["git", "theta", "install"], cwd=genv.home)
+    repo = genv.init("work")
+    bare = genv.init("remote.git", theta=False, bare=True)
+    repo.git("remote", "add", "origin", f"file://{bare.path}")
+    g = torch.Generator().manual_seed(0)
+    torch.save({f"w{i}": torch.randn(1 << 20, generator=g) for i in range(6)}, repo / "model.pt")  # 24 MiB
+    repo.commit("v1", ".gitattributes", "model.pt")
+    repo.git("push", "-q", "origin", "main")
+    out = run_in_terminal(["git", "clone", "-q", f"file://{bare.path}", "clone"], genv.home.parent, genv.env)
+    assert "theta fetch model.pt" in out                  # the LFS download, under the file's name
+    assert "24.0/24.0 MiB" in out                          # the checkpoint written, bytes and total
+    assert "theta smudge model.pt" in out
+    # not a terminal: nothing but what git prints
+    quiet = genv.run(["git", "clone", "-q", f"file://{bare.path}", "clone2"], cwd=genv.home.parent)
+    assert "theta" not in quiet.stderr.decode().replace("git-theta: installed", "")
