@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theta import settings
-from theta.errors import (IndexBusyError, IndexUnsupportedError, MetadataError, StoreError, ThetaError,
-                          TransferError)
+from theta.errors import IndexBusyError, IndexUnsupportedError, MetadataError, ThetaError, TransferError
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
 
@@ -197,24 +196,26 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     if not todo:
         return out
     store = LfsStore.for_repo(root)
-    todo = _fetch(root, store, todo, out, remote, progress)
     updates: dict[str, tuple[str, os.stat_result]] = {}
     work = _work_dir(root)
+    pending = [p.path for p, _, _ in todo]
     try:
+        todo = _fetch(root, store, todo, out, remote, progress)
+        pending = [p.path for p, _, _ in todo]
         verify = settings.verify_mode(root)
-        for i, (p, meta, before) in enumerate(todo):
+        for p, meta, before in todo:
             try:
-                st = _write_one(root, work, p, meta, store, before, verify, progress, hash_name)
+                st = _write_one(root, work, p, meta, store, before, verify, progress)
             except (ThetaError, OSError) as e:
                 out.left.append((p.path, _one_line(e)))
-                continue
-            except KeyboardInterrupt:  # the temp file is gone; what is done stays done and is recorded
-                out.left.extend((q.path, "interrupted") for q, _, _ in todo[i:])
-                out.interrupted = True
-                break
-            if st is not None:
-                updates[p.path] = (p.oid, st)
-                out.done.append(p.path)
+            else:
+                if st is not None:
+                    updates[p.path] = (p.oid, st)
+                    out.done.append(p.path)
+            pending.remove(p.path)
+    except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded below
+        out.left.extend((path, "interrupted") for path in pending)
+        out.interrupted = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _record(root, updates, hash_name, out)
@@ -270,7 +271,7 @@ def _alive(pid: int) -> bool:
 
 
 def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.stat_result, verify: str,
-               progress: bool, hash_name: str) -> os.stat_result | None:
+               progress: bool) -> os.stat_result | None:
     """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
     changed meanwhile (then nothing is replaced)."""
     from theta.smudge import smudge_checkpoint
