@@ -298,15 +298,17 @@ def settle(repo: Path, env: dict) -> None:
     subprocess.run(["git", "update-index", "-q", "--really-refresh"], cwd=repo, env=env, capture_output=True)
 
 
-def recover(repo: Path, env: dict) -> str:
-    """After a step the memory limit killed: what git left behind, then a usable repository again."""
+def recover(repo: Path, env: dict, redo: list[str] | None = None) -> str:
+    """After a step the memory limit killed: what git left behind; then, without the limit, a usable
+    repository in the state the step meant to reach (``redo``), so the next step measures what it says."""
     left = []
     lock = repo / ".git" / "index.lock"
     if lock.exists():
         left.append("index.lock")
         lock.unlink()
-    if subprocess.run(["git", "reset", "-q", "--hard"], cwd=repo, env=env, capture_output=True).returncode != 0:
-        left.append("reset failed")
+    for args in (["git", "reset", "-q", "--hard"], redo):
+        if args and subprocess.run(args, cwd=repo, env=env, capture_output=True).returncode != 0:
+            left.append(f"`{' '.join(args)}` failed")
     return ", ".join(left)
 
 
@@ -469,8 +471,8 @@ def big_steps(root: Path, tool: str, v1: Path, v2: Path, env: dict, cgroup, do_c
     repo = setup_repo(root, tool, env, name=f"{tool}-big")
     rows = []
 
-    def step(name, m):
-        left = recover(repo, env) if not m.ok else ""
+    def step(name, m, redo=None):
+        left = recover(repo, env, redo) if not m.ok else ""
         rows.append((name, m, left))
         print(f"  {tool:<5} {name:<18} {m.seconds:7.1f}s  {m.status}" + (f"  (left: {left})" if left else ""),
               flush=True)
@@ -478,10 +480,12 @@ def big_steps(root: Path, tool: str, v1: Path, v2: Path, env: dict, cgroup, do_c
     step("add v1", commit_version(repo, v1, "v1", env, cgroup))
     step("add v2 (partial)", commit_version(repo, v2, "v2", env, cgroup))
     settle(repo, env)
-    step("checkout v1", run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env, cgroup, check=False))
-    settle(repo, env)
     branch = "master" if _has(repo, env, "master") else "main"
-    step("switch back", run_measured(["git", "switch", "-q", branch], repo, env, cgroup, check=False))
+    step("checkout v1", run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env, cgroup, check=False),
+         redo=["git", "checkout", "-q", "-f", "HEAD~1"])
+    settle(repo, env)
+    step("switch back", run_measured(["git", "switch", "-q", branch], repo, env, cgroup, check=False),
+         redo=["git", "switch", "-q", "-f", branch])
     if do_clone:
         step("clone", clone(root, repo, tool, env, cgroup))
     return rows
