@@ -173,3 +173,23 @@ def test_progress_on_a_terminal_names_the_file(genv):
     # not a terminal: nothing but what git prints
     quiet = genv.run(["git", "clone", "-q", f"file://{bare.path}", "clone2"], cwd=genv.home.parent)
     assert "theta" not in quiet.stderr.decode().replace("git-theta: installed", "")
+
+
+def test_git_archive_gets_the_checkpoint_not_a_placeholder(genv):
+    import io
+    import tarfile
+
+    repo = genv.init("work")
+    v1 = make_state(6)
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    out = repo.git("archive", "--format=tar", "HEAD", "model.pt", extra_env={"GIT_THETA_MATERIALIZE_ABOVE": "0"})
+    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+        data = tar.extractfile("model.pt").read()
+    ref = repo.path.parent / "ref" / "model.pt"
+    ref.parent.mkdir()
+    repo.theta("export", "HEAD:model.pt", str(ref))
+    assert data == ref.read_bytes()
+    shown = repo.git("cat-file", "--filters", "HEAD:model.pt", extra_env={"GIT_THETA_MATERIALIZE_ABOVE": "0"})
+    assert shown.stdout == ref.read_bytes()
+    assert repo.status() == ""

@@ -134,3 +134,16 @@ def test_unmerged_entries_keep_their_stages(tmp_path):
     assert sorted((e.path, e.stage) for e in entries) == [("a.txt", 1), ("a.txt", 2), ("a.txt", 3)]
     st = os.stat(r / "a.txt")
     assert index.record_stat(r / ".git" / "index", {"a.txt": (entries[1].oid, st)}) == []  # only stage 0
+
+
+@pytest.mark.parametrize("argv,cmd", [
+    (["git", "-C", "x", "-c", "a=b", "checkout", "main"], "checkout"),
+    (["/usr/bin/git", "--git-dir", ".git", "--no-pager", "archive", "HEAD"], "archive"),
+    (["git", "-P", "cat-file", "--filters", "HEAD:m.pt"], "cat-file"),
+    (["/usr/lib/git-core/git-archive", "HEAD"], "archive"),
+    (["git-theta", "filter-process"], None), (["sh", "-c", "git-theta filter-process"], None), (["git"], None), ([], None),
+])
+def test_the_git_subcommand_from_a_command_line(argv, cmd):
+    from theta.git.repo import git_subcommand
+
+    assert git_subcommand(argv) == cmd

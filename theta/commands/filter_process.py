@@ -40,6 +40,10 @@ from theta.git.pktline import PktReader, PktWriter
 
 
 
+# git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
+CONTENT_WANTED = frozenset({"archive", "cat-file"})
+
+
 def log(msg: str) -> None:
     print(f"git-theta: {msg}", file=sys.stderr, flush=True)
 
@@ -140,6 +144,7 @@ class Filter:
         self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self._verify: str | None = None
         self._checkout = None
+        self._invoker: str | None = None  # the git subcommand that started this process, once asked
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -259,7 +264,14 @@ class Filter:
         from theta.commands.materialize import data_bytes
 
         cs = self.checkout_settings()
-        return cs.skip or data_bytes(meta) > cs.materialize_above
+        if cs.skip:
+            return True
+        if data_bytes(meta) <= cs.materialize_above:
+            return False
+        if self._invoker is None:
+            self._invoker = gitutil.invoking_subcommand() or ""
+        # git archive and `git cat-file --filters` want the content itself: nothing writes it afterwards
+        return self._invoker not in CONTENT_WANTED
 
     def finish(self) -> None:
         """git has closed the request stream: it has written the work tree and the index and waits for this
