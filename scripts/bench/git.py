@@ -417,7 +417,7 @@ def history(root: Path, args, env: dict) -> int:
     print_table(results, cgroup is not None)
     lfs, th = results["lfs"], results["theta"]
     print()
-    print("targets (issue #11, the ~300 MiB model without a limit):")
+    print("targets (issue #11; they are set for the ~300 MiB model without --mem-limit):")
     checks = [
         ("full add (v1) <= 1.0x git-lfs", th[0][1].seconds / lfs[0][1].seconds, 1.0),
         ("partial add (v2) <= 0.3x git-lfs", th[1][1].seconds / lfs[1][1].seconds, 0.3),

@@ -145,6 +145,7 @@ class Filter:
         self._verify: str | None = None
         self._checkout = None
         self._invoker: str | None = None  # the git subcommand that started this process, once asked
+        self._hash: str | None = None     # the repository's object format, once asked
 
     def previous(self, path: str):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -223,7 +224,7 @@ class Filter:
                 from theta.commands.materialize import Placeholder
 
                 if not self.checkout_settings().skip:
-                    oid = blob or gitutil.blob_id(text, gitutil.object_format(self.cwd))
+                    oid = blob or gitutil.blob_id(text, self._hash_name())
                     self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns())
                 out(io.BytesIO(text))
                 return False
@@ -253,6 +254,11 @@ class Filter:
         finally:
             if got is not None:
                 got.cleanup()
+
+    def _hash_name(self) -> str:
+        if self._hash is None:
+            self._hash = gitutil.object_format(self.cwd)
+        return self._hash
 
     def checkout_settings(self):
         """How checkout writes theta files (read once per process: theta.settings.checkout_settings)."""
@@ -285,7 +291,8 @@ class Filter:
         self.placeholders.clear()
         t0 = time.perf_counter()
         try:
-            outcome = materialize(self.cwd, pending)
+            outcome = materialize(self.cwd, pending, store=self.store, verify=self.verify(),
+                                  hash_name=self._hash_name())
         except Exception as e:  # never leave git without a word: every file is still a (clean) placeholder
             _report("", "checkout", e)
             outcome = Outcome(left=[(p.path, "materialization failed") for p in pending])

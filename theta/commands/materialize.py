@@ -161,12 +161,15 @@ def _index_entries(root: Path, paths: set[str]) -> dict[str, set[str]]:
 
 # -- materializing -------------------------------------------------------------------------------------
 def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progress: bool | None = None,
-                remote: str | None = None) -> Outcome:
+                remote: str | None = None, store=None, verify: str | None = None,
+                hash_name: str | None = None) -> Outcome:
     """Replace each placeholder with its checkpoint, atomically, then record in the index the files whose
     index entry is the placeholder's blob (a file restored from another commit stays modified, as in git).
 
     Memory stays bounded by two parameter groups whatever the checkpoint's size. Never raises for one file's
     problem: it is reported in ``Outcome.left`` and that file stays a placeholder (git status clean).
+    ``store``, ``verify`` (theta.verify) and ``hash_name`` (the object format): what the caller already
+    knows, else read here.
     """
     from theta.storage.metadata import loads
     from theta.storage.store import LfsStore
@@ -176,7 +179,7 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     if not placeholders:
         return out
     progress = settings.stderr_is_terminal() if progress is None else progress
-    hash_name = gitutil.object_format(root)
+    hash_name = hash_name or gitutil.object_format(root)
     todo = []
     for p in placeholders:
         target = root / p.path
@@ -195,14 +198,14 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
         todo.append((p, meta, before))
     if not todo:
         return out
-    store = LfsStore.for_repo(root)
+    store = store or LfsStore.for_repo(root)
     updates: dict[str, tuple[str, os.stat_result]] = {}
     work = _work_dir(root)
     pending = [p.path for p, _, _ in todo]
     try:
         todo = _fetch(root, store, todo, out, remote, progress)
         pending = [p.path for p, _, _ in todo]
-        verify = settings.verify_mode(root)
+        verify = verify or settings.verify_mode(root)
         for p, meta, before in todo:
             try:
                 st = _write_one(root, work, p, meta, store, before, verify, progress)
