@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> (module, attribute in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
+    # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.lazy)
+    "load": ("theta.lazy", "load"),
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
     "clean_checkpoint": ("theta.clean", "clean_checkpoint"),
     "CleanOptions": ("theta.clean", "CleanOptions"),
@@ -59,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "__version__",
+    "load",
     "clean_checkpoint", "CleanOptions", "CleanStats", "smudge_checkpoint",
     "LfsStore", "BlobRef", "CheckpointMeta", "GroupMeta", "loads_metadata", "dumps_metadata", "is_metadata",
     "diff_sides", "MetaSide", "CheckpointSide", "FileDiff",
@@ -72,6 +75,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.clean import CleanOptions, CleanStats, clean_checkpoint
     from theta.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
     from theta.errors import ThetaError
+    from theta.lazy import load
     from theta.merges import MergeStrategy
     from theta.merges import get as get_merge_strategy
     from theta.merges import names as merge_strategies

@@ -149,5 +149,19 @@ class MergeConflict(ThetaError):
 class ViewError(ThetaError):
     """A checkpoint cannot be shown in, or recorded from, another format than the committed one (a group the
     target format cannot hold: a dtype it lacks, a name it cannot spell, a place the structure does not have)."""
+
+
 class PruneError(ThetaError):
     """`git theta prune` refused to run: it could not prove that what it would delete is not needed."""
+
+
+class IndexBusyError(GitError):
+    """git's index is locked (``index.lock`` exists): another git command is running."""
+
+
+class IndexUnsupportedError(GitError):
+    """An index file theta does not update itself (split index, unknown version, malformed)."""
+
+
+class PlaceholderError(ThetaError):
+    """A work-tree file is a placeholder (the checkpoint's theta metadata), not the checkpoint itself."""

@@ -89,15 +89,18 @@ def check_space(meta: CheckpointMeta, directory: str | os.PathLike, file: str) -
 
 def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.PathLike, fmt: str | None = None,
                       progress: bool = False, verify: str = "hash",
-                      max_output: int = bounds.DEFAULT_MAX_OUTPUT) -> None:
+                      max_output: int = bounds.DEFAULT_MAX_OUTPUT, name: str | None = None) -> None:
     """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format, or as a view in
     ``fmt`` (see :mod:`theta.views`).
 
     The file appears at ``out_path`` only once every group was rebuilt and verified (see ``VERIFY``);
     on any error nothing is left behind. A file stored as one opaque blob is copied out bit for bit.
+    ``name``: the file's real name when ``out_path`` is a temp file (messages, progress, and the record
+    prefix torch.save derives from the name).
     """
     out_path = os.fspath(out_path)
-    name = Path(out_path).name
+    real_name = name
+    name = name or Path(out_path).name
     if meta.is_opaque:
         check_blobs(meta, store, name)
         bounds.check_output(meta, name, max_output)
@@ -117,7 +120,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
     tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{scratch.owner_tag()}.tmp")
     if target == "torch":
-        options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
+        options["record_prefix"] = torch_writer.default_prefix(real_name or out_path)  # as torch.save names it
     try:
         with _writer_errors(out_path, target):
             zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
@@ -250,8 +253,9 @@ class _Job:
             def read():
                 value, fresh = rebuild.get(group_name, before_new=before_new)
                 faults.point("smudge:group")
-                if fresh and not rebuild.verified(group_name):
-                    checker.submit(meta.groups[group_name], value)  # verified on another thread while written
+                if fresh:
+                    if not rebuild.verified(group_name):
+                        checker.submit(meta.groups[group_name], value)  # verified on another thread while written
                     bar.advance(value.nbytes)
                 view = dtypes.le_bytes(value)
                 handed.append(view)

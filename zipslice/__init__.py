@@ -45,7 +45,15 @@ def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | Non
 
     ``drop_behind``: let each positioned read's pages go from the page cache once copied out. Default
     (None): only for checkpoints too big to stay cached (see :mod:`zipslice.pagecache`).
+
+    A name that is not a file may be opened by a format plugin (e.g. theta's ``REV:PATH`` in a git repository).
     """
+    if not os.path.exists(path) and not mmap:
+        lsd = formats.open_plugin(os.fspath(path))
+        if lsd is not None:
+            if drop_behind is not None:
+                lsd.drop_behind = drop_behind
+            return lsd
     fmt = _sniff_any(path)
     spec = formats.get(fmt)
     if isolate and fmt == "hdf5":

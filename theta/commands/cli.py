@@ -285,12 +285,14 @@ def _register_areas() -> None:
         return
     _registered = True
     from theta.commands import care as cli_care
+    from theta.commands import checkout as cli_checkout
     from theta.commands import merge as cli_merge
     from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
     cli_care.register(app)
+    cli_checkout.register(app)
     # last in `git theta -h`: about the command line itself
     app.command("help")(help_cmd)
     app.command("completion")(completion_cmd)

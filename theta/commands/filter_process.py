@@ -25,6 +25,7 @@ leaves the index and the working tree file untouched (``filter.theta.required=tr
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -44,6 +45,8 @@ from theta.git.pktline import PktReader, PktWriter
 # files git (or theta) reads from the repository itself: a `* filter=theta` pattern must not turn them into
 # metadata, or a clone would read its attributes from a metadata text
 GIT_OWN_FILES = frozenset({".gitattributes", ".gitignore", ".gitmodules", ".mailmap", ".thetamerge"})
+# git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
+CONTENT_WANTED = frozenset({"archive", "cat-file"})
 
 
 def log(msg: str) -> None:
@@ -143,8 +146,12 @@ class Filter:
         self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
+        self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self._verify: str | None = None
         self._max_output: int | None = None
+        self._checkout = None
+        self._invoker: str | None = None  # the git subcommand that started this process, once asked
+        self._hash: str | None = None     # the repository's object format, once asked
 
     def previous_text(self, path: str) -> bytes | None:
         """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -247,8 +254,12 @@ class Filter:
             got.cleanup()
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
-               stream: "callable | None" = None) -> bool:
+               stream: "callable | None" = None, blob: str | None = None) -> bool:
         """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        A checkpoint larger than ``settings.checkout_settings().materialize_above`` is not rebuilt: git gets
+        the metadata text itself (a placeholder), which :meth:`finish` replaces with the checkpoint once git
+        is done (``blob``: the blob id git named in the request, else computed).
 
         With ``stream`` (a callable returning a writable stream, called at most once, just before the first
         byte), formats that can be written without seeking go straight to that stream, with no temp file.
@@ -279,6 +290,14 @@ class Filter:
             if got is not None:
                 text = got.path.read_bytes()
             meta = loads(text, file=path)
+            if self._as_placeholder(meta):
+                from theta.commands.materialize import Placeholder
+
+                if not self.checkout_settings().skip:
+                    oid = blob or gitutil.blob_id(text, self._hash_name())
+                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns())
+                out(io.BytesIO(text))
+                return False
             # everything the metadata alone can refuse is refused before any download or byte of output
             fmt = settings.checkout_format(path, self.cwd)
             limit = self.max_output()
@@ -357,6 +376,51 @@ class Filter:
         if self._max_output is None:
             self._max_output = settings.max_checkout_bytes(self.cwd)
         return self._max_output
+
+    def _hash_name(self) -> str:
+        if self._hash is None:
+            self._hash = gitutil.object_format(self.cwd)
+        return self._hash
+
+    def checkout_settings(self):
+        """How checkout writes theta files (read once per process: theta.settings.checkout_settings)."""
+        if self._checkout is None:
+            self._checkout = settings.checkout_settings(self.cwd)
+        return self._checkout
+
+    def _as_placeholder(self, meta) -> bool:
+        from theta.commands.materialize import data_bytes
+
+        cs = self.checkout_settings()
+        if cs.skip:
+            return True
+        if data_bytes(meta) <= cs.materialize_above:
+            return False
+        if self._invoker is None:
+            self._invoker = gitutil.invoking_subcommand() or ""
+        # git archive and `git cat-file --filters` want the content itself: nothing writes it afterwards
+        return self._invoker not in CONTENT_WANTED
+
+    def finish(self) -> None:
+        """git has closed the request stream: it has written the work tree and the index and waits for this
+        process to exit. Replace the placeholders handed out with their checkpoints (see
+        theta.commands.materialize); say what is left and how to finish it."""
+        from theta.commands.materialize import Outcome, materialize, report
+
+        if not self.placeholders:
+            return
+        pending = list(self.placeholders.values())
+        self.placeholders.clear()
+        t0 = time.perf_counter()
+        try:
+            outcome = materialize(self.cwd, pending, store=self.store, verify=self.verify(),
+                                  hash_name=self._hash_name())
+        except Exception as e:  # never leave git without a word: every file is still a (clean) placeholder
+            _report("", "checkout", e)
+            outcome = Outcome(left=[(p.path, "materialization failed") for p in pending])
+        if settings.env("TIMING"):
+            log(f"materialized {len(outcome.done)} file(s) in {time.perf_counter() - t0:.2f}s")
+        report(outcome)
 
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
@@ -460,6 +524,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         try:
             header = r.read_pairs()
         except EOFError:
+            filt.finish()
             filt.close()
             if stdin is getattr(sys.stdin, "buffer", None):
                 _exit_now()
@@ -494,7 +559,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                     content = w.content()
                     return content
                 if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1",
-                               stream=open_content):
+                               stream=open_content, blob=header.get("blob")):
                     w.text_list(["status=delayed"])
                     continue
                 if content is not None:

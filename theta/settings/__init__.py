@@ -116,8 +116,9 @@ def commit_format() -> str | None:
 _SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
-def parse_size(value: str, where: str) -> int:
-    """A positive byte count, with git's optional k/m/g suffix (and t, p), e.g. ``512g``."""
+def parse_size(value: str, where: str, allow_zero: bool = False) -> int:
+    """A positive byte count (or zero, with ``allow_zero``), with git's optional k/m/g suffix (and t, p;
+    ``KiB``/``MB`` spellings too), e.g. ``512g``, ``64MiB``."""
     text = value.strip().lower().removesuffix("b").removesuffix("i")
     if not text:
         raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}")
@@ -126,7 +127,7 @@ def parse_size(value: str, where: str) -> int:
         n = int(number) * _SUFFIXES[suffix]
     except (ValueError, KeyError):
         raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}") from None
-    if n <= 0:
+    if n < 0 or (n == 0 and not allow_zero):
         raise ThetaError(f"{where}: expected a positive size, got {value!r}")
     return n
 
@@ -155,3 +156,50 @@ def verify_mode(cwd=None) -> str:
     if value not in VERIFY:
         raise ThetaError(f"{source} is {value!r}; expected one of {', '.join(VERIFY)}")
     return value
+
+
+# A checkpoint above this size is written by theta itself once git has finished. Handing it to git instead
+# costs git its whole size in memory, and leaves the file "racily clean" (written in the same second as the
+# index), so the next `git status` starts the filter and re-reads it. `scripts/bench/git.py --sweep`
+# (0.25-256 MiB): the checkout alone takes the same time either way (ratios 0.8-1.2, within this machine's
+# noise), checkout + next status 0.36-0.74x with the placeholder path. Small files stay on the direct path
+# (single-file smudge and git archive need it anyway): one code path for the tiny checkpoints of old tests.
+MATERIALIZE_ABOVE_DEFAULT = 1 << 20
+# ... and never more than this share of the memory the process really has (host within its cgroup): git
+# holds the whole file, theta two groups, and the page cache the rest.
+MEMORY_SHARE = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckoutSettings:
+    """How checkout writes theta-tracked files (read once per filter process).
+
+    ``materialize_above``: checkpoints larger than this (bytes of tensor data) reach the work tree as a
+    placeholder -- their metadata text, what git stores -- which theta replaces with the checkpoint when the
+    git command has finished (the filter process's last act; or `git theta checkout`).
+    ``skip``: leave every theta file as a placeholder (GIT_THETA_SKIP_SMUDGE=1, like GIT_LFS_SKIP_SMUDGE);
+    `git theta pull` / `git theta checkout` materialize them later.
+    """
+
+    materialize_above: int
+    skip: bool = False
+
+
+def checkout_settings(cwd=None) -> CheckoutSettings:
+    """env GIT_THETA_MATERIALIZE_ABOVE / git config theta.materializeAbove (a size, or "auto": the smaller of
+    1 MiB and a quarter of the memory available within this process's cgroup); GIT_THETA_SKIP_SMUDGE /
+    theta.skipSmudge."""
+    value, source = env("MATERIALIZE_ABOVE"), ENV_PREFIX + "MATERIALIZE_ABOVE"
+    if value is None:
+        value, source = gitutil.config_get("theta.materializeAbove", cwd), "git config theta.materializeAbove"
+    if value is None or value.strip().lower() == "auto":
+        from zipslice import memory
+
+        above = min(MATERIALIZE_ABOVE_DEFAULT, memory.available() // MEMORY_SHARE)
+    else:
+        above = parse_size(value, source, allow_zero=True)
+    skip_raw, skip_source = env("SKIP_SMUDGE"), ENV_PREFIX + "SKIP_SMUDGE"
+    if skip_raw is None:
+        skip_raw, skip_source = gitutil.config_get("theta.skipSmudge", cwd), "git config theta.skipSmudge"
+    skip = parse_bool(skip_raw, skip_source) if skip_raw is not None else False
+    return CheckoutSettings(materialize_above=above, skip=skip)
