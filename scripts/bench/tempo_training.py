@@ -17,8 +17,10 @@ grads   The same layer's gradients (every parameter and the input) against float
         error of stock float32 and of tempo float32, and their ratio. attention.self.key.bias has a zero
         gradient in exact arithmetic (softmax ignores a per-row constant), so both errors there are
         relative to rounding noise: shown, not judged.
-train   300 AdamW steps fine-tuning a small BERT (H=128, 2 layers) on a synthetic classification task,
-        stock and patched from the same seed: largest relative difference of the loss at any step.
+train   300 AdamW steps (--lr, default 3e-4) fine-tuning a small BERT (H=128, 2 layers) on a synthetic
+        classification task, stock and patched from the same seed: largest relative difference of the loss
+        at any step; and, as a control, stock again on one thread (other summation orders: what rounding
+        alone does to the same run).
 model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=128: bytes kept for
         backward, stock vs tempo; peak RSS of the process tree for two training steps (AdamW); and the
         largest batch whose two training steps fit a memory budget (--budget-gib, a memory cgroup: the
@@ -214,7 +216,7 @@ def child_train(args) -> dict:
         return ids, labels
 
     def train(model):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         torch.manual_seed(1)
         losses = []
         for step in range(args.steps):
@@ -230,7 +232,14 @@ def child_train(args) -> dict:
     patched_model = build()
     tempo.patch(patched_model)
     patched = train(patched_model)
-    return {"stock": stock, "tempo": patched}
+    result = {"stock": stock, "tempo": patched}
+    if args.control:  # stock again on one thread: other summation orders, i.e. rounding alone
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        result["control"] = train(build())
+        torch.set_num_threads(threads)
+        result["threads"] = threads
+    return result
 
 
 def _bert_base():
@@ -345,13 +354,23 @@ def section_grads(args) -> dict:
 
 
 def section_train(args) -> dict:
-    result, m = run_child("train", steps=args.steps)
-    stock, ours = result["stock"], result["tempo"]
+    result, m = run_child("train", steps=args.steps, lr=args.lr, control=int(not args.quick))
+    stock, ours, control = result["stock"], result["tempo"], result.get("control")
     rel = [abs(a - b) / abs(a) for a, b in zip(stock, ours)]
     worst = max(range(len(rel)), key=rel.__getitem__)
-    print(f"\n## training equivalence: {args.steps} AdamW steps, small BERT (H=128, 2 layers), same seed\n")
-    print(f"loss stock {stock[0]:.4f} -> {stock[-1]:.4f}, tempo {ours[0]:.4f} -> {ours[-1]:.4f}; "
-          f"largest relative difference {rel[worst]:.2e} at step {worst} (child {m.seconds:.0f} s)")
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    print(f"\n## training equivalence: {args.steps} AdamW steps (lr {args.lr:g}), small BERT (H=128, 2 layers), same seed\n")
+    print(f"mean loss of the first / last 20 steps: stock {mean(stock[:20]):.4f} / {mean(stock[-20:]):.4f}, "
+          f"tempo {mean(ours[:20]):.4f} / {mean(ours[-20:]):.4f}")
+    print(f"largest relative difference of the loss, tempo vs stock: {rel[worst]:.2e} at step {worst} "
+          f"(child {m.seconds:.0f} s)")
+    if control:
+        rel_control = [abs(a - b) / abs(a) for a, b in zip(stock, control)]
+        print(f"control, stock on 1 thread vs stock on {result.get('threads', 'all')} (rounding alone): "
+              f"{max(rel_control):.2e}")
     for step in range(0, args.steps, max(1, args.steps // 6)):
         print(f"  step {step:>4}: stock {stock[step]:.6f}  tempo {ours[step]:.6f}  rel {rel[step]:.1e}")
     return {"train_rel": rel[worst]}
@@ -423,10 +442,12 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--reps", type=int, default=10, help="timed steps per variant")
     ap.add_argument("--steps", type=int, default=300, help="training-equivalence steps")
+    ap.add_argument("--lr", type=float, default=3e-4, help="training-equivalence learning rate")
     ap.add_argument("--budget-gib", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true", help="--reps 3, no budget search")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
+    ap.add_argument("--control", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         import warnings

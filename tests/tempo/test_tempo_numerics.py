@@ -56,7 +56,7 @@ def _small_bert():
 
 
 def _train(model, steps):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)  # at 1e-3 the run turns chaotic
     torch.manual_seed(1)
     losses = []
     for step in range(steps):
@@ -77,6 +77,6 @@ def test_training_equivalence_300_steps():
     model = _small_bert()
     tempo.patch(model)
     ours = _train(model, 300)
-    assert stock[-1] < stock[0] - 0.05  # it learns something
+    assert sum(stock[-20:]) < sum(stock[:20]) - 1.0  # it learns something: mean loss down by > 0.05
     for step, (a, b) in enumerate(zip(stock, ours)):
         assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)
