@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -116,20 +117,13 @@ def commit_format() -> str | None:
 _SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
-def parse_size(value: str, where: str, allow_zero: bool = False) -> int:
-    """A positive byte count (or zero, with ``allow_zero``), with git's optional k/m/g suffix (and t, p;
-    ``KiB``/``MB`` spellings too), e.g. ``512g``, ``64MiB``."""
-    text = value.strip().lower().removesuffix("b").removesuffix("i")
-    if not text:
-        raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}")
-    number, suffix = (text[:-1], text[-1]) if text[-1:] in _SUFFIXES else (text, "")
-    try:
-        n = int(number) * _SUFFIXES[suffix]
-    except (ValueError, KeyError):
-        raise ThetaError(f"{where}: expected a size in bytes (e.g. 1099511627776 or 1t), got {value!r}") from None
-    if n < 0 or (n == 0 and not allow_zero):
-        raise ThetaError(f"{where}: expected a positive size, got {value!r}")
-    return n
+def parse_size(value: str, where: str) -> int:
+    """A byte count as git writes sizes: ``123``, ``512k``, ``64MiB``, ``1.5G``, ``2 gb`` (binary units; k, m, g,
+    t, p with optional ``i``/``b``). Zero is allowed (callers that need a positive size check it)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(?:i?b)?\s*", value.lower())
+    if m is None or (m.group(2) == "" and value.strip().lower().endswith(("ib",))):
+        raise ThetaError(f"{where}: expected a size such as 512MiB or 2G, got {value!r}")
+    return int(float(m.group(1)) * _SUFFIXES[m.group(2)])
 
 
 def max_checkout_bytes(cwd=None) -> int:
@@ -141,7 +135,12 @@ def max_checkout_bytes(cwd=None) -> int:
     value, source = env("MAX_CHECKOUT_BYTES"), ENV_PREFIX + "MAX_CHECKOUT_BYTES"
     if value is None:
         value, source = gitutil.config_get("theta.maxCheckoutBytes", cwd), "git config theta.maxCheckoutBytes"
-    return DEFAULT_MAX_OUTPUT if value is None else parse_size(value, source)
+    if value is None:
+        return DEFAULT_MAX_OUTPUT
+    n = parse_size(value, source)
+    if n <= 0:
+        raise ThetaError(f"{source}: expected a positive size, got {value!r}")
+    return n
 
 
 def verify_mode(cwd=None) -> str:
@@ -197,7 +196,7 @@ def checkout_settings(cwd=None) -> CheckoutSettings:
 
         above = min(MATERIALIZE_ABOVE_DEFAULT, memory.available() // MEMORY_SHARE)
     else:
-        above = parse_size(value, source, allow_zero=True)
+        above = parse_size(value, source)
     skip_raw, skip_source = env("SKIP_SMUDGE"), ENV_PREFIX + "SKIP_SMUDGE"
     if skip_raw is None:
         skip_raw, skip_source = gitutil.config_get("theta.skipSmudge", cwd), "git config theta.skipSmudge"
