@@ -6,6 +6,7 @@ A plugin format that zipslice's own sniffing does not know gives a ``detect(head
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -47,7 +48,12 @@ SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.
 def registry() -> dict[str, FormatSpec]:
     found: dict[str, FormatSpec] = {}
     for ep in entry_points(group="zipslice.formats"):
-        spec = ep.load()
+        try:
+            spec = ep.load()
+        except Exception as e:  # one broken plugin must not take every format down: skip it, say why
+            warnings.warn(f"zipslice: format plugin {ep.name} ({ep.value}) cannot be loaded and is skipped: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+            continue
         if not isinstance(spec, FormatSpec):
             raise TypeError(f"entry point zipslice.formats:{ep.name} must name a zipslice.formats.FormatSpec")
         found[spec.name] = spec
