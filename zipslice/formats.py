@@ -7,6 +7,7 @@ A plugin may also open names that are not files (``opens``), e.g. theta's ``REV:
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -49,7 +50,12 @@ SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.
 def registry() -> dict[str, FormatSpec]:
     found: dict[str, FormatSpec] = {}
     for ep in entry_points(group="zipslice.formats"):
-        spec = ep.load()
+        try:
+            spec = ep.load()
+        except Exception as e:  # one broken plugin must not take every format down: skip it, say why
+            warnings.warn(f"zipslice: format plugin {ep.name} ({ep.value}) cannot be loaded and is skipped: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+            continue
         if not isinstance(spec, FormatSpec):
             raise TypeError(f"entry point zipslice.formats:{ep.name} must name a zipslice.formats.FormatSpec")
         found[spec.name] = spec

@@ -1,13 +1,18 @@
 """What checking untrusted input costs: side by side with the code before the checks.
 
     python3 scripts/bench/hostile.py [--groups 100000] [--mib 256] [--repeat 3]
+    python3 scripts/bench/hostile.py --clones
 
 1. **parse**: ``theta.storage.metadata.loads`` of a metadata text of ``--groups`` groups, with the schema
    checks (this branch) vs the parser before them (``loads`` at the branch's base commit, no checks);
 2. **checkout**: rebuilding a ``--mib`` MiB checkpoint to /dev/null (``smudge_to_stream``, torch) in
    ``verify="hash"``, ``"frames"`` on a fresh clone (no bindings: every group is hashed once and bound), and
    ``"frames"`` once bound (a later checkout: no hashing, as before the fix);
-3. **hdf5**: ``clean_checkpoint`` of an HDF5 file in-process vs ``isolate=True`` (libhdf5 in a child).
+3. **hdf5**: ``clean_checkpoint`` of an HDF5 file in-process vs ``isolate=True`` (libhdf5 in a child);
+4. **crafted clones** (``--clones``): the issue's hostile repositories (tests/support/crafted.py) cloned with
+   theta installed under a 60 s limit and a 1 GiB memory cgroup (root): seconds and the cgroup's peak. The
+   peer is the issue's own measurement before the fix (>60 s for 10,000 steps; out of memory for 100,000
+   groups); it is not re-run here (it would run for hours or be killed).
 
 Each contender runs in a fresh child process; the figures are the CPU seconds of the measured work (user +
 system, its own child processes included: robust on a shared machine), of the whole child, and the peak RSS
@@ -164,15 +169,51 @@ def make_checkpoint(workdir: Path, mib: int) -> None:
             f.create_dataset(f"l{i}/kernel", data=np.random.default_rng(i).standard_normal(64 << 10).astype(np.float32))
 
 
+def clones() -> None:
+    """The crafted repositories of the issue, each cloned once (see the module docstring)."""
+    import numpy as np
+
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's theta, not an installed one
+    from support.crafted import Attacker, group_line, meta_text, step, value_hash, victim_clone
+    from support.gitrepo import GitEnv
+
+    with tempfile.TemporaryDirectory() as d:
+        for case in ("10,000 dense steps of one blob", "100,000 groups of 64 MiB", "oid ../../../../etc/hostname"):
+            genv = GitEnv.create(Path(d) / case.split()[0].replace(",", ""))
+            evil = Attacker.create(genv)
+            zeros = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB of zeros: a 3 KB blob
+            ref, h = evil.blob({"values": zeros}), value_hash(zeros)
+            if case.startswith("10,000"):
+                groups = [group_line("w", "float32", [16 << 20], [step("dense", ref, h)] * 10_000)]
+            elif case.startswith("100,000"):
+                groups = [group_line(f"g{i:06d}", "float32", [16 << 20], [step("dense", ref, h)])
+                          for i in range(100_000)]
+            else:
+                groups = [group_line("w", "float32", [4], [step("dense", {"oid": "../../../../etc/hostname",
+                                                                          "size": 8}, h)])]
+            text = meta_text(groups)
+            evil.commit({"model.pt": text})
+            evil.push()
+            res, _ = victim_clone(genv, evil.url, "clone")
+            error = next((ln for ln in res.err.splitlines() if "error:" in ln), "")
+            peak = f"{res.peak_bytes / MiB:.0f} MiB" if res.peak_bytes else "n/a (no cgroup)"
+            print(f"{case:34} metadata {len(text) / MiB:5.1f} MiB, blob {ref.size} B: clone exit {res.returncode} "
+                  f"in {res.seconds:.1f} s, cgroup peak {peak}, oom {res.oom_killed}\n    {error[:150]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2, metavar=("TASK", "DIR"))
     ap.add_argument("--groups", type=int, default=100_000)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--clones", action="store_true", help="only the crafted clones (section 4)")
     args = ap.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
+        return
+    if args.clones:
+        clones()
         return
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

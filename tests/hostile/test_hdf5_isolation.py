@@ -24,9 +24,6 @@ HOSTILE = FIXTURES / "hdf5"
 
 
 def _sample(path):
-    from zipslice.hdf5_format import write
-    from zipslice import TensorSource
-
     with h5py.File(path, "w", track_order=True) as f:
         f["plain"] = np.arange(12, dtype=np.float32).reshape(3, 4)
         f.create_dataset("g/chunked", data=np.arange(1000, dtype=np.int64), chunks=(100,), compression="gzip")

@@ -7,8 +7,6 @@ temp files, and `git status` in the clone must work afterwards.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 
 import numpy as np

@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 import zipslice
 from zipslice import TensorSource, torch_reader, torch_writer
-from zipslice.errors import UnsupportedCheckpointError, ZipsliceError
+from zipslice.errors import ZipsliceError
 
 from theta.clean import clean_checkpoint
 from theta.errors import CheckpointError, MetadataError

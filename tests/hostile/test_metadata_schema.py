@@ -3,7 +3,6 @@ each violation naming the file, the line, the group and the field; what theta wr
 and what zipslice reads back. One test per class of defect, each with several members."""
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np

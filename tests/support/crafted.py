@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +167,3 @@ def leftovers(repo: Repo) -> list[str]:
                 found.append(str(p))
     return found
 
-
-def env_without_theta_debug() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_THETA_")}
