@@ -179,6 +179,8 @@ def filter_main() -> int:
     except ThetaError as e:
         _err(str(e))
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reaches git and its filter alike: git reports it; files stay as they are
+        return 130
 
 
 if __name__ == "__main__":
