@@ -86,8 +86,9 @@ class MemoryCgroup:
         return 0
 
     def remove(self) -> None:
-        """Remove the cgroup once its processes are gone (their page cache is moved to the parent)."""
-        for _ in range(50):
+        """Remove the cgroup once its processes are gone (their page cache is moved to the parent); a
+        process still exiting can hold it for a while: up to 30 s, then it is left (empty, harmless)."""
+        for _ in range(300):
             try:
                 self.path.rmdir()
                 return
