@@ -189,6 +189,30 @@ def test_every_command_materializes_the_checkpoint(genv, cgroup):
         assert cgroup.oom_kills() == 0
 
 
+def test_a_checkpoint_the_index_does_not_hold_never_looks_unmodified(genv, cgroup):
+    """git compares whole seconds, size and inode: a same-size checkpoint from another commit, written in
+    the second of the one it replaces (its inode possibly reused), must keep a stat git cannot confuse with
+    the index entry's. Repeated quickly so that same-second writes and inode reuse actually happen."""
+    repo = genv.init("work")
+    v1 = make_state(2)
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = OrderedDict(v1)
+    v2["embed.weight"] = v1["embed.weight"] + 1       # same shapes: the two files have the same size
+    save_pt(repo / "model.pt", v2)
+    repo.commit("v2", "model.pt")
+    tmp = repo.path.parent
+    assert len(exported(repo, "HEAD:model.pt", tmp)) == len(exported(repo, "HEAD~1:model.pt", tmp))
+    for _ in range(4):
+        started = int(time.time())
+        repo.git("restore", "--source", "HEAD~1", "model.pt")
+        assert_same_checkpoint(repo / "model.pt", v1)
+        assert (repo / "model.pt").stat().st_mtime >= started  # not dated back: the index does not record it
+        assert repo.status() == "M model.pt"
+        repo.git("restore", "model.pt")
+        assert_checked_out(repo, "model.pt", v2)
+
+
 def test_numeric_merge_result_is_materialized(genv, cgroup):
     repo = genv.init("work")
     v1 = make_state(2)

@@ -159,6 +159,16 @@ def _index_entries(root: Path, paths: set[str]) -> dict[str, set[str]]:
     return out
 
 
+def _stage0_entries(root: Path, paths: set[str], hash_name: str) -> dict[str, str]:
+    """path -> the blob id of its stage-0 index entry, for ``paths``; empty for an index theta does not
+    edit (nothing is then dated back: git refreshes such an index by reading the files)."""
+    try:
+        _, entries = gitindex.parse(gitutil.git_path("index", root).read_bytes(), hash_name)
+    except (OSError, IndexUnsupportedError):
+        return {}
+    return {e.path: e.oid for e in entries if e.stage == 0 and e.path in paths}
+
+
 # -- materializing -------------------------------------------------------------------------------------
 def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progress: bool | None = None,
                 remote: str | None = None, store=None, verify: str | None = None,
@@ -202,26 +212,37 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     updates: dict[str, tuple[str, os.stat_result]] = {}
     work = _work_dir(root)
     pending = [p.path for p, _, _ in todo]
+    # only a file the index will record may be dated back (see _settle); any other keeps its real mtime
+    held = _stage0_entries(root, set(pending), hash_name)
+    settled = set()
     try:
         todo = _fetch(root, store, todo, out, remote, progress)
         pending = [p.path for p, _, _ in todo]
         verify = verify or settings.verify_mode(root)
         for p, meta, before in todo:
+            settle = held.get(p.path) == p.oid
             try:
-                st = _write_one(root, work, p, meta, store, before, verify, progress)
+                st = _write_one(root, work, p, meta, store, before, verify, progress, settle)
             except (ThetaError, OSError) as e:
                 out.left.append((p.path, _one_line(e)))
             else:
                 if st is not None:
                     updates[p.path] = (p.oid, st)
                     out.done.append(p.path)
+                    if settle:
+                        settled.add(p.path)
             pending.remove(p.path)
     except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded below
         out.left.extend((path, "interrupted") for path in pending)
         out.interrupted = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _record(root, updates, hash_name, out)
+    recorded = _record(root, updates, hash_name, out)
+    for path in settled - recorded:  # git changed the index meanwhile: undo the dating back (see _settle)
+        try:
+            os.utime(root / path)
+        except OSError:
+            pass
     return out
 
 
@@ -274,9 +295,9 @@ def _alive(pid: int) -> bool:
 
 
 def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.stat_result, verify: str,
-               progress: bool) -> os.stat_result | None:
+               progress: bool, settle: bool) -> os.stat_result | None:
     """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
-    changed meanwhile (then nothing is replaced)."""
+    changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`)."""
     from theta.smudge import smudge_checkpoint
 
     target = root / p.path
@@ -295,7 +316,8 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
     finally:
         if tmp.exists():
             tmp.unlink()
-    _settle(target)
+    if settle:
+        _settle(target)
     return os.stat(target)
 
 
@@ -305,6 +327,10 @@ def _settle(path: Path) -> None:
     git distrusts an entry whose mtime is not older than the index file ("racily clean") and re-reads the
     file on each `git status` until the index is rewritten a second later. The index is rewritten right
     now, so a checkpoint just written would be re-read -- gigabytes -- by the next `git status`.
+
+    Only for a file whose new stat data the index records: git compares whole seconds, size and inode, so
+    a file dated back but left unrecorded (`git restore --source`) could match the entry of the file it
+    replaced (same size, reused inode, same second) and look unmodified.
     """
     st = os.stat(path)
     second = time.time_ns() // 1_000_000_000
@@ -318,26 +344,27 @@ def _umask() -> int:
     return mask
 
 
-def _record(root: Path, updates: dict, hash_name: str, out: Outcome) -> None:
-    """Record the materialized files' stat data in the index (git status then trusts them unread)."""
+def _record(root: Path, updates: dict, hash_name: str, out: Outcome) -> set[str]:
+    """Record the materialized files' stat data in the index (git status then trusts them unread); the
+    paths recorded."""
     if not updates:
-        return
+        return set()
     index_file = gitutil.git_path("index", root)
     try:
-        gitindex.record_stat(index_file, updates, hash_name)
-        return
+        return set(gitindex.record_stat(index_file, updates, hash_name))
     except FileNotFoundError:
-        return  # a temporary index (GIT_INDEX_FILE) that git already removed
+        return set()  # a temporary index (GIT_INDEX_FILE) that git already removed
     except IndexBusyError as e:
         out.notes.append(f"{e}; `git status` will re-read {', '.join(sorted(updates))} once")
-        return
+        return set()
     except IndexUnsupportedError:
         pass
     except OSError as e:
         out.notes.append(f"could not update {index_file}: {e}")
-        return
+        return set()
     # an index theta does not edit (split index): git refreshes it, reading each file once
     gitutil.run_status(["update-index", "-q", "--refresh", "--", *sorted(updates)], root)
+    return set()
 
 
 def _one_line(e: BaseException) -> str:
