@@ -13,7 +13,7 @@ import re
 import tracemalloc
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from theta.errors import MetadataError, ThetaError
 from theta.smudge import smudge_checkpoint
@@ -142,6 +142,7 @@ def test_mutated_metadata_parses_or_fails_cleanly(valid, muts):
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=_mutations())
+@example(muts=[("value", 15890, 18), ("size", 0, 0)])  # the structure's key "model" made null: names differ
 def test_mutated_metadata_rebuilds_or_fails_with_thetas_errors(valid, muts):
     """What parses is rebuilt from the real store: a correct checkpoint or one of theta's errors, within a
     memory budget (never a declared size, never a traceback)."""
@@ -151,6 +152,7 @@ def test_mutated_metadata_rebuilds_or_fails_with_thetas_errors(valid, muts):
     except MetadataError:
         return
     out = d / "out.pt"
+    out.unlink(missing_ok=True)  # one failing example must not leave its output to the next
     tracemalloc.start()
     try:
         smudge_checkpoint(meta, store, out, verify="frames", max_output=1 << 26)
@@ -160,8 +162,8 @@ def test_mutated_metadata_rebuilds_or_fails_with_thetas_errors(valid, muts):
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert peak < 64 << 20, f"rebuild allocated {peak} bytes"
-    if out.exists():  # a successful rebuild is a checkpoint theta reads back to the same metadata hashes
+    if out.exists():  # a successful rebuild is a checkpoint theta reads back to the metadata's tensors
         back = clean_checkpoint(out, store, None)
-        assert {n: g.hash for n, g in back.groups.items()} == {n: g.hash for n, g in meta.groups.items()
-                                                               if n in back.groups}
-        out.unlink()
+        # names come from the (possibly mutated) structure, so compare contents: every tensor read back is
+        # one of the metadata's groups, bit for bit
+        assert {g.hash for g in back.groups.values()} <= {g.hash for g in meta.groups.values()}
