@@ -242,6 +242,117 @@ def theta_repo(tmp_path) -> Repo:
     return repo
 
 
+@pytest.fixture(scope="module")
+def sideload_repo(tmp_path_factory) -> Repo:
+    """One theta repository for the fast side-loaded tests; each commits on top of the last and leaves it clean."""
+    env = GitEnv.create(tmp_path_factory.mktemp("gt-sideload"))
+    repo = env.init("work")
+    torch.save(_base_model(), repo / "model.pt")
+    repo.commit("base", ".gitattributes", "model.pt")
+    return repo
+
+
+def _update_on(kind: str, current: dict[str, np.ndarray], seed: int, factor_dtype=torch.float32
+               ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """A Git-Theta update file for fc.weight over ``current`` and the value Git-Theta's arithmetic gives."""
+    g = torch.Generator().manual_seed(seed)
+    w = current["fc.weight"]
+    if kind == "low-rank":
+        R, C = torch.randn(8, 2, generator=g, dtype=factor_dtype), torch.randn(2, 6, generator=g, dtype=factor_dtype)
+        return {"fc.weight/R": R, "fc.weight/C": C}, R.numpy() @ C.numpy() + w
+    if kind == "ia3":
+        s = torch.rand(8, 1, generator=g, dtype=factor_dtype) + 0.5
+        return {"fc.weight/ia3": s}, w * s.numpy()
+    idx = torch.tensor([seed % 48, 7, 30], dtype=torch.int32)
+    vals = torch.tensor([1.5, -2.0, 0.25], dtype=factor_dtype)
+    dense = np.zeros(48, vals.numpy().dtype)
+    np.add.at(dense, idx.numpy(), vals.numpy())
+    return ({"fc.weight/data": vals, "fc.weight/indices": idx, "fc.weight/indptr": torch.tensor([0, 3], dtype=torch.int32),
+             "fc.weight/shape": torch.tensor([8, 6])}, dense.reshape(8, 6) + w)
+
+
+def _side_load(repo: Repo, kind: str, update: dict[str, torch.Tensor], flag: str = "--update-data") -> None:
+    torch.save(update, repo / "update.bin")
+    repo.theta("add", "model.pt", "--update-type", kind, flag, "update.bin")
+    (repo / "update.bin").unlink()
+
+
+@pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
+def test_fast_side_loaded_update_original_then_current_form(sideload_repo, kind):
+    """Git-Theta's documented form (the work tree holds the original), then the current form (it holds
+    previous-with-update already), one commit each, on one repository."""
+    repo = sideload_repo
+    base = checked_out(repo / "model.pt")
+    update, want = _update_on(kind, base, seed=len(kind))
+    _side_load(repo, kind, update, "--update-path")  # Git-Theta's README spelling
+    repo.git("commit", "-q", "-m", f"{kind}, original form")
+    got = checked_out(repo / "model.pt")  # the work tree, as the add left it: what is committed
+    assert got["fc.weight"].dtype == want.dtype and np.array_equal(got["fc.weight"], want)
+    for name in ("fc.bias", "norm.weight", "other"):
+        assert np.array_equal(got[name], base[name])
+    assert repo.status() == ""
+    assert _last_step(repo, "fc.weight") == kind
+
+    update, want = _update_on(kind, got, seed=len(kind) + 1)
+    torch.save({**{k: torch.from_numpy(v) for k, v in got.items()}, "fc.weight": torch.from_numpy(want)},
+               repo / "model.pt")
+    before = (repo / "model.pt").read_bytes()
+    _side_load(repo, kind, update)
+    assert (repo / "model.pt").read_bytes() == before  # the current form: nothing to rewrite
+    repo.git("commit", "-q", "-m", f"{kind}, current form")
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "model.pt")
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert repo.status() == ""
+    assert _last_step(repo, "fc.weight") == kind
+
+
+def test_fast_side_loaded_update_refuses_a_third_value(sideload_repo):
+    repo = sideload_repo
+    current = checked_out(repo / "model.pt")
+    update, _ = _update_on("ia3", current, seed=5)
+    torch.save(update, repo / "update.bin")
+    torch.save({**{k: torch.from_numpy(v) for k, v in current.items()},
+                "fc.weight": torch.from_numpy(current["fc.weight"] + 3)}, repo / "model.pt")
+    before = (repo / "model.pt").read_bytes()
+    proc = repo.theta("add", "model.pt", "--update-type", "ia3", "--update-data", "update.bin", check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "'fc.weight' is neither the previous version (max abs difference 3)" in err
+    assert "previous version with the ia3 update" in err and "max abs difference" in err.split("applied")[1]
+    assert (repo / "model.pt").read_bytes() == before
+    assert repo.out("diff", "--cached", "--name-only") == ""
+    (repo / "update.bin").unlink()
+    repo.git("checkout", "model.pt")
+
+
+def _last_step(repo: Repo, group: str) -> str:
+    steps = [json.loads(line) for line in repo.show("HEAD:model.pt").decode().splitlines()[1:]
+             if not line.startswith("#")]
+    return next(s for s in steps if s.get("group") == group)["steps"][-1]["type"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
+def test_side_loaded_update_promotes_as_git_theta_checks_out(theta_repo, kind):
+    """float64 factors on a float32 group: Git-Theta checks out numpy's promotion (float64; see
+    fixtures/git_theta/nested, commits N4 and N6); theta commits that value (dense: it changed dtype)."""
+    repo = theta_repo
+    base = checked_out(repo / "model.pt")
+    update, want = _update_on(kind, base, seed=3, factor_dtype=torch.float64)
+    assert want.dtype == np.float64
+    _side_load(repo, kind, update)
+    repo.git("commit", "-q", "-m", f"{kind} promoting")
+    assert checked_out(repo / "model.pt")["fc.weight"].dtype == np.float64
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert repo.status() == ""
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "model.pt")
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert _last_step(repo, "fc.weight") == "dense"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
 @pytest.mark.parametrize("form", ["original", "updated"])
 def test_side_loaded_update_both_forms(theta_repo, kind, form):
@@ -267,6 +378,7 @@ def test_side_loaded_update_both_forms(theta_repo, kind, form):
     assert fc["steps"][-1]["type"] == kind
 
 
+@pytest.mark.slow
 def test_side_loaded_update_refuses_a_third_value(theta_repo):
     repo = theta_repo
     base = _base_model()
