@@ -99,6 +99,12 @@ def add(ctx: typer.Context,
     if checkpoint_type:
         note(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
              f"from the file (use --format to change the committed format)")
+    if update_type:
+        from theta import updates
+
+        known = ["auto", *updates.names()]
+        if update_type not in known:  # as Git-Theta's argparse choices: refused before git runs
+            raise ThetaError(f"--update-type {update_type!r}: expected one of {', '.join(known)}")
     if update_type and update_data:
         # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
         from theta.commands.sideload_add import prepare
