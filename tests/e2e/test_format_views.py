@@ -210,7 +210,7 @@ def test_refusals_stage_nothing(repo):
 
 
 def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
-    """switch, stash/pop, reset --hard, restore, merge, cherry-pick, clone: the work tree is always the view, the
+    """switch, checkout, rebase, merge, stash/pop, reset --hard, restore, cherry-pick, clone: the work tree is always the view, the
     repository always safetensors, and the tree clean after each."""
     import safetensors.torch
 
@@ -246,8 +246,17 @@ def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
     repo.git("commit", "-qam", "main: layer")
     main = state()
 
+    repo.git("switch", "-q", "-c", "reb", "exp")
+    repo.git("rebase", "-q", "main")  # exp's edit replayed on main's: a three-way merge of groups
+    rebased = state()
+    assert same_bits(rebased["embed.weight"], exp["embed.weight"])
+    assert same_bits(rebased["layer.0.weight"], main["layer.0.weight"])
+    repo.git("checkout", "-q", "main")  # checkout of a branch
+    assert same(state(), main)
+
     repo.git("merge", "-q", "--no-edit", "exp")  # the theta merge driver combines the two edits
     merged = state()
+    assert same(merged, rebased)
     assert same_bits(merged["embed.weight"], exp["embed.weight"])
     assert same_bits(merged["layer.0.weight"], main["layer.0.weight"])
 
