@@ -127,3 +127,11 @@ def test_every_verb_leaves_the_view(genv, committed, view):
     assert_view(clone, path, view, committed, v2)
     clone.git("checkout", "-q", "exp")
     assert_view(clone, path, view, committed, merged)
+
+    # a clone whose checkout left placeholders (GIT_THETA_SKIP_SMUDGE), finished by `git theta pull`
+    genv.run(["git", "clone", "-q", f"file://{bare.path}", str(genv.home.parent / "later")], cwd=genv.home,
+             extra_env={"GIT_THETA_SKIP_SMUDGE": "1"})
+    later = Repo(genv.home.parent / "later", genv)
+    assert (later / path).read_bytes().startswith(b"theta-metadata")
+    later.theta("pull")
+    assert_view(later, path, view, committed, v2)
