@@ -48,6 +48,10 @@ def check_rebuildable(meta: CheckpointMeta, file: str, fmt: str | None = None,
     the output format is known and writable, the total output is within ``max_output``, every group's chain
     is well formed and bounded (:mod:`theta.updates.bounds`). Returns the output format."""
     target = view_of(meta, fmt, file).format
+    if target == "sharded":  # what theta before the shard-index rule stored for a `*.index.json` under `*`
+        raise CheckpointError(f"{file}: recorded as a whole sharded checkpoint, which is not one file; write it "
+                              f"with `git theta export REV:{file} DIR/NAME.safetensors.index.json`, then commit "
+                              f"the index JSON itself (theta now keeps it as plain text)")
     try:
         spec = zipslice.formats.get(target)
     except ValueError as e:

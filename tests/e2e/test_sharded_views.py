@@ -104,6 +104,30 @@ def test_committed_shards_viewed_in_another_format(repo, committed, view):
     assert repo.status() == ""
 
 
+def test_shard_index_under_a_catch_all_pattern_stays_json(tmp_path):
+    """`git theta track '*'` catches model.safetensors.index.json too: it stays the JSON text it is (its shards are
+    tracked on their own), checks out bit for bit, and a view of the shards still loads through it."""
+    import zipslice
+    from zipslice import sharded
+    from zipslice.sources import as_sources
+
+    repo = GitEnv.create(tmp_path).init("work", track=("*",))
+    tensors = layers(4)
+    index = "model.safetensors.index.json"
+    sharded.write(repo / index, as_sources(tensors.items()), max_shard_bytes=2 * 32 * 32 * 4)
+    text = (repo / index).read_bytes()
+    repo.git("add", "-A")
+    repo.git("commit", "-qm", "sharded, everything through theta")
+    assert repo.show(f"HEAD:{index}") == text
+    shards = sorted(set(json.loads(text)["weight_map"].values()))
+    assert all(loads(repo.show(f"HEAD:{s}")).format == "safetensors" for s in shards)
+    repo.git("config", "theta.checkoutFormat", "torch")
+    check_out_again(repo, index, *shards)
+    assert (repo / index).read_bytes() == text and repo.status() == ""
+    with zipslice.load(repo / index) as lsd:
+        assert same({k: lsd[k] for k in lsd}, tensors)
+
+
 # -- one committed file, written as shards and recorded back ----------------------------------------------
 
 class Layers(torch.nn.Module):
