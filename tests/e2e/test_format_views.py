@@ -191,6 +191,17 @@ def test_refusals_stage_nothing(repo):
     torch.save(obj, repo / "model.safetensors")
     refused(repo, "model.safetensors", "'epoch'", "non-tensor")
 
+    # a name the committed format cannot hold: safetensors reserves __metadata__, HDF5 needs groups for paths
+    check_out_again(repo, "model.safetensors")
+    formats.edit(repo / "model.safetensors", "__metadata__", torch.ones(2))
+    refused(repo, "model.safetensors", "'__metadata__'", "reserves")
+    write_committed(repo / "k.h5", "hdf5")
+    repo.commit("k", "k.h5")
+    (repo / ".git" / "info" / "attributes").write_text("k.h5 theta-format=torch\n")
+    check_out_again(repo, "k.h5")
+    formats.edit(repo / "k.h5", "dense/kernel/extra", torch.ones(2), "torch")
+    refused(repo, "k.h5", "'dense/kernel/extra'", "both a tensor and a group")
+
     # a torch list cannot gain an item through a flat view
     torch.save({"blocks": [torch.ones(2), torch.ones(3)]}, repo / "b.pt")
     repo.commit("b", "b.pt")
