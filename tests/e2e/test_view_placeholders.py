@@ -14,6 +14,7 @@ import torch
 from support import formats
 from support.formats import same_bits
 from support.gitrepo import GitEnv, Repo
+from theta.storage.metadata import loads
 
 # committed format, view format (one streamed writer, one written through a temp file)
 CASES = [("safetensors", "torch"), pytest.param("torch", "hdf5", marks=pytest.mark.slow)]
@@ -36,7 +37,9 @@ def state(seed: int, base: dict | None = None, change: str | None = None) -> dic
     return {**base, change: torch.randn(*base[change].shape, generator=g).to(base[change].dtype)}
 
 
-def assert_view(repo: Repo, path: str, view: str, committed: str, want: dict) -> None:
+def assert_view(repo: Repo, path: str, view: str, committed: str, want: dict, unread: bool = True) -> None:
+    """The work tree holds the view of ``want``, git status is clean and -- ``unread``: after a verb theta
+    materialised the file for -- git trusted the stat data theta recorded without starting the filter."""
     f = repo / path
     assert not f.read_bytes().startswith(b"theta-metadata"), f"{path} is still a placeholder"
     assert formats.sniff(f) == view
@@ -44,10 +47,9 @@ def assert_view(repo: Repo, path: str, view: str, committed: str, want: dict) ->
     assert sorted(got) == sorted(want) and all(same_bits(got[k], want[k]) for k in want)
     proc = repo.git("status", "--porcelain", extra_env={"GIT_TRACE": "1"})
     assert proc.stdout.decode() == ""
-    assert "filter-process" not in proc.stderr.decode(), proc.stderr.decode()[-2000:]  # git trusted the stat
+    if unread:
+        assert "filter-process" not in proc.stderr.decode(), proc.stderr.decode()[-2000:]
     assert not (repo.git_common_dir() / "index.lock").exists()
-    from theta.storage.metadata import loads
-
     assert loads(repo.show(f"HEAD:{path}")).format == committed
 
 
@@ -62,8 +64,8 @@ def test_every_verb_leaves_the_view(genv, committed, view):
     repo.commit("v1", ".gitattributes", path, "notes.txt")
     repo.git("branch", "exp")
 
-    def check(want):
-        assert_view(repo, path, view, committed, want)
+    def check(want, unread=True):
+        assert_view(repo, path, view, committed, want, unread)
 
     (repo / path).unlink()  # the work tree still holds the file as written, in the committed format
     repo.git("checkout", "--", path)                           # checkout of a path
@@ -71,7 +73,7 @@ def test_every_verb_leaves_the_view(genv, committed, view):
     v2 = state(2, v1, "layers.0.weight")                       # edit in the view, commit: committed format
     formats.edit(repo / path, "layers.0.weight", v2["layers.0.weight"], view)
     repo.git("commit", "-qam", "v2")
-    check(v2)
+    check(v2, unread=False)  # a file edited in the second git recorded it is racily clean: git may re-read it
     repo.git("switch", "-q", "exp")                            # switch
     check(v1)
     v3 = state(3, v1, "layers.3.weight")
