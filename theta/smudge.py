@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import zlib
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -288,8 +289,9 @@ class _Job:
             sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=None,
                                         tie=("theta", g.name), is_parameter=owner.is_parameter,
                                         requires_grad=owner.requires_grad))
-        self.rebuild = rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta, max_shard_bytes),
-                                            frames_ok=verify == "frames")
+        order = _expected_read_order(sources, target, meta, max_shard_bytes)
+        self.rebuild = rebuild = _Rebuilder(meta, store, name, order, frames_ok=verify == "frames",
+                                            with_crc=target == "torch")
         handed: list[memoryview] = []
 
         def before_new() -> None:
@@ -317,8 +319,14 @@ class _Job:
                 return view
             return read
 
+        def crc_of(group_name: str):
+            def crc32():  # the torch writer's CRC of the bytes read() just gave, computed ahead on a thread
+                return rebuild.crc_of(group_name)
+            return crc32
+
         for src in sources:
             src.read = reader(meta.group_for(src.name).name)
+            src.crc32 = crc_of(meta.group_for(src.name).name)
         self.sources = sources
 
     def close(self) -> None:
@@ -345,12 +353,17 @@ def _expected_read_order(sources: list[TensorSource], target: str, meta: Checkpo
 class _Rebuilder:
     """Rebuilds groups for the writer, the next expected one on a background thread (one ahead).
 
-    Holds at most the value just handed to the writer and the one being rebuilt ahead.
+    Holds at most the value just handed to the writer and the one being rebuilt ahead. ``with_crc``: the
+    group rebuilt ahead also gets the CRC-32 of its little-endian bytes on that thread (the torch zip needs
+    it before the bytes are written: computed there, it overlaps with the writing of the group before).
     """
 
-    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, order: list[str], frames_ok: bool = False):
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, order: list[str], frames_ok: bool = False,
+                 with_crc: bool = False):
         self.meta, self.store, self.file = meta, store, file
         self.frames_ok = frames_ok
+        self.with_crc = with_crc
+        self.last_crc: int | None = None  # CRC-32 of self.last's bytes, when computed ahead
         self._verified: set[str] = set()  # groups whose decode already proved every byte (no hash needed)
         self.next_of: dict[str, str] = {}
         for a, b in zip(order, order[1:]):
@@ -371,30 +384,43 @@ class _Rebuilder:
                 return value
         return reconstruct(group, self.store, None, file=self.file, verify=False)
 
+    def _rebuild_ahead(self, group_name: str) -> tuple[np.ndarray, int | None]:
+        value = self._rebuild(group_name)
+        return value, (zlib.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
+
+    def crc_of(self, group_name: str) -> int | None:
+        """The CRC-32 of the bytes of ``group_name`` if it is the value just handed out and it was computed
+        ahead; else None (the writer computes it)."""
+        if self.last is not None and self.last[0] == group_name:
+            return self.last_crc
+        return None
+
     def get(self, group_name: str, before_new=None) -> tuple[np.ndarray, bool]:
         """(value, fresh): fresh is False when the same group is read again (a tied alias)."""
         if self.last is not None and self.last[0] == group_name:
             return self.last[1], False
-        self.last = None
+        self.last, self.last_crc = None, None
         if before_new is not None:
             before_new()  # e.g. finish checking the previous value, so it can be freed first
         ahead, self.ahead = self.ahead, None
+        crc = None
         if ahead is not None and ahead[0] == group_name:
-            value = ahead[1].result()
+            value, crc = ahead[1].result()
         else:
             if ahead is not None:
                 ahead[1].cancel() or ahead[1].exception()  # guessed wrong: drop it
             value = self._rebuild(group_name)
         nxt = self.next_of.get(group_name)
         if nxt is not None and _nbytes(self.meta.groups[nxt]) <= READ_AHEAD_BYTES:
-            self.ahead = (nxt, parallel.pool("rebuild").submit(self._rebuild, nxt))
-        self.last = (group_name, value)
+            self.ahead = (nxt, parallel.pool("rebuild").submit(self._rebuild_ahead, nxt))
+        self.last, self.last_crc = (group_name, value), crc
         return value, True
 
     def close(self) -> None:
         if self.ahead is not None:
             self.ahead[1].cancel() or self.ahead[1].exception()
         self.ahead = self.last = None
+        self.last_crc = None
 
 
 # How smudge verifies each rebuilt group:

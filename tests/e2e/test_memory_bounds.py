@@ -28,7 +28,8 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     limit = figures["limit"]
     assert figures["largest"] == 7630 * 768 * 4  # the scaled BERT vocabulary is the largest group
     rows = {r["step"]: r for r in figures["tools"]["theta-2t"]}
-    assert set(rows) == set(ADDS) | {"checkout v1"}
+    assert set(rows) == set(ADDS) | {"checkout v1", "clone"}
+    assert all(r["status"] == "ok" for r in rows.values()), proc.stdout
     for step in ADDS:
         assert 0 < rows[step]["peak_tree_rss"] <= limit, (step, rows[step], proc.stdout)
     assert 0 < rows["checkout v1"]["peak_filter_rss"] <= limit, (rows["checkout v1"], proc.stdout)
