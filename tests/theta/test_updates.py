@@ -361,7 +361,7 @@ def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
 
 def test_squash_meta_makes_every_group_self_contained(tmp_path):
     from theta.clean import CleanOptions, clean_checkpoint
-    from theta.commands.squash import squash_meta
+    from theta.squash import squash_meta
     from theta.storage.store import LfsStore
     from theta.updates import reconstruct
 
@@ -453,7 +453,7 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     reconstruct(metas[3].groups["emb"], store, cache)
     assert raw(reconstruct(metas[4].groups["emb"], store, cache)) == raw(values[4])
     # git theta squash's rewrite makes such a chain one self-contained step of the group's shape
-    from theta.commands.squash import squash_meta
+    from theta.squash import squash_meta
 
     squashed, report = squash_meta(metas[4], store)
     assert report.rewritten == 1 and [s.type for s in squashed.groups["emb"].steps] == ["dense"]
