@@ -2,7 +2,9 @@
 
 One group at a time (memory ~ 2 x the largest group, + its previous value when comparing):
 
-1. hash the group's bytes; same hash as the previous version -> reuse its steps (no blob, no LSH);
+1. hash the group's bytes with xxh3-128; same fast hash as the previous version -> reuse its steps (no
+   blob, no LSH, no sha256); otherwise (or when the previous metadata predates fast hashes, or with
+   ``exact``) the sha256 decides, as it always did, and is the new value's content hash;
 2. float groups: E2LSH signature; if it says "maybe close" to the previous version, rebuild the previous
    value and compare with allclose(rtol, atol) -> if close, the group is unchanged (reuses previous steps);
    with ``exact=True`` only identical bytes count as unchanged;
@@ -32,7 +34,7 @@ from theta.errors import (BlobMissingError, CheckpointError, IntegrityError, Met
                           UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, reconstruct
+from theta.updates import content_hash, fast_hash, reconstruct
 
 
 @dataclass
@@ -206,7 +208,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous)
+                got = _read_group(lsd, key, previous, options.exact)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
@@ -215,7 +217,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
                     break
-                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
+                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous,
+                                                                options.exact)))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
@@ -246,19 +249,26 @@ class _Read:
     info: object
     raw: np.ndarray            # carrier dtype (unsigned ints of the same width): the exact bits
     arr: np.ndarray            # the same memory viewed with the real dtype
-    digest: str
+    digest: str                # sha256 (the previous version's when the fast hash says unchanged)
+    fast: str                  # xxh3-128
     prev: GroupMeta | None
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
 
 
-def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
+def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False) -> _Read:
     info = lsd.info(key)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     prev = _previous_group(previous, key, info.dtype, info.shape)
-    digest = content_hash(raw)
+    fast = fast_hash(raw)
+    if prev is not None and prev.fast == fast and not exact:
+        # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
+        # value's, and the sha256 of the bytes is never computed
+        digest = prev.hash
+    else:
+        digest = content_hash(raw)
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.
@@ -269,7 +279,7 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
             norm = lsh.l2norm(arr)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
         key in previous.groups or key in previous.aliases) else None
-    return _Read(key, info, raw, arr, digest, prev, sig, reshaped, norm)
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -280,8 +290,11 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     stats.raw_bytes += info.nbytes
 
     def keep(p: GroupMeta) -> GroupMeta:
+        # the previous value is kept: the new bytes' fast hash when they are that value (so metadata written
+        # before fast hashes gets them as its groups are met again), else (allclose) the previous one's
+        fast = got.fast if p.hash == digest else p.fast
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
-                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad)
+                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast)
 
     sideloaded = update_data is not None and key in update_data  # must be checked against the update
     if prev is not None and prev.hash == digest and not sideloaded:
@@ -342,5 +355,5 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
     return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
-                     is_parameter=info.is_parameter, requires_grad=info.requires_grad)
+                     is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)
 

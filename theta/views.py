@@ -271,7 +271,7 @@ def _group(name: str, value: GroupMeta, committed: GroupMeta | None, is_paramete
     """Group ``name`` holding ``value``; the committed group's steps when the value did not change."""
     src = committed if committed is not None and _same_value(committed, value) else value
     return GroupMeta(name=name, dtype=src.dtype, shape=tuple(src.shape), hash=src.hash, steps=list(src.steps),
-                     lsh=src.lsh, is_parameter=is_parameter, requires_grad=requires_grad)
+                     lsh=src.lsh, is_parameter=is_parameter, requires_grad=requires_grad, fast=src.fast)
 
 
 def _refuse_values(view: CheckpointMeta, fmt: str, file: str) -> None:
