@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,8 +31,8 @@ from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
-from theta.errors import (BlobMissingError, CheckpointError, IntegrityError, MetadataError, NotCheckpointError,
-                          UpdateTypeError)
+from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, IntegrityError, MetadataError,
+                          NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, fast_hash, reconstruct
@@ -122,11 +123,13 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
                      options: CleanOptions | None = None, *, stats: CleanStats | None = None,
-                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None) -> CheckpointMeta:
+                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None,
+                     stop: threading.Event | None = None) -> CheckpointMeta:
     """The metadata of the checkpoint at ``path``, in the file's own format; new/changed groups are put in ``store``.
 
     ``previous`` is the metadata of the last committed version of the same path (for reuse by tensor name),
-    if any. ``opener`` opens the file (default :func:`zipslice.load`). A corrupt, unsafe or unreadable
+    if any. ``opener`` opens the file (default :func:`zipslice.load`). ``stop``: once set, the clean ends
+    with CleanStopped before its next group (what it stored stays in the store, unreferenced). A corrupt, unsafe or unreadable
     checkpoint raises CheckpointError naming the file. To record a file in its committed format whatever
     format it has in the work tree, see :func:`theta.views.clean_as_committed`.
     """
@@ -144,7 +147,7 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
     try:
         with lsd:
-            return _clean(lsd, path, store, previous, options, stats)
+            return _clean(lsd, path, store, previous, options, stats, stop)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:
@@ -173,7 +176,7 @@ _OPAQUE_CHUNK = 8 << 20
 
 
 def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,
-           stats: CleanStats) -> CheckpointMeta:
+           stats: CleanStats, stop: threading.Event | None = None) -> CheckpointMeta:
     order = list(lsd)
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
@@ -205,6 +208,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     nxt = 0  # the next group index not yet read or submitted
     try:
         for i, key in enumerate(group_keys):
+            if stop is not None and stop.is_set():
+                raise CleanStopped(f"clean of {path} stopped")
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
