@@ -35,7 +35,7 @@ from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, Integ
                           NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, fast_hash, reconstruct
+from theta.updates import content_hash, decode_proven_dense, fast_hash, reconstruct
 
 
 @dataclass
@@ -318,8 +318,10 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             try:
                 # its final hash is checked on another thread while it is compared with / encoded against
                 # (check_previous() before anything built on it is returned)
-                value = reconstruct(prev, store, file=path, verify=False)
-                checking.append(parallel.pool("hash").submit(content_hash, value))
+                value = decode_proven_dense(prev, store, path)  # bound and checksummed: no hash needed
+                if value is None:
+                    value = reconstruct(prev, store, file=path, verify=False)
+                    checking.append(parallel.pool("hash").submit(content_hash, value))
                 cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
