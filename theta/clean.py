@@ -35,7 +35,7 @@ from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, Integ
                           NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, decode_proven_dense, fast_hash, reconstruct
+from theta.updates import bind_steps, content_hash, decode_proven_dense, fast_hash, reconstruct_proven
 
 
 @dataclass
@@ -320,8 +320,10 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                 # (check_previous() before anything built on it is returned)
                 value = decode_proven_dense(prev, store, path)  # bound and checksummed: no hash needed
                 if value is None:
-                    value = reconstruct(prev, store, file=path, verify=False)
-                    checking.append(parallel.pool("hash").submit(content_hash, value))
+                    # a chain this store built and bound (bind_steps) rebuilds without hashing its steps
+                    value, proven = reconstruct_proven(prev, store, path)
+                    if not proven:
+                        checking.append(parallel.pool("hash").submit(content_hash, value))
                 cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
@@ -358,9 +360,9 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
         raise
     check_previous()
+    bind_steps(steps, store)  # every step's value is now proven (hashed here, or bound before)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
     return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
                      is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)
-

