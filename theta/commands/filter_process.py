@@ -317,7 +317,7 @@ class Filter:
                 head = f.read(4096)
         except OSError:
             return None
-        if is_metadata(head) or head[:1] == b"{" or before is None:
+        if is_metadata(head) or head.lstrip()[:1] == b"{" or before is None:  # JSON: metadata, shard indexes
             return None
         previous_text = self.previous_text(path)
         previous = self.previous(path, previous_text)
