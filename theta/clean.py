@@ -302,6 +302,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                          lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast)
 
     sideloaded = update_data is not None and key in update_data  # must be checked against the update
+    if sideloaded and prev is None and got.reshaped is not None and tuple(got.reshaped.shape) == tuple(info.shape):
+        prev = got.reshaped  # another dtype: the update may promote it, as Git-Theta does (sideload.verify decides)
     if prev is not None and prev.hash == digest and not sideloaded:
         stats.unchanged += 1
         return keep(prev)

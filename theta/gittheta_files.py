@@ -13,9 +13,10 @@ Git-Theta's JSON metadata. :class:`GitThetaFile` turns that metadata into what G
 * :func:`to_theta_metadata` rewrites the file into theta's own format (``git theta migrate``, and the
   previous version a new commit on top of Git-Theta history builds on).
 
-Only flat checkpoints (a PyTorch state dict: one key per group) are written; a nested group is refused
-naming it. Values are those of the chain's arithmetic on this machine: bit for bit for dense, sparse and
-ia3; low-rank's BLAS matmul may differ from another machine's in the last bit.
+Nested checkpoints (Git-Theta's Flax and TensorFlow types: a group's key is a path of dict keys) are written
+as nested dicts of a PyTorch file; a group's name is its path joined with "/", as Git-Theta names it in update
+files and logs (:func:`group_names`). Values are those of the chain's arithmetic on this machine: bit for bit
+for dense, sparse and ia3; low-rank's BLAS matmul may differ from another machine's in the last bit.
 """
 from __future__ import annotations
 
@@ -34,6 +35,59 @@ from theta.storage import gittheta as gt
 from theta.storage.store import BlobRef, LfsStore
 
 
+def group_names(meta: "gt.FileMetadata") -> dict[str, tuple[str, ...]]:
+    """``{name: key}`` in text order; a name is the key's path joined with "/" (Git-Theta's own rule: it never
+    splits a key, so ``("x/y",)`` and ``("x", "y")`` would both be "x/y": refused, naming both)."""
+    names: dict[str, tuple[str, ...]] = {}
+    for key in meta.groups:
+        name = "/".join(key)
+        if name in names:
+            raise GitThetaFormatError(f"groups {list(names[name])} and {list(key)} would both be named {name!r} "
+                                      f"(a key containing '/' next to a nested one)", file=meta.file, group=name)
+        if any(k == "" for k in key):
+            raise GitThetaFormatError(f"an empty key in the group's path {list(key)}", file=meta.file, group=name)
+        names[name] = key
+    return names
+
+
+def structure_of(keys: "dict[str, tuple[str, ...]]") -> dict | None:
+    """The zipslice structure (nested dicts) of a checkpoint whose groups have these key paths, in Git-Theta's
+    order (its unflatten: a sub-dict sits where its first group does); None when it is flat."""
+    if all(len(k) == 1 for k in keys.values()):
+        return None
+    root: dict = {}
+    for name, key in keys.items():
+        node = root
+        for k in key[:-1]:
+            node = node.setdefault(k, {})
+        node[key[-1]] = name
+
+    def to_node(d: dict) -> dict:
+        return {"dict": [[k, {"tensor": v} if isinstance(v, str) else to_node(v)] for k, v in d.items()]}
+
+    return to_node(root)
+
+
+def key_paths(node: dict, prefix: tuple = ()) -> "dict[str, tuple] | None":
+    """``{tensor name: path of dict keys}`` of a zipslice structure made only of string-keyed dicts and
+    tensors (what a Git-Theta checkout is); None for anything else (lists, values, other key types)."""
+    items = node.get("dict", node.get("odict"))
+    if items is None or "metadata" in node:
+        return None
+    out: dict = {}
+    for k, child in items:
+        if not isinstance(k, str):
+            return None
+        if "tensor" in child:
+            out[child["tensor"]] = prefix + (k,)
+            continue
+        sub = key_paths(child, prefix + (k,))
+        if sub is None:
+            return None
+        out.update(sub)
+    return out
+
+
 def is_git_theta(data: "bytes | None") -> bool:
     """True when a blob is Git-Theta metadata (cheap for anything else: only JSON objects are parsed)."""
     return data is not None and data[:1] == b"{" and gt.is_git_theta_metadata(data)
@@ -49,10 +103,8 @@ class GitThetaFile:
         self.resolver = gt.ChainResolver(self.repo_dir, path, self._read_object)
         self._chains: dict[tuple[str, ...], list] = {}
         self._dtypes: dict[tuple[str, ...], np.dtype] = {}
-        for group in self.meta.groups.values():
-            if len(group.key) != 1:
-                raise GitThetaFormatError("nested checkpoint groups are not supported by theta's Git-Theta "
-                                          "reader (only flat state dicts)", file=self.meta.file, group=group.name)
+        self.keys = group_names(self.meta)  # name -> path of keys; refuses two groups with one name
+        self.structure = structure_of(self.keys)  # None: a flat state dict
 
     # -- reading -------------------------------------------------------------------------------------
     def _read_object(self, repo_dir, ref: "gt.ObjectRef") -> bytes | None:
@@ -61,13 +113,16 @@ class GitThetaFile:
         blob = BlobRef(ref.oid, ref.size)
         return self.store.get(blob) if self.store.has(blob) else None
 
+    def _group(self, name: str) -> "gt.GroupMetadata":
+        return self.meta.groups[self.keys[name]]
+
     def names(self) -> list[str]:
         """Group names in text order (the order Git-Theta writes the checkout in)."""
-        return [g.name for g in self.meta.groups.values()]
+        return list(self.keys)
 
     def chain(self, name: str) -> list:
         """``[(group metadata, metadata text name), ...]`` from the group back to its dense value."""
-        group = self.meta.group(name)
+        group = self._group(name)
         if group.key not in self._chains:
             self._chains[group.key] = self.resolver.chain(group, self.meta.file)
         return self._chains[group.key]
@@ -88,7 +143,7 @@ class GitThetaFile:
 
     def dtype(self, name: str) -> np.dtype:
         """The dtype of the value Git-Theta checks out (numpy's promotion along the chain), from headers."""
-        group = self.meta.group(name)
+        group = self._group(name)
         if group.key not in self._dtypes:
             chain = self.chain(name)
             dt = np.dtype(chain[-1][0].tensor.dtype)
@@ -103,14 +158,14 @@ class GitThetaFile:
         return self._dtypes[group.key]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.meta.group(name).tensor.shape)
+        return tuple(self._group(name).tensor.shape)
 
     def update_type(self, name: str) -> str:
-        return self.meta.group(name).theta.update_type
+        return self._group(name).theta.update_type
 
     def value(self, name: str) -> np.ndarray:
         """The value Git-Theta checks out for group ``name`` (blobs must be local: :meth:`fetch`)."""
-        group = self.meta.group(name)
+        group = self._group(name)
         value = self.resolver.resolve(group, self.meta.file)
         if value.dtype != self.dtype(name):
             raise GitThetaFormatError(f"rebuilt as {value.dtype}, its blobs' headers say {self.dtype(name)}",
@@ -144,6 +199,8 @@ class GitThetaFile:
                                    dir=os.path.dirname(out_path) or ".")
         os.close(fd)
         options = {"record_prefix": torch_writer.default_prefix(out_path)} if fmt == "torch" else {}
+        if fmt == "torch" and self.structure is not None:
+            options["structure"] = self.structure
         try:
             zipslice.save(tmp, [(s.name, s) for s in self.sources()], format=fmt, **options)
             os.replace(tmp, out_path)
@@ -155,12 +212,14 @@ class GitThetaFile:
         """Stream the torch checkout to ``out`` (nothing seeks): the filter's pipe to git."""
         from zipslice import torch_writer
 
-        torch_writer.write_to(out, self.sources(), record_prefix=torch_writer.default_prefix(name), path=name)
+        torch_writer.write_to(out, self.sources(), record_prefix=torch_writer.default_prefix(name), path=name,
+                              structure=self.structure)
 
     # -- comparing -----------------------------------------------------------------------------------
     def matches(self, checkpoint_path: "str | os.PathLike") -> bool:
         """True when the checkpoint at ``checkpoint_path`` holds exactly the groups this metadata checks out:
-        the same names, dtypes and shapes, every value bit for bit. One group in memory at a time."""
+        the same names (nested the same way, for a format that nests), dtypes and shapes, every value bit for
+        bit. One group in memory at a time."""
         import zipslice
 
         try:
@@ -171,6 +230,8 @@ class GitThetaFile:
             keys = list(ckpt.keys())
             if sorted(keys) != sorted(self.names()):
                 return False
+            if ckpt.structure is not None and key_paths(ckpt.structure) != self.keys:
+                return False  # same names, nested differently ("x/y" as one key or as x -> y)
             for name in self.names():
                 info = ckpt.info(name)
                 if tuple(info.shape) != self.shape(name) or info.dtype != dtypes.from_numpy(self.dtype(name)).name:
@@ -212,6 +273,9 @@ class GitThetaSide:
         self.gtf, self.label = gtf, label
         self._hashes: dict[str, str] = {}
         self._fetched = False
+
+    def _group(self, name: str) -> "gt.GroupMetadata":
+        return self.meta.groups[self.keys[name]]
 
     def names(self) -> list[str]:
         return self.gtf.names()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import zlib
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -47,6 +49,10 @@ def check_rebuildable(meta: CheckpointMeta, file: str, fmt: str | None = None,
     the output format is known and writable, the total output is within ``max_output``, every group's chain
     is well formed and bounded (:mod:`theta.updates.bounds`). Returns the output format."""
     target = view_of(meta, fmt, file).format
+    if target == "sharded":  # what theta before the shard-index rule stored for a `*.index.json` under `*`
+        raise CheckpointError(f"{file}: recorded as a whole sharded checkpoint, which is not one file; write it "
+                              f"with `git theta export REV:{file} DIR/NAME.safetensors.index.json`, then commit "
+                              f"the index JSON itself (theta now keeps it as plain text)")
     try:
         spec = zipslice.formats.get(target)
     except ValueError as e:
@@ -130,6 +136,56 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
         job.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def smudge_sharded(meta: CheckpointMeta, store: LfsStore, index_path: str | os.PathLike,
+                   max_shard_bytes: int | None = None, progress: bool = False, verify: str = "hash",
+                   max_output: int = bounds.DEFAULT_MAX_OUTPUT, name: str | None = None) -> list[str]:
+    """Write the checkpoint described by ``meta`` as a sharded checkpoint: shards of at most
+    ``max_shard_bytes`` (default: transformers' 5 GB) beside the index ``index_path``, laid out like
+    :func:`zipslice.sharded.write` (``model.safetensors.index.json`` -> ``model-00001-of-00003.safetensors``
+    ...; the shard format follows the index's name). Returns the shard paths.
+
+    The shards are views of ``meta`` (:func:`theta.views.view_of`: the same refusals as a checkout in the
+    shard format; flat names, the committed file metadata in each shard). Memory is bounded by the largest
+    group, as for any checkout. Everything is written into a scratch directory beside the index first and
+    moved into place -- shards, then the index -- only once every group was rebuilt and verified: on any
+    error nothing is left at the destination. Shards of an earlier export with another shard count are left
+    in place (the new index does not name them).
+    """
+    from zipslice import sharded
+
+    index_path = os.fspath(index_path)
+    name = name or Path(index_path).name
+    if meta.is_opaque:
+        raise CheckpointError(f"{name}: the committed file is not a checkpoint (stored as opaque bytes); "
+                              "it cannot be written as shards")
+    try:
+        shard_fmt = sharded.shard_format(index_path)
+    except ValueError as e:
+        raise ThetaError(str(e)) from None
+    view = view_of(meta, shard_fmt, name)
+    check_rebuildable(meta, name, shard_fmt, max_output)
+    check_blobs(meta, store, name)
+    out_dir = os.path.dirname(index_path) or "."
+    max_shard_bytes = max_shard_bytes or sharded.DEFAULT_MAX_SHARD_BYTES
+    tmp_dir = os.path.join(out_dir, f".{Path(index_path).name}.theta-{scratch.owner_tag()}.tmp")
+    os.makedirs(tmp_dir)
+    job = _Job(meta, store, name, shard_fmt, progress, verify, max_shard_bytes=max_shard_bytes)
+    try:
+        tmp_index = os.path.join(tmp_dir, Path(index_path).name)
+        with _writer_errors(index_path, shard_fmt):
+            sharded.write(tmp_index, job.sources, metadata=view.metadata or None,
+                          max_shard_bytes=max_shard_bytes)
+            job.checker.finish()
+        shards = sorted(n for n in os.listdir(tmp_dir) if n != Path(index_path).name)
+        for shard in shards:
+            os.replace(os.path.join(tmp_dir, shard), os.path.join(out_dir, shard))
+        os.replace(tmp_index, index_path)  # last: a reader never sees an index naming a missing shard
+        return [os.path.join(out_dir, shard) for shard in shards]
+    finally:
+        job.close()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> bool:
@@ -220,7 +276,7 @@ class _Job:
     it to the hash checker; the previous value is released before the next is decoded."""
 
     def __init__(self, meta: CheckpointMeta, store: LfsStore, name: str, target: str, progress: bool,
-                 verify: str = "hash"):
+                 verify: str = "hash", max_shard_bytes: int | None = None):
         if verify not in VERIFY:
             raise ThetaError(f"unknown verification {verify!r}; expected one of {', '.join(VERIFY)}")
         self.bar = bar = Bar(f"theta smudge {name}", sum(_nbytes(g) for g in meta.groups.values()), progress)
@@ -233,8 +289,9 @@ class _Job:
             sources.append(TensorSource(name=tname, dtype=g.dtype, shape=tuple(g.shape), read=None,
                                         tie=("theta", g.name), is_parameter=owner.is_parameter,
                                         requires_grad=owner.requires_grad))
-        self.rebuild = rebuild = _Rebuilder(meta, store, name, _expected_read_order(sources, target, meta),
-                                            frames_ok=verify == "frames")
+        order = _expected_read_order(sources, target, meta, max_shard_bytes)
+        self.rebuild = rebuild = _Rebuilder(meta, store, name, order, frames_ok=verify == "frames",
+                                            with_crc=target == "torch")
         handed: list[memoryview] = []
 
         def before_new() -> None:
@@ -262,8 +319,14 @@ class _Job:
                 return view
             return read
 
+        def crc_of(group_name: str):
+            def crc32():  # the torch writer's CRC of the bytes read() just gave, computed ahead on a thread
+                return rebuild.crc_of(group_name)
+            return crc32
+
         for src in sources:
             src.read = reader(meta.group_for(src.name).name)
+            src.crc32 = crc_of(meta.group_for(src.name).name)
         self.sources = sources
 
     def close(self) -> None:
@@ -272,25 +335,35 @@ class _Job:
         self.bar.close()
 
 
-def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta) -> list[str]:
-    """Group names in the order the writer will most likely read them (a wrong guess only costs CPU)."""
-    ordered = sources
-    if target == "safetensors":
-        from zipslice.safetensors_format import library_order  # that writer sorts like the library
+def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta,
+                         max_shard_bytes: int | None = None) -> list[str]:
+    """Group names in the order the writer will most likely read them (a wrong guess only costs CPU);
+    ``max_shard_bytes``: written as shards of ``target`` (zipslice.sharded.write's plan)."""
+    from zipslice.safetensors_format import library_order  # that writer sorts like the library
 
-        ordered = library_order(sources)
+    parts = [sources]
+    if max_shard_bytes is not None:
+        from zipslice.sharded import plan_shards
+
+        parts = plan_shards(sources, max_shard_bytes)
+    ordered = [s for part in parts for s in (library_order(part) if target == "safetensors" else part)]
     return [meta.group_for(s.name).name for s in ordered]
 
 
 class _Rebuilder:
     """Rebuilds groups for the writer, the next expected one on a background thread (one ahead).
 
-    Holds at most the value just handed to the writer and the one being rebuilt ahead.
+    Holds at most the value just handed to the writer and the one being rebuilt ahead. ``with_crc``: the
+    group rebuilt ahead also gets the CRC-32 of its little-endian bytes on that thread (the torch zip needs
+    it before the bytes are written: computed there, it overlaps with the writing of the group before).
     """
 
-    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, order: list[str], frames_ok: bool = False):
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, order: list[str], frames_ok: bool = False,
+                 with_crc: bool = False):
         self.meta, self.store, self.file = meta, store, file
         self.frames_ok = frames_ok
+        self.with_crc = with_crc
+        self.last_crc: int | None = None  # CRC-32 of self.last's bytes, when computed ahead
         self._verified: set[str] = set()  # groups whose decode already proved every byte (no hash needed)
         self.next_of: dict[str, str] = {}
         for a, b in zip(order, order[1:]):
@@ -311,30 +384,43 @@ class _Rebuilder:
                 return value
         return reconstruct(group, self.store, None, file=self.file, verify=False)
 
+    def _rebuild_ahead(self, group_name: str) -> tuple[np.ndarray, int | None]:
+        value = self._rebuild(group_name)
+        return value, (zlib.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
+
+    def crc_of(self, group_name: str) -> int | None:
+        """The CRC-32 of the bytes of ``group_name`` if it is the value just handed out and it was computed
+        ahead; else None (the writer computes it)."""
+        if self.last is not None and self.last[0] == group_name:
+            return self.last_crc
+        return None
+
     def get(self, group_name: str, before_new=None) -> tuple[np.ndarray, bool]:
         """(value, fresh): fresh is False when the same group is read again (a tied alias)."""
         if self.last is not None and self.last[0] == group_name:
             return self.last[1], False
-        self.last = None
+        self.last, self.last_crc = None, None
         if before_new is not None:
             before_new()  # e.g. finish checking the previous value, so it can be freed first
         ahead, self.ahead = self.ahead, None
+        crc = None
         if ahead is not None and ahead[0] == group_name:
-            value = ahead[1].result()
+            value, crc = ahead[1].result()
         else:
             if ahead is not None:
                 ahead[1].cancel() or ahead[1].exception()  # guessed wrong: drop it
             value = self._rebuild(group_name)
         nxt = self.next_of.get(group_name)
         if nxt is not None and _nbytes(self.meta.groups[nxt]) <= READ_AHEAD_BYTES:
-            self.ahead = (nxt, parallel.pool("rebuild").submit(self._rebuild, nxt))
-        self.last = (group_name, value)
+            self.ahead = (nxt, parallel.pool("rebuild").submit(self._rebuild_ahead, nxt))
+        self.last, self.last_crc = (group_name, value), crc
         return value, True
 
     def close(self) -> None:
         if self.ahead is not None:
             self.ahead[1].cancel() or self.ahead[1].exception()
         self.ahead = self.last = None
+        self.last_crc = None
 
 
 # How smudge verifies each rebuilt group:

@@ -7,14 +7,19 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from . import formats
-from .base import LazyCheckpoint
 from .errors import (CorruptCheckpointError, NotACheckpointError, UnsafeCheckpointError,
                      UnsupportedCheckpointError, ZipsliceError)
-from .info import TensorInfo, TensorSource
 from .sniff import sniff
+
+if TYPE_CHECKING:
+    from .base import LazyCheckpoint
+    from .info import TensorInfo, TensorSource
+
+# Imported on first use: they bring numpy (~0.3 s), which `git theta`'s hooks and small commands never need.
+_LAZY = {"LazyCheckpoint": "base", "TensorInfo": "info", "TensorSource": "info"}
 
 __all__ = [
     "__version__", "load", "save", "sniff", "LazyCheckpoint", "TensorInfo", "TensorSource", "ZipsliceError",
@@ -26,6 +31,12 @@ def __getattr__(name: str):
         from .version import package_version
 
         return package_version()
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'zipslice' has no attribute {name!r}")
 
 
@@ -104,6 +115,7 @@ def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheck
     :func:`zipslice.convert.convert` writes it (:func:`zipslice.convert.plan_write`): its container
     layout survives a round trip through safetensors or HDF5.
     """
+    from .base import LazyCheckpoint
     from .sources import as_sources
 
     fmt = format or format_for_path(path)

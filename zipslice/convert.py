@@ -178,7 +178,8 @@ def cast_source(src: TensorSource, dtype: str) -> TensorSource:
     """``src`` read as ``dtype`` if it is a real floating tensor of another dtype; otherwise ``src``."""
     if dtypes.get(src.dtype).kind != "float" or src.dtype == dtype:
         return src
-    return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype))
+    return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype),
+                               crc32=None)  # other bytes: the source's CRC no longer applies
 
 
 # -- layout ----------------------------------------------------------------------------------------

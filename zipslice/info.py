@@ -74,6 +74,12 @@ class TensorSource:
     ``read()`` returns the values as contiguous C-order little-endian bytes (any buffer). Sources with the
     same non-None ``tie`` key hold the same values through the same view (tied weights) and are stored once
     where the format allows it.
+
+    ``crc32``, optional: called right after ``read()``, returns the CRC-32 of the bytes that call returned
+    when the source already knows it (e.g. computed on a worker thread while the writer wrote the previous
+    tensor), else None. A writer that needs a CRC (the torch zip) then skips its own pass over the bytes;
+    a wrong value makes a file whose reader reports a CRC mismatch, so a source gives it only when it
+    computed it over exactly those bytes.
     """
 
     name: str
@@ -84,6 +90,7 @@ class TensorSource:
     is_parameter: bool = False
     requires_grad: bool = False
     extra: dict = field(default_factory=dict)
+    crc32: Callable[[], "int | None"] | None = None
 
     @property
     def nbytes(self) -> int:

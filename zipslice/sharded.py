@@ -161,6 +161,21 @@ _SHARD_FORMATS = {".safetensors": "safetensors", ".bin": "torch", ".pt": "torch"
                   ".h5": "hdf5", ".hdf5": "hdf5"}
 
 
+def shard_format(path: str | os.PathLike) -> str:
+    """The format of the shards an index named ``path`` lists: ``model.safetensors.index.json`` ->
+    ``"safetensors"``, ``pytorch_model.bin.index.json`` -> ``"torch"``. ValueError for any other name."""
+    path = os.fspath(path)
+    if not path.endswith(".index.json"):
+        raise ValueError(f"{path!r}: a sharded checkpoint is written through its index, named *.index.json")
+    ext = os.path.splitext(path[: -len(".index.json")])[1]
+    fmt = _SHARD_FORMATS.get(ext)
+    if fmt is None:
+        raise ValueError(f"{path!r}: cannot tell the shard format from {ext or 'the name'!r}; name the index "
+                         f"NAME<ext>.index.json with <ext> one of {', '.join(_SHARD_FORMATS)} "
+                         f"(e.g. model.safetensors.index.json)")
+    return fmt
+
+
 def plan_shards(sources: list[TensorSource], max_shard_bytes: int) -> list[list[TensorSource]]:
     """Split ``sources`` in order into shards of at most ``max_shard_bytes`` (a bigger tensor gets its own
     shard, as in transformers). Tied sources go to the shard of the first one, counted once."""
@@ -197,15 +212,8 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     from .fileio import atomic_output
 
     path = os.fspath(path)
-    if not path.endswith(".index.json"):
-        raise ValueError(f"{path!r}: a sharded checkpoint is written through its index, named *.index.json")
-    base = path[: -len(".index.json")]
-    stem, ext = os.path.splitext(base)
-    fmt = _SHARD_FORMATS.get(ext)
-    if fmt is None:
-        raise ValueError(f"{path!r}: cannot tell the shard format from {ext or 'the name'!r}; name the index "
-                         f"NAME<ext>.index.json with <ext> one of {', '.join(_SHARD_FORMATS)} "
-                         f"(e.g. model.safetensors.index.json)")
+    fmt = shard_format(path)
+    stem, ext = os.path.splitext(path[: -len(".index.json")])
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
     writer = formats.get(fmt).writer_function()

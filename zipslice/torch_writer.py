@@ -166,7 +166,9 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
     z.write_record(f"{prefix}/byteorder", _BYTEORDER)
     for key, src in plan.storages:
         data = source_bytes(src, path)
-        crc = z.write_known(f"{prefix}/data/{key}", data, zlib.crc32(data), CHUNK, progress)
+        known = src.crc32() if src.crc32 is not None else None
+        crc = z.write_known(f"{prefix}/data/{key}", data, zlib.crc32(data) if known is None else known, CHUNK,
+                            progress)
         ident.update(f"{key}:{data.nbytes}:{crc};".encode())
         del data  # drop this tensor's bytes before reading the next
     if metadata:

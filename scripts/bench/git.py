@@ -2,23 +2,42 @@
 """Benchmark: the same checkpoint history under plain git-lfs and under git-theta, side by side.
 
 The history of issue #17 (fp32, random normal * 0.02, saved with torch.save; see make_history):
-  first version          a BERT-base-like checkpoint (embed 30522x768 = 89 MiB, 12 layers, 195 groups, ~420 MiB)
-  20% of groups changed  every 5th group x(1+1e-3 N(0,1))
+  first version          a BERT-base-like checkpoint (embed 30522x768 = 89 MiB, 12 layers, 195 groups, ~420 MiB):
+                         the full add
+  20% of groups changed  every 5th group x(1+1e-3 N(0,1)): the partial add
   full fine-tune         every float group x(1+1e-3 N(0,1)) (auto stores deltas)
   vocabulary trim        the fine-tune with the embedding cut to 30000 rows
   checkout v1            of the first version (after letting the index settle: no racy-git re-clean inside)
+  clone                  of the whole history from a file:// remote (git-lfs's standalone transfer; both tools
+                         installed globally, as a user has them), checking out the last version
 and, for theta only (git-lfs has nothing to compare: it cannot merge or squash a checkpoint):
   squash                 `git theta squash` of the trimmed fine-tune (every chain rebuilt and stored dense)
   merge                  `git merge` (strategy average) of a second fine-tune of v1 with the full fine-tune:
                          every group changed on both sides, merged by theta's merge driver
-For each step and both tools (best of --runs): wall time of `git add` + `git commit` (or `git checkout`), CPU
-seconds and peak RSS of the whole process tree (psutil polling every 20 ms), stored bytes, then the issue's ratio
-lines and the memory bound 2 x largest group + 150 MiB. Exit status 1 when a target or the bound is missed.
+For each step and both tools (best of --runs): wall time of `git add` + `git commit` (or `git checkout`,
+`git clone`), CPU seconds and peak RSS of the whole process tree (psutil polling every 20 ms), stored bytes,
+then the issues' ratio lines and the memory bound 2 x largest group + 150 MiB. Exit status 1 when a target
+or the bound is missed.
+
+--mem-limit GIB runs every measured git command in a fresh memory cgroup of that size (root; v1 or v2; page
+cache included, as on a machine with that much RAM: tests/support/memcg.py) and adds, per step, the kernel's
+peak for the whole cgroup and whether it killed a process (a killed step is a result: what git left behind is
+reported, the repository is repaired without the limit, and the next step goes on).
+
+--big runs the bigger-than-RAM steps of issue #11 on a checkpoint of --big-gib GiB made of 64 MiB groups:
+add, partial add (a fifth of the groups changed), checkout of the first version, switch back, clone -- for
+each tool under --mem-limit, plus git-lfs's checkout of the same history WITHOUT a limit (the reference for
+theta's checkout time under the limit).
+
+--sweep: theta's checkout of models of 1-256 MiB through its two paths (the checkpoint handed to git vs a
+placeholder materialized after git): the measured reason for theta.materializeAbove's default.
 
     python3 scripts/bench/git.py                       # the issue's history, both tools, best of 3
+    python3 scripts/bench/git.py --mem-limit 1         # the same, every git command in a 1 GiB memory cgroup
+    python3 scripts/bench/git.py --big --big-gib 3 --mem-limit 1   # 3 GiB checkpoint, every command in 1 GiB
     python3 scripts/bench/git.py --threads 1,2         # theta with 1 and 2 worker threads (scaling)
     python3 scripts/bench/git.py --scale 0.25 --runs 1 --tools theta   # quick look, memory bound only
-    python3 scripts/bench/git.py --big                 # 4 GiB checkpoint of 64 MiB groups: theta peak RSS
+    python3 scripts/bench/git.py --sweep               # placeholder vs direct checkout by model size
 
 Large files go under --workdir (default /tmp/theta-bench), never into the repository.
 """
@@ -32,8 +51,8 @@ import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
+from harness import MemCgroup, Measure, MiB, dir_bytes, git_env, new_repo, run_measured, sh
 
-from harness import Measure, MiB, dir_bytes, git_env, new_repo, run_measured, sh
 
 
 def stored_bytes(repo: Path) -> int:
@@ -42,8 +61,8 @@ def stored_bytes(repo: Path) -> int:
 
 # -- the history (issue #17) ---------------------------------------------------------------------------------
 VOCAB, TRIMMED_VOCAB, D, FF, LAYERS = 30522, 30000, 768, 3072, 12  # BERT-base: embed 30522x768 fp32 = 89 MiB
-STEPS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "checkout v1")
-THETA_STEPS = ("squash", "merge")  # theta only
+STEPS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "checkout v1", "clone")
+THETA_STEPS = ("squash", "merge")  # theta only (git-lfs cannot merge or squash a checkpoint)
 
 
 def model_dims(scale: float) -> tuple[int, int, int]:
@@ -139,71 +158,173 @@ def make_big(data: Path, gib: float) -> Path:
     return out
 
 
-def commit_version(repo: Path, src: Path, msg: str, env: dict) -> Measure:
-    shutil.copyfile(src, repo / "model.pt")
-    m = run_measured(["git", "add", "model.pt"], repo, env)
-    c = run_measured(["git", "commit", "-q", "-m", msg], repo, env)
-    return Measure(seconds=m.seconds + c.seconds, cpu=m.cpu + c.cpu,
-                   peak_tree_rss=max(m.peak_tree_rss, c.peak_tree_rss), peak_proc_rss=max(m.peak_proc_rss, c.peak_proc_rss),
-                   peak_proc_name=m.peak_proc_name if m.peak_proc_rss >= c.peak_proc_rss else c.peak_proc_name,
-                   peak_filter_rss=max(m.peak_filter_rss, c.peak_filter_rss), cgroup_peak=max(m.cgroup_peak, c.cgroup_peak))
 
+def make_big_version(data: Path, base: Path, gib: float, changed: int) -> Path:
+    """``base`` with its first ``changed`` groups replaced (a partial update), written group by group."""
+    import dataclasses
 
-def run_history(root: Path, paths: list[Path], tool: str, env: dict, name: str | None = None
-                ) -> list[tuple[str, Measure, int]]:
-    """One run of the issue's history in a fresh repository: add+commit of every version, then checkout of v1
-    (theta: then the squash and the merge, see the module docstring)."""
-    repo = new_repo(root, name or tool, tool, env)
-    rows = []
-    base = stored_bytes(repo)
-    for step, p in zip(STEPS[:4], paths[:4]):
-        m = commit_version(repo, p, step, env)
-        rows.append((step, m, stored_bytes(repo) - base))
-    commits = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=repo, env=env, capture_output=True,
-                             text=True, check=True).stdout.split()
-    first, fine_tune = commits[1], commits[3]
-    squash = None
-    if tool == "theta":
-        squash = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env)
-        sh(["git", "commit", "-q", "-m", "squash"], repo, env)
-    # "Racy git": a file written in the same second as the index is re-cleaned by git at the next refresh,
-    # i.e. inside the measured checkout, at random (whether the add crossed a second boundary). Settle it
-    # first, unmeasured and the same for both tools, so the checkout measures the checkout.
-    time.sleep(1.1)
-    sh(["git", "update-index", "-q", "--really-refresh"], repo, env)
-    m = run_measured(["git", "checkout", "-q", first], repo, env)
-    rows.append((STEPS[-1], m, stored_bytes(repo) - base))
-    if tool == "theta":
-        rows.append(("squash", squash, stored_bytes(repo) - base))
-        sh(["git", "checkout", "-q", "-b", "side"], repo, env)
-        commit_version(repo, paths[4], "second fine-tune of v1", env)
-        time.sleep(1.1)  # racy git, as above
-        sh(["git", "update-index", "-q", "--really-refresh"], repo, env)
-        m = run_measured(["git", "merge", "-q", "--no-edit", fine_tune], repo,
-                         {**env, "GIT_THETA_MERGE_STRATEGY": "average"})
-        rows.append(("merge", m, stored_bytes(repo) - base))
-    return rows
+    import numpy as np
+    import zipslice
 
-
-def best_of_runs(runs: list[list[tuple[str, Measure, int]]]) -> list[tuple[str, Measure, int]]:
-    """Per step: the least wall time and CPU seconds over the runs, and the HIGHEST peak RSS (the memory bound
-    must hold in every run)."""
-    out = []
-    for same in zip(*runs):
-        ms = [m for _, m, _ in same]
-        best = min(ms, key=lambda m: m.seconds)
-        out.append((same[0][0], Measure(
-            seconds=best.seconds, cpu=min(m.cpu for m in ms),
-            peak_tree_rss=max(m.peak_tree_rss for m in ms), peak_proc_rss=max(m.peak_proc_rss for m in ms),
-            peak_proc_name=max(ms, key=lambda m: m.peak_proc_rss).peak_proc_name,
-            peak_filter_rss=max(m.peak_filter_rss for m in ms), cgroup_peak=max(m.cgroup_peak for m in ms)),
-            same[0][2]))
+    out = data / f"big-{gib:g}g-v2.pt"
+    if out.exists():
+        return out
+    src = zipslice.load(base)
+    sources = []
+    for i, s in enumerate(src.sources()):
+        if i < changed:
+            def read(s=s, i=i):
+                arr = np.frombuffer(s.read(), dtype=np.float32).copy()
+                arr += np.random.default_rng(1000 + i).standard_normal(arr.size, dtype=np.float32) * 1e-3
+                return memoryview(arr).cast("B")
+            s = dataclasses.replace(s, read=read, tie=None)
+        sources.append((s.name, s))
+    zipslice.save(out, sources, format="torch")
     return out
 
 
-# ratio targets of issue #17: theta wall time / git-lfs wall time, per step
-TARGETS = {"first version": 0.8, "20% of groups changed": 0.35, "full fine-tune": 1.0, "vocabulary trim": 0.8,
-           "checkout v1": 1.0}
+# -- running the steps ---------------------------------------------------------------------------------------
+def combine(*ms: Measure) -> Measure:
+    """Several commands as one step (add + commit): times and CPU add up, peaks take the maximum, the first
+    failure is the step's."""
+    big = max(ms, key=lambda m: m.peak_proc_rss)
+    bad = next((m for m in ms if not m.ok), None)
+    return Measure(seconds=sum(m.seconds for m in ms), cpu=sum(m.cpu for m in ms),
+                   peak_tree_rss=max(m.peak_tree_rss for m in ms), peak_proc_rss=big.peak_proc_rss,
+                   peak_proc_name=big.peak_proc_name, peak_filter_rss=max(m.peak_filter_rss for m in ms),
+                   cgroup_peak=max(m.cgroup_peak for m in ms), returncode=bad.returncode if bad else 0,
+                   stderr=bad.stderr if bad else "", oom_killed=any(m.oom_killed for m in ms))
+
+
+def commit_version(repo: Path, src: Path, msg: str, env: dict, cgroup: MemCgroup | None = None) -> Measure:
+    shutil.copyfile(src, repo / "model.pt")
+    m = run_measured(["git", "add", "model.pt"], repo, env, cgroup, check=cgroup is None)
+    if not m.ok:
+        return m
+    return combine(m, run_measured(["git", "commit", "-q", "-m", msg], repo, env, cgroup, check=cgroup is None))
+
+
+def settle(repo: Path, env: dict) -> None:
+    """"Racy git": a file written in the same second as the index is re-cleaned by git at the next refresh,
+    i.e. inside the next measured command, at random. Settle it first, unmeasured and the same for both
+    tools, so a checkout measures the checkout."""
+    time.sleep(1.1)
+    subprocess.run(["git", "update-index", "-q", "--really-refresh"], cwd=repo, env=env, capture_output=True)
+
+
+def recover(repo: Path, env: dict, redo: list[str] | None = None) -> str:
+    """After a step the memory limit killed: what git left behind; then, without the limit, a usable
+    repository in the state the step meant to reach (``redo``), so the next step measures what it says."""
+    left = []
+    lock = repo / ".git" / "index.lock"
+    if lock.exists():
+        left.append("index.lock")
+        lock.unlink()
+    for args in (["git", "reset", "-q", "--hard"], redo):
+        if args and subprocess.run(args, cwd=repo, env=env, capture_output=True).returncode != 0:
+            left.append(f"`{' '.join(args)}` failed")
+    return ", ".join(left)
+
+
+def with_remote(repo: Path, env: dict) -> Path:
+    """A bare file:// remote ``origin`` for ``repo`` (for the clone step)."""
+    bare = repo.with_name(repo.name + "-remote.git")
+    if bare.exists():
+        shutil.rmtree(bare)
+    sh(["git", "init", "-q", "--bare", bare], repo.parent, env)
+    sh(["git", "remote", "add", "origin", f"file://{bare}"], repo, env)
+    return bare
+
+
+def clone(repo: Path, env: dict, cgroup: MemCgroup | None) -> Measure:
+    """Push everything (unmeasured), then `git clone` the remote (measured): git-lfs's standalone file://
+    transfer for both tools, the checkout of the default branch's tip."""
+    sh(["git", "push", "-q", "origin", "--all"], repo, env)
+    dest = repo.with_name(repo.name + "-clone")
+    if dest.exists():
+        shutil.rmtree(dest)
+    bare = repo.with_name(repo.name + "-remote.git")
+    m = run_measured(["git", "clone", "-q", f"file://{bare}", dest], repo.parent, env, cgroup, check=cgroup is None)
+    shutil.rmtree(dest, ignore_errors=True)
+    return m
+
+
+Row = tuple  # (step, Measure, stored bytes, what a killed step left behind)
+
+
+def run_history(root: Path, paths: list[Path], tool: str, env: dict, name: str | None = None,
+                cgroup: MemCgroup | None = None) -> list[Row]:
+    """One run of the issue's history in a fresh repository: add+commit of every version, checkout of v1,
+    clone of the whole history."""
+    repo = new_repo(root, name or tool, tool, env)
+    with_remote(repo, env)
+    rows = []
+    base = stored_bytes(repo)
+    for step, p in zip(STEPS[:4], paths[:4]):
+        m = commit_version(repo, p, step, env, cgroup)
+        left = recover(repo, env, ["git", "commit", "-q", "-m", step]) if not m.ok else ""
+        rows.append((step, m, stored_bytes(repo) - base, left))
+    first = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=repo, env=env, capture_output=True,
+                           text=True, check=True).stdout.split()[1]
+    branch = subprocess.run(["git", "branch", "--show-current"], cwd=repo, env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    settle(repo, env)
+    m = run_measured(["git", "checkout", "-q", first], repo, env, cgroup, check=cgroup is None)
+    left = recover(repo, env, ["git", "checkout", "-q", "-f", first]) if not m.ok else ""
+    rows.append((STEPS[4], m, stored_bytes(repo) - base, left))
+    sh(["git", "checkout", "-q", "-f", branch], repo, env)
+    m = clone(repo, env, cgroup)
+    rows.append((STEPS[5], m, stored_bytes(repo) - base, ""))
+    if tool == "theta":
+        rows.extend(theta_only_steps(repo, paths, env, cgroup, base))
+    return rows
+
+
+def theta_only_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | None, base: int) -> list[Row]:
+    """After the history (HEAD: the branch's tip, the trimmed fine-tune): `git theta squash` of it (committed),
+    then on a branch from v1 a second full fine-tune (unmeasured) and the `git merge` (strategy average) of the
+    full fine-tune into it: every group changed on both sides. Run after the clone so the clone measures the
+    same history for both tools."""
+    commits = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=repo, env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+    first, fine_tune = commits[1], commits[3]
+    rows = []
+    m = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env, cgroup, check=cgroup is None)
+    rows.append(("squash", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    if m.ok:
+        sh(["git", "commit", "-q", "-m", "squash"], repo, env)
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "side", first], repo, env)
+    commit_version(repo, paths[4], "second fine-tune of v1", env)
+    settle(repo, env)
+    m = run_measured(["git", "merge", "-q", "--no-edit", fine_tune], repo,
+                     {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
+    rows.append(("merge", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    return rows
+
+
+def best_of_runs(runs: list[list[Row]]) -> list[Row]:
+    """Per step: the least wall time and CPU seconds over the runs, and the HIGHEST peaks (the memory bound
+    must hold in every run); a step that failed in any run is reported with that run's failure."""
+    out = []
+    for same in zip(*runs):
+        ms = [r[1] for r in same]
+        bad = next((r for r in same if not r[1].ok), None)
+        best = bad[1] if bad else min(ms, key=lambda m: m.seconds)
+        out.append((same[0][0], Measure(
+            seconds=best.seconds, cpu=best.cpu if bad else min(m.cpu for m in ms),
+            peak_tree_rss=max(m.peak_tree_rss for m in ms), peak_proc_rss=max(m.peak_proc_rss for m in ms),
+            peak_proc_name=max(ms, key=lambda m: m.peak_proc_rss).peak_proc_name,
+            peak_filter_rss=max(m.peak_filter_rss for m in ms), cgroup_peak=max(m.cgroup_peak for m in ms),
+            returncode=best.returncode, stderr=best.stderr, oom_killed=best.oom_killed),
+            same[0][2], bad[3] if bad else ""))
+    return out
+
+
+# ratio targets: theta wall time / git-lfs wall time, per step (issue #17; issue #11 asks full add <= 1.0,
+# partial add <= 0.3, checkout <= 1.0 on a ~300 MiB model: the stricter of the two is kept). Clone: reference.
+TARGETS = {"first version": 0.8, "20% of groups changed": 0.3, "full fine-tune": 1.0, "vocabulary trim": 0.8,
+           "checkout v1": 1.0, "clone": float("inf")}
 
 
 def memory_limit(largest: int) -> int:
@@ -211,36 +332,48 @@ def memory_limit(largest: int) -> int:
     return 2 * largest + 150 * MiB
 
 
-def print_table(lfs: list, theta: list, label: str = "theta") -> None:
-    print(f"{'step':<23}{'wall s lfs':>11}{label:>9}{'ratio':>7}  {'CPU s lfs':>10}{label:>9}{'ratio':>7}  "
-          f"{'stored MiB lfs':>15}{label:>9}  {'peak RSS MiB tree lfs':>22}{label:>9}{'filter lfs':>11}{label:>9}")
-    for (step, ml, sl), (_, mt, st) in zip(lfs, theta):
-        print(f"{step:<23}{ml.seconds:11.2f}{mt.seconds:9.2f}{mt.seconds / ml.seconds:7.2f}  "
-              f"{ml.cpu:10.2f}{mt.cpu:9.2f}{mt.cpu / max(ml.cpu, 1e-3):7.2f}  "
-              f"{sl / MiB:15.1f}{st / MiB:9.1f}  "
-              f"{ml.peak_tree_rss / MiB:22.1f}{mt.peak_tree_rss / MiB:9.1f}"
-              f"{ml.peak_filter_rss / MiB:11.1f}{mt.peak_filter_rss / MiB:9.1f}")
+def _status(m: Measure, left: str) -> str:
+    return m.status + (f" (left: {left})" if left else "")
+
+
+def print_table(lfs: list, theta: list, label: str = "theta", limited: bool = False) -> None:
+    head = (f"{'step':<23}{'wall s lfs':>11}{label:>9}{'ratio':>7}  {'CPU s lfs':>10}{label:>9}{'ratio':>7}  "
+            f"{'stored MiB lfs':>15}{label:>9}  {'peak RSS MiB tree lfs':>22}{label:>9}{'filter lfs':>11}{label:>9}")
+    if limited:
+        head += f"  {'cgroup peak MiB lfs':>20}{label:>9}  status lfs / {label}"
+    print(head)
+    for (step, ml, sl, left_l), (_, mt, st, left_t) in zip(lfs, theta):
+        line = (f"{step:<23}{ml.seconds:11.2f}{mt.seconds:9.2f}{mt.seconds / ml.seconds:7.2f}  "
+                f"{ml.cpu:10.2f}{mt.cpu:9.2f}{mt.cpu / max(ml.cpu, 1e-3):7.2f}  "
+                f"{sl / MiB:15.1f}{st / MiB:9.1f}  "
+                f"{ml.peak_tree_rss / MiB:22.1f}{mt.peak_tree_rss / MiB:9.1f}"
+                f"{ml.peak_filter_rss / MiB:11.1f}{mt.peak_filter_rss / MiB:9.1f}")
+        if limited:
+            line += (f"  {ml.cgroup_peak / MiB:20.0f}{mt.cgroup_peak / MiB:9.0f}  "
+                     f"{_status(ml, left_l)} / {_status(mt, left_t)}")
+        print(line)
 
 
 def print_targets(lfs: list, theta: list, largest: int) -> bool:
-    """The issue's ratio lines and the memory bound for every step; True when all are met."""
+    """The issues' ratio lines and the memory bound for every step; True when all are met."""
     ok = True
     limit = memory_limit(largest)
     print(f"targets (wall-time ratio theta / git-lfs, best of the runs; memory bound 2 x largest group "
           f"({largest / MiB:.1f} MiB) + 150 MiB = {limit / MiB:.0f} MiB, peak RSS of the whole process tree):")
-    for (step, ml, _), (_, mt, _) in zip(lfs, theta):
+    for (step, ml, _, _), (_, mt, _, _) in zip(lfs, theta):
         ratio = mt.seconds / ml.seconds
         cpu_ratio = mt.cpu / max(ml.cpu, 1e-3)
-        good_t = ratio <= TARGETS[step]
-        good_m = mt.peak_tree_rss <= limit
+        good_t = ratio <= TARGETS[step] and mt.ok
+        # at checkout and clone git itself holds a smudged file whole (for both tools) unless theta writes it
+        good_m = mt.peak_tree_rss <= limit or step in ("clone",)
         ok &= good_t and good_m
-        print(f"  {step:<23} time {ratio:5.2f}x (target <= {TARGETS[step]:.2f}x: {'ok' if good_t else 'MISSED'}; "
+        target = "reference" if TARGETS[step] == float("inf") else f"target <= {TARGETS[step]:.2f}x"
+        print(f"  {step:<23} time {ratio:5.2f}x ({target}: {'ok' if good_t else 'MISSED'}; "
               f"CPU {cpu_ratio:5.2f}x)   peak RSS {mt.peak_tree_rss / MiB:6.0f} MiB "
               f"(filter {mt.peak_filter_rss / MiB:4.0f}) <= {limit / MiB:.0f}: {'ok' if good_m else 'MISSED'}")
-        if step.startswith("checkout") and not good_m:
-            print(f"  {'':<23} (git itself holds a filter's whole output at checkout, under git-lfs too: largest "
-                  f"process {mt.peak_proc_rss / MiB:.0f} MiB, {mt.peak_proc_name!r}; lfs tree "
-                  f"{ml.peak_tree_rss / MiB:.0f} MiB)")
+        if step.startswith(("checkout", "clone")):
+            print(f"  {'':<23} (largest process: theta run {mt.peak_proc_rss / MiB:.0f} MiB, {mt.peak_proc_name!r}; "
+                  f"git-lfs run {ml.peak_proc_rss / MiB:.0f} MiB, {ml.peak_proc_name!r})")
     return ok
 
 
@@ -257,10 +390,10 @@ def print_theta_only(rows: list, largest: int) -> bool:
     """The steps git-lfs has no counterpart for (squash, merge): figures and the memory bound."""
     ok = True
     limit = memory_limit(largest)
-    for step, m, stored in rows:
+    for step, m, stored, _ in rows:
         if step not in THETA_STEPS:
             continue
-        good = within_bound(step, m, limit)
+        good = within_bound(step, m, limit) and m.ok
         ok &= good
         print(f"  {step:<23} wall {m.seconds:6.2f}s  CPU {m.cpu:6.2f}s  peak RSS tree {m.peak_tree_rss / MiB:5.0f} MiB "
               f"(theta's largest process {m.peak_filter_rss / MiB:4.0f}) <= {limit / MiB:.0f}: "
@@ -275,13 +408,39 @@ def write_json(path: Path, results: dict, info: dict) -> None:
     out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "tools": {
         label: [{"step": step, "seconds": m.seconds, "cpu": m.cpu, "peak_tree_rss": m.peak_tree_rss,
                  "peak_proc_rss": m.peak_proc_rss, "peak_proc_name": m.peak_proc_name,
-                 "peak_filter_rss": m.peak_filter_rss, "stored": stored} for step, m, stored in rows]
+                 "peak_filter_rss": m.peak_filter_rss, "cgroup_peak": m.cgroup_peak, "status": m.status,
+                 "stored": stored} for step, m, stored, _ in rows]
         for label, rows in results.items()}}
     path.write_text(json.dumps(out, indent=1))
 
 
 def theta_env(env: dict, threads: int) -> dict:
     return {**env, "GIT_THETA_THREADS": str(threads)}
+
+
+def install_globally(env: dict) -> None:
+    """Both tools' filters in the global config, as a user has them: a clone runs them."""
+    home = Path(env["HOME"])
+    sh(["git", "lfs", "install"], home, env)
+    sh(["git", "theta", "install"], home, env)
+
+
+def load_line() -> str:
+    la = os.getloadavg()
+    return (f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} (1 / 5 / 15 min) on {os.cpu_count()} cores "
+            "(wall times suffer when it exceeds the core count; CPU seconds and RSS do not)")
+
+
+def open_cgroup(args) -> MemCgroup | None:
+    if not args.mem_limit:
+        return None
+    why = MemCgroup.available()
+    if why:
+        raise SystemExit(f"--mem-limit: {why}")
+    cg = MemCgroup(int(args.mem_limit * (1 << 30)), "bench-git")
+    print(f"every measured git command in a fresh memory cgroup under {cg.path} limited to {args.mem_limit:g} GiB "
+          "(page cache included)", flush=True)
+    return cg
 
 
 def main() -> int:
@@ -292,8 +451,15 @@ def main() -> int:
     ap.add_argument("--threads", default="2", help="theta's worker threads (GIT_THETA_THREADS); a list such as "
                     "1,2 runs theta once per value and prints the scaling")
     ap.add_argument("--tools", default="lfs,theta", help="which tools to run (theta alone: no ratios)")
-    ap.add_argument("--big", action="store_true", help="4 GiB checkpoint of 64 MiB groups: theta peak RSS only")
-    ap.add_argument("--big-gib", type=float, default=4.0)
+    ap.add_argument("--mem-limit", type=float, metavar="GIB",
+                    help="run every measured git command in a memory cgroup of this many GiB (root; page cache "
+                    "included)")
+    ap.add_argument("--big", action="store_true", help="the bigger-than-RAM steps on a checkpoint of --big-gib "
+                    "GiB of 64 MiB groups (issue #11)")
+    ap.add_argument("--big-gib", type=float, default=3.0, help="--big: the checkpoint's size (default 3)")
+    ap.add_argument("--sweep", action="store_true", help="theta's direct vs placeholder checkout by model size")
+    ap.add_argument("--sizes", type=lambda v: [float(x) for x in v.split(",")], default=[1, 4, 16, 32, 64, 128, 256],
+                    help="--sweep: model sizes in MiB (default 1,4,16,32,64,128,256)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
     ap.add_argument("--spool", action="store_true", help="also time clean's two input paths (git hash-object of v1)")
     ap.add_argument("--json", type=Path, help="also write every step's figures to this file (for tests)")
@@ -301,12 +467,24 @@ def main() -> int:
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
     env = git_env(root / "home", pythonpath=True)  # measure this checkout's code
+    install_globally(env)
     threads = [int(t) for t in args.threads.split(",")]
     tools = args.tools.split(",")
+    print(load_line(), flush=True)
 
-    if args.big:
-        return big(root, args.big_gib, theta_env(env, threads[0]))
+    if args.sweep:
+        return sweep(root, args, theta_env(env, threads[0]))
+    cgroup = open_cgroup(args)
+    try:
+        if args.big:
+            return big(root, args, env, tools, threads[0], cgroup)
+        return history(root, args, env, tools, threads, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.close()
 
+
+def history(root: Path, args, env: dict, tools: list[str], threads: list[int], cgroup: MemCgroup | None) -> int:
     print(f"making the history under {root} ...", flush=True)
     paths, info = make_history(root / "data", args.scale)
     raw = info["bytes"]
@@ -322,20 +500,20 @@ def main() -> int:
             runs = []
             for r in range(args.runs):
                 print(f"running {label} ({r + 1}/{args.runs}) ...", flush=True)
-                runs.append(run_history(root, paths, tool, e, name=label))
+                runs.append(run_history(root, paths, tool, e, name=label, cgroup=cgroup))
             results[label] = best_of_runs(runs)
             if not args.keep:
-                shutil.rmtree(root / label, ignore_errors=True)
+                for suffix in ("", "-remote.git", "-clone"):
+                    shutil.rmtree(root / (label + suffix), ignore_errors=True)
 
     print()
-    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times suffer "
-          "when it exceeds the core count; CPU seconds and RSS do not)")
+    print(load_line())
     theta_labels = [k for k in results if k.startswith("theta")]
     ok = True
     if "lfs" in results:
         for label in theta_labels:
-            print(f"\n== git-lfs vs {label} (best of {args.runs}) ==")
-            print_table(results["lfs"], results[label], label)
+            print(f"\n== git-lfs vs {label} (best of {args.runs}; model {raw / MiB:.0f} MiB) ==")
+            print_table(results["lfs"], results[label], label, cgroup is not None)
             ok &= print_targets(results["lfs"], results[label], info["largest"])
             print(f"theta only ({label}; git-lfs cannot merge or squash a checkpoint):")
             ok &= print_theta_only(results[label], info["largest"])
@@ -343,11 +521,13 @@ def main() -> int:
         limit = memory_limit(info["largest"])
         for label in theta_labels:
             print(f"\n== {label} (best of {args.runs}); memory bound {limit / MiB:.0f} MiB ==")
-            for step, m, stored in results[label]:
+            for step, m, stored, left in results[label]:
+                bounded = within_bound(step, m, limit) or step == "clone"
                 print(f"  {step:<23} wall {m.seconds:6.2f}s  CPU {m.cpu:6.2f}s  stored {stored / MiB:7.1f} MiB  "
                       f"peak RSS tree {m.peak_tree_rss / MiB:5.0f} MiB (filter {m.peak_filter_rss / MiB:4.0f}) "
-                      f"{'ok' if within_bound(step, m, limit) else 'MISSED'}")
-                ok &= within_bound(step, m, limit)
+                      f"{'ok' if bounded else 'MISSED'}"
+                      + (f"  cgroup peak {m.cgroup_peak / MiB:.0f} MiB {_status(m, left)}" if cgroup else ""))
+                ok &= bounded and m.ok
     if args.json:
         write_json(args.json, results, info)
     if args.spool and theta_labels:
@@ -377,21 +557,146 @@ def spool(root: Path, v1: Path, env: dict) -> None:
           f"spooled {out[1]:.2f}s")
 
 
-def big(root: Path, gib: float, env: dict) -> int:
+# -- bigger than RAM (issue #11) ------------------------------------------------------------------------------
+BIG_STEPS = ("add v1", "add v2 (partial)", "checkout v1", "switch back", "clone")
+
+
+def big_steps(root: Path, tool: str, v1: Path, v2: Path, env: dict, cgroup: MemCgroup | None,
+              name: str) -> tuple[list[Row], Measure | None]:
+    """add v1, partial add v2, checkout v1, switch back, clone, each under ``cgroup``; after a killed step,
+    what git left behind. For git-lfs also its checkout of v1 without a limit (the reference)."""
+    repo = new_repo(root, name, tool, env)
+    with_remote(repo, env)
+    rows = []
+
+    def step(label, m, redo=None):
+        left = recover(repo, env, redo) if not m.ok else ""
+        rows.append((label, m, stored_bytes(repo), left))
+        print(f"  {name:<10} {label:<18} {m.seconds:7.1f}s  CPU {m.cpu:6.1f}s  {_status(m, left)}", flush=True)
+
+    step(BIG_STEPS[0], commit_version(repo, v1, "v1", env, cgroup), ["git", "commit", "-q", "-m", "v1"])
+    step(BIG_STEPS[1], commit_version(repo, v2, "v2", env, cgroup), ["git", "commit", "-q", "-m", "v2"])
+    branch = subprocess.run(["git", "branch", "--show-current"], cwd=repo, env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    settle(repo, env)
+    step(BIG_STEPS[2], run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env, cgroup, check=False),
+         ["git", "checkout", "-q", "-f", "HEAD~1"])
+    settle(repo, env)
+    step(BIG_STEPS[3], run_measured(["git", "switch", "-q", branch], repo, env, cgroup, check=False),
+         ["git", "switch", "-q", "-f", branch])
+    step(BIG_STEPS[4], clone(repo, env, cgroup))
+    reference = None
+    if tool == "lfs":
+        settle(repo, env)
+        reference = run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env)  # no limit
+        print(f"  {name:<10} {'checkout v1, no limit':<18} {reference.seconds:7.1f}s  CPU {reference.cpu:6.1f}s  "
+              f"(git peak RSS {reference.peak_proc_rss / MiB:.0f} MiB)", flush=True)
+    return rows, reference
+
+
+def big(root: Path, args, env: dict, tools: list[str], threads: int, cgroup: MemCgroup | None) -> int:
+    gib = args.big_gib
     print(f"making a {gib:g} GiB checkpoint of 64 MiB groups under {root} ...", flush=True)
-    path = make_big(root / "data", gib)
-    repo = new_repo(root, "theta-big", "theta", env)
-    m = commit_version(repo, path, "big", env)
-    os.unlink(repo / "model.pt")
-    c = run_measured(["git", "checkout", "--", "model.pt"], repo, env)
-    limit = 2 * 64 * MiB + 150 * MiB
-    for name, x in (("add+commit", m), ("checkout", c)):
-        print(f"{name:<11} {x.seconds:7.1f}s (CPU {x.cpu:.1f}s)  peak RSS: theta filter {x.peak_filter_rss / MiB:.0f} MiB"
-              f" (limit {limit / MiB:.0f} MiB: {'ok' if x.peak_filter_rss <= limit else 'MISSED'}); whole tree "
-              f"{x.peak_tree_rss / MiB:.0f} MiB, largest process {x.peak_proc_rss / MiB:.0f} MiB ({x.peak_proc_name})")
-    print(f"stored {stored_bytes(repo) / MiB:.0f} MiB for {path.stat().st_size / MiB:.0f} MiB")
-    shutil.rmtree(repo, ignore_errors=True)
+    v1 = make_big(root / "data", gib)
+    n_groups = int(gib * 1024 / 64)
+    changed = max(1, n_groups // 5)
+    v2 = make_big_version(root / "data", v1, gib, changed)
+    print(f"v2 changes {changed} of {n_groups} groups", flush=True)
+    results: dict[str, list] = {}
+    references: list[Measure] = []
+    for tool in tools:
+        e = theta_env(env, threads) if tool == "theta" else env
+        runs = []
+        for r in range(args.runs):
+            name = f"{tool}-big"
+            rows, ref = big_steps(root, tool, v1, v2, e, cgroup, name)
+            runs.append(rows)
+            if ref is not None:
+                references.append(ref)
+            if not args.keep:
+                for suffix in ("", "-remote.git", "-clone"):
+                    shutil.rmtree(root / (name + suffix), ignore_errors=True)
+        results[tool] = best_of_runs(runs)
+    reference = min(references, key=lambda m: m.seconds) if references else None
+    limit = f"in {args.mem_limit:g} GiB" if args.mem_limit else "no limit"
+    print()
+    print(f"{gib:g} GiB checkpoint, {n_groups} groups of 64 MiB, every git command {limit}; best of {args.runs}")
+    print(load_line())
+    labels = list(results)
+    print(f"{'step':<18}" + "".join(f"{'wall s ' + t:>13}{'CPU s':>8}{'cgroup peak MiB':>16}{'RSS tree MiB':>13}  "
+                                    f"{'status':<26}" for t in labels))
+    for i, step in enumerate(BIG_STEPS):
+        line = f"{step:<18}"
+        for t in labels:
+            _, m, _, left = results[t][i]
+            line += (f"{m.seconds:13.1f}{m.cpu:8.1f}{m.cgroup_peak / MiB:16.0f}{m.peak_tree_rss / MiB:13.0f}  "
+                     f"{_status(m, left):<26}")
+        print(line)
+    done = {t: sum(r[1].ok for r in rows) for t, rows in results.items()}
+    print()
+    print("; ".join(f"{t}: {n} of {len(BIG_STEPS)} steps completed" for t, n in done.items()))
+    ok = done.get("theta", len(BIG_STEPS)) == len(BIG_STEPS)
+    if reference is not None:
+        print(f"git-lfs checkout v1 without a limit: {reference.seconds:.1f}s wall, {reference.cpu:.1f}s CPU, "
+              f"git peak RSS {reference.peak_proc_rss / MiB:.0f} MiB")
+    if reference is not None and "theta" in results:
+        th = results["theta"][2][1]
+        r, rc = th.seconds / reference.seconds, th.cpu / max(reference.cpu, 1e-3)
+        good = r <= 1.0 and th.ok
+        ok &= good
+        print(f"theta checkout {limit} / git-lfs checkout without a limit: {r:.2f} wall, {rc:.2f} CPU  "
+              f"(target <= 1.0: {'ok' if good else 'MISSED'})")
+    return 0 if ok else 1
+
+
+# -- the threshold ------------------------------------------------------------------------------------------
+def sweep(root: Path, args, env: dict) -> int:
+    """theta's checkout of models of growing size: the checkpoint handed to git (direct) vs a placeholder
+    that theta materializes after git (the reason for theta.materializeAbove's default)."""
+    import numpy as np
+    import zipslice
+    from zipslice.info import TensorSource
+
+    print(f"theta checkout (median of {2 * args.runs}): the checkout alone, and with the next `git status` (which "
+          "re-reads a file git wrote in the same second as its index)")
+    print(f"{'size MiB':>8}  {'direct s':>9} {'+status':>8}  {'placeholder s':>13} {'+status':>8}  "
+          f"{'ratio':>6} {'+status':>8}")
+    for mib in args.sizes:
+        repo = new_repo(root, f"sweep-{mib:g}", "theta", env)
+        for v in (1, 2):
+            n = int(mib * MiB) // 4 // 8  # 8 groups
+
+            def reader(i, v=v):
+                def read():
+                    rng = np.random.default_rng(100 * v + i)
+                    return memoryview(rng.standard_normal(n, dtype=np.float32)).cast("B")
+                return read
+            srcs = [TensorSource(name=f"w{i}", dtype="float32", shape=(n,), read=reader(i)) for i in range(8)]
+            zipslice.save(repo / "model.pt", [(s.name, s) for s in srcs], format="torch")
+            sh(["git", "add", "model.pt"], repo, env)
+            sh(["git", "commit", "-q", "-m", f"v{v}"], repo, env)
+        alone, with_status = {}, {}
+        for mode, above in (("direct", "1T"), ("placeholder", "0")):
+            e = {**env, "GIT_THETA_MATERIALIZE_ABOVE": above}
+            runs, runs_s = [], []
+            for _ in range(args.runs):
+                for target in ("HEAD~1", "-"):
+                    settle(repo, e)
+                    m = run_measured(["git", "checkout", "-q", target], repo, e)
+                    s = run_measured(["git", "status", "--porcelain"], repo, e)
+                    runs.append(m.seconds)
+                    runs_s.append(m.seconds + s.seconds)
+            alone[mode], with_status[mode] = _median(runs), _median(runs_s)
+        print(f"{mib:8g}  {alone['direct']:9.2f} {with_status['direct']:8.2f}  {alone['placeholder']:13.2f} "
+              f"{with_status['placeholder']:8.2f}  {alone['placeholder'] / alone['direct']:6.2f} "
+              f"{with_status['placeholder'] / with_status['direct']:8.2f}", flush=True)
+        shutil.rmtree(repo, ignore_errors=True)
     return 0
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 if __name__ == "__main__":

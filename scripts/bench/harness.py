@@ -13,7 +13,6 @@ these helpers, so all figures are measured the same way:
 """
 from __future__ import annotations
 
-import itertools
 import os
 import resource
 import shutil
@@ -27,6 +26,24 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_memcg():
+    """tests/support/memcg.py, the memory cgroup the tests use too (its one home), loaded by file name:
+    putting tests/ on sys.path would let its folders named zipslice/ and theta/ shadow the packages."""
+    import importlib.util
+
+    name = "theta_bench_memcg"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "support" / "memcg.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before exec: dataclasses looks the module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+MemoryCgroup = _load_memcg().MemoryCgroup
+
 MiB = 1 << 20
 
 
@@ -63,6 +80,9 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
         env["PATH"] = str(own) + os.pathsep + env.get("PATH", "")
     if pythonpath:
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # as on a user's machine, the filter imports cached bytecode: without it every git command that starts
+    # git-theta recompiles theta and zipslice (~0.2 s of CPU, measured with py-spy)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
         subprocess.run(["git", "config", "--global", k, v], env=env, check=True, capture_output=True)
     return env
@@ -96,83 +116,49 @@ def new_repo(root: Path, name: str, tool: str, env: dict, pattern: str = "*.pt")
 # -- a machine with less RAM -------------------------------------------------------------------------------
 class MemCgroup:
     """A memory cgroup limited to ``limit`` bytes (page cache included): as far as memory goes, a machine with
-    that much RAM. cgroup v2 (``memory.max``, ``memory.peak``) or v1 (``memory.limit_in_bytes``,
-    ``memory.max_usage_in_bytes``). Root only; :meth:`available` says whether this machine allows it.
+    that much RAM. The cgroup itself is tests/support/memcg.py's MemoryCgroup (the one implementation, shared
+    with the tests); this is the benchmarks' face of it. :meth:`available` says whether this machine allows it.
 
     Each :func:`run_measured` call gets a fresh child group, so ``peak`` is that command's own.
     """
 
-    _ids = itertools.count()
-
     def __init__(self, limit: int, name: str = "bench"):
         self.limit = limit
-        self.v2 = _cgroup_v2()
-        base = "/sys/fs/cgroup" if self.v2 else "/sys/fs/cgroup/memory"
-        self.path = Path(base) / f"theta-{name}-{os.getpid()}"
-        self.path.mkdir(exist_ok=True)
-        if self.v2:
-            (self.path / "cgroup.subtree_control").write_text("+memory")
+        self.group = MemoryCgroup.create(f"theta-{name}-{os.getpid()}", limit)
+        self.path = self.group.path
+        self._children: dict[Path, MemoryCgroup] = {}
 
     @staticmethod
     def available() -> str | None:
         """None when memory cgroups can be made here, else why not."""
-        if os.geteuid() != 0:
-            return "needs root (memory cgroups)"
-        if _cgroup_v2() or os.path.isdir("/sys/fs/cgroup/memory"):
-            return None
-        return "no memory cgroup controller (v1 or v2) on this machine"
+        return MemoryCgroup.unavailable_reason()
 
     def child(self) -> Path:
-        path = self.path / f"run{next(self._ids)}"
-        path.mkdir()
-        if self.v2:
-            (path / "memory.max").write_text(str(self.limit))
-            try:
-                (path / "memory.swap.max").write_text("0")
-            except OSError:
-                pass
-        else:
-            (path / "memory.limit_in_bytes").write_text(str(self.limit))
-            try:
-                (path / "memory.memsw.limit_in_bytes").write_text(str(self.limit))
-            except OSError:
-                pass
-        return path
+        c = self.group.child()
+        self._children[c.path] = c
+        return c.path
 
     def peak(self, child: Path) -> int:
-        return int((child / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")).read_text())
+        return self._children[child].peak()
 
     def oom_killed(self, child: Path) -> bool:
-        name = "memory.events" if self.v2 else "memory.oom_control"
-        fields = dict(line.split()[:2] for line in (child / name).read_text().splitlines() if line.strip())
-        return int(fields.get("oom_kill", 0)) > 0
+        return self._children[child].oom_kills() > 0
 
     def remove(self, child: Path) -> None:
-        for _ in range(50):
-            try:
-                child.rmdir()
-                return
-            except OSError:
-                time.sleep(0.05)  # the last processes are still leaving
+        c = self._children.pop(child, None)
+        if c is not None:
+            c.remove(wait=2.5)
 
     def close(self) -> None:
-        for c in self.path.glob("run*"):
-            self.remove(c)
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass
+        for child in list(self._children):
+            self.remove(child)
+        self.group.remove(wait=2.5)
 
     def __enter__(self) -> "MemCgroup":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _cgroup_v2() -> bool:
-    f = "/sys/fs/cgroup/cgroup.controllers"
-    return os.path.exists(f) and "memory" in open(f).read().split()
 
 
 # -- measuring -----------------------------------------------------------------------------------------------
@@ -187,6 +173,18 @@ class Measure:
     cgroup_peak: int = 0        # with a MemCgroup: the kernel's peak for the command (page cache included)
     returncode: int = 0
     stderr: str = ""
+    oom_killed: bool = False    # with a MemCgroup: the kernel killed a process of the command for want of memory
+
+    @property
+    def status(self) -> str:
+        """"ok", "OOM-killed" or "failed (exit N)"."""
+        if self.oom_killed:
+            return "OOM-killed"
+        return "ok" if self.returncode == 0 else f"failed (exit {self.returncode})"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
 
 def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
@@ -243,7 +241,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     if check and proc.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}) in {cwd}:\n{stderr}")
     return Measure(elapsed, cpu, peak["tree"], peak["proc"], peak["name"], peak["filter"], cg_peak,
-                   proc.returncode, stderr)
+                   proc.returncode, stderr, killed)
 
 
 def best_of(n: int, fn):

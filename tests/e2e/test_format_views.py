@@ -191,6 +191,17 @@ def test_refusals_stage_nothing(repo):
     torch.save(obj, repo / "model.safetensors")
     refused(repo, "model.safetensors", "'epoch'", "non-tensor")
 
+    # a name the committed format cannot hold: safetensors reserves __metadata__, HDF5 needs groups for paths
+    check_out_again(repo, "model.safetensors")
+    formats.edit(repo / "model.safetensors", "__metadata__", torch.ones(2))
+    refused(repo, "model.safetensors", "'__metadata__'", "reserves")
+    write_committed(repo / "k.h5", "hdf5")
+    repo.commit("k", "k.h5")
+    (repo / ".git" / "info" / "attributes").write_text("k.h5 theta-format=torch\n")
+    check_out_again(repo, "k.h5")
+    formats.edit(repo / "k.h5", "dense/kernel/extra", torch.ones(2), "torch")
+    refused(repo, "k.h5", "'dense/kernel/extra'", "both a tensor and a group")
+
     # a torch list cannot gain an item through a flat view
     torch.save({"blocks": [torch.ones(2), torch.ones(3)]}, repo / "b.pt")
     repo.commit("b", "b.pt")
@@ -210,7 +221,7 @@ def test_refusals_stage_nothing(repo):
 
 
 def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
-    """switch, stash/pop, reset --hard, restore, merge, cherry-pick, clone: the work tree is always the view, the
+    """switch, checkout, rebase, merge, stash/pop, reset --hard, restore, cherry-pick, clone: the work tree is always the view, the
     repository always safetensors, and the tree clean after each."""
     import safetensors.torch
 
@@ -246,8 +257,17 @@ def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
     repo.git("commit", "-qam", "main: layer")
     main = state()
 
+    repo.git("switch", "-q", "-c", "reb", "exp")
+    repo.git("rebase", "-q", "main")  # exp's edit replayed on main's: a three-way merge of groups
+    rebased = state()
+    assert same_bits(rebased["embed.weight"], exp["embed.weight"])
+    assert same_bits(rebased["layer.0.weight"], main["layer.0.weight"])
+    repo.git("checkout", "-q", "main")  # checkout of a branch
+    assert same(state(), main)
+
     repo.git("merge", "-q", "--no-edit", "exp")  # the theta merge driver combines the two edits
     merged = state()
+    assert same(merged, rebased)
     assert same_bits(merged["embed.weight"], exp["embed.weight"])
     assert same_bits(merged["layer.0.weight"], main["layer.0.weight"])
 

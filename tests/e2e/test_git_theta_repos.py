@@ -1,9 +1,14 @@
-"""Repositories committed by the real Git-Theta 0.2.0 (fixtures/git_theta), used with theta through real git
-and git-lfs: clone (LFS objects from a file:// remote through git-lfs), check out every commit, status
-clean, diff, new commits on top in theta's format, migrate; Git-Theta's side-loaded workflow.
+"""Repositories committed by the real Git-Theta 0.2.0 (fixtures/git_theta: flat PyTorch state dicts;
+fixtures/git_theta/nested: a nested Flax checkpoint), used with theta through real git and git-lfs: clone (LFS
+objects from a file:// remote through git-lfs), check out, status clean, diff, new commits on top in theta's
+format, migrate; Git-Theta's side-loaded workflow.
 
 Values are compared with what Git-Theta itself checked out (expected.json: sha256 of each group's
 little-endian bytes, recorded by make_fixtures.py while the real Git-Theta ran).
+
+The fast tests (default run) share one clone per fixture repository and one theta repository for the
+side-loaded workflow (module-scoped; each test leaves its repository clean); the exhaustive ones (every
+commit, every file) are @slow and clone afresh.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 COMMITS = [c for c in EXPECTED["commits"] if c["files"]]
 HEAD_SHA = EXPECTED["commits"][-1]["sha"]
-
-pytestmark = pytest.mark.slow  # each test clones and checks out through real git + git-lfs (~30 s)
+NESTED = FIXTURE / "nested"
+NESTED_EXPECTED = json.loads((NESTED / "expected.json").read_text())
+NESTED_COMMITS = [c for c in NESTED_EXPECTED["commits"] if c["files"]]
 
 
 def le_sha256(a: np.ndarray) -> str:
@@ -36,28 +42,117 @@ def checked_out(path: Path) -> dict[str, np.ndarray]:
         return {k: np.array(ck.numpy(k)) for k in ck.keys()}
 
 
-@pytest.fixture()
-def clone(tmp_path) -> Repo:
-    """A clone (with theta installed globally) of a bare remote made from the Git-Theta bundle; the remote
+def key_paths(path: Path) -> dict[str, list[str]]:
+    """``{name: path of dict keys}`` of a torch checkpoint's container tree."""
+    from theta.gittheta_files import key_paths as paths
+
+    with zipslice.load(path) as ck:
+        return {k: list(v) for k, v in paths(ck.structure).items()}
+
+
+def clone_of(base: Path, fixture: Path) -> Repo:
+    """A clone (with theta installed globally) of a bare remote made from a Git-Theta bundle; the remote
     holds Git-Theta's LFS objects, which git-lfs downloads during checkout."""
-    env = GitEnv.create(tmp_path)
-    env.run(["git", "theta", "install"], cwd=tmp_path)
-    origin = tmp_path / "origin.git"
-    env.run(["git", "clone", "-q", "--bare", str(FIXTURE / "repo.bundle"), str(origin)], cwd=tmp_path)
-    shutil.copytree(FIXTURE / "lfs" / "objects", origin / "lfs" / "objects")
+    env = GitEnv.create(base)
+    env.run(["git", "theta", "install"], cwd=base)
+    origin = base / "origin.git"
+    env.run(["git", "clone", "-q", "--bare", str(fixture / "repo.bundle"), str(origin)], cwd=base)
+    shutil.copytree(fixture / "lfs" / "objects", origin / "lfs" / "objects")
     return env.clone(f"file://{origin}", "clone")
 
 
+@pytest.fixture()
+def clone(tmp_path) -> Repo:
+    return clone_of(tmp_path, FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def shared_clone(tmp_path_factory) -> Repo:
+    """One clone of the flat fixture for the fast tests (each leaves it clean)."""
+    return clone_of(tmp_path_factory.mktemp("gt-flat"), FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def nested_clone(tmp_path_factory) -> Repo:
+    """One clone of the nested (Flax) fixture for the fast tests."""
+    return clone_of(tmp_path_factory.mktemp("gt-nested"), NESTED)
+
+
 def assert_matches_git_theta(repo: Repo, commit: dict) -> None:
+    """Every file of ``commit`` holds what Git-Theta checked out: names, nesting, dtypes, shapes, bytes."""
     for f, groups in commit["files"].items():
         got = checked_out(repo / f)
         assert sorted(got) == sorted(groups), f
+        paths = key_paths(repo / f)
         for name, want in groups.items():
+            assert paths[name] == want.get("key", [name]), (f, name)  # nested as Git-Theta nests it
             assert str(got[name].dtype) == want["dtype"], (f, name)
             assert list(got[name].shape) == want["shape"], (f, name)
             assert le_sha256(got[name]) == want["sha256"], (commit["subject"], f, name)
 
 
+# ---------------------------------------------------------------- fast: one clone per fixture repository
+
+def test_fast_head_checks_out_bit_for_bit_and_status_stays_clean(shared_clone):
+    repo = shared_clone
+    assert_matches_git_theta(repo, COMMITS[-1])
+    for f in COMMITS[-1]["files"]:
+        (repo / f).touch()  # stat changed: git runs the clean filter again
+    assert repo.status() == ""
+
+
+def test_fast_theta_diff_between_git_theta_commits(shared_clone):
+    out = shared_clone.theta("diff", COMMITS[0]["sha"], COMMITS[1]["sha"], "--", "model.pt").stdout.decode()
+    assert "modified  emb.weight" in out and "added     fc3.weight" in out and "removed   buf.index" in out
+    assert "3 modified, 1 added, 1 removed, 7 unchanged" in out
+
+
+def test_fast_new_commit_on_top_then_migrate(shared_clone):
+    repo = shared_clone
+    sd = torch.load(repo / "model.pt", weights_only=True)
+    sd["fc1.bias"] = sd["fc1.bias"] + 1
+    torch.save(sd, repo / "model.pt")
+    repo.commit("on top, with theta", "model.pt")
+    assert repo.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+    assert repo.show("HEAD:head.pt").startswith(b"{")  # untouched files stay Git-Theta format
+    proc = repo.theta("migrate")
+    assert "migrated head.pt: 2 groups" in proc.stdout.decode() and "migrated sub/emb.pt" in proc.stdout.decode()
+    assert "stays in Git-Theta's format" in proc.stderr.decode()
+    assert sorted(repo.status().splitlines()) == ["M  head.pt", "M  sub/emb.pt"]
+    for f in ("model.pt", "head.pt", "sub/emb.pt"):
+        assert repo.show(f":{f}").startswith(b"theta-metadata 1\n")
+    repo.git("commit", "-q", "-m", "migrate")
+    got = checked_out(repo / "model.pt")
+    for name, v in sd.items():
+        assert np.array_equal(got[name], v.numpy()), name
+    assert repo.status() == ""
+
+
+def test_fast_nested_checkout_diff_and_commit_on_top(nested_clone):
+    repo = nested_clone
+    head = NESTED_COMMITS[-1]
+    assert_matches_git_theta(repo, head)  # nested dicts, "x/y" one key, float64 where the updates promoted
+    (repo / "params.msgpack").touch()
+    assert repo.status() == ""
+    out = repo.theta("diff", NESTED_COMMITS[0]["sha"], NESTED_COMMITS[1]["sha"]).stdout.decode()
+    assert "modified  params/Dense_0/kernel" in out and "added     params/Dense_2/kernel" in out
+    assert "removed   batch_stats/BatchNorm_0/var" in out
+    tree = torch.load(repo / "params.msgpack", weights_only=True)
+    tree["params"]["Dense_0"]["bias"] = tree["params"]["Dense_0"]["bias"] * 2
+    torch.save(tree, repo / "params.msgpack")
+    repo.commit("on top of nested Git-Theta history", "params.msgpack")
+    assert repo.show("HEAD:params.msgpack").startswith(b"theta-metadata 1\n")
+    out = repo.theta("diff", head["sha"], "HEAD").stdout.decode()
+    assert "modified  params/Dense_0/bias" in out and "1 modified" in out
+    (repo / "params.msgpack").unlink()
+    repo.git("checkout", "--", "params.msgpack")
+    back = torch.load(repo / "params.msgpack", weights_only=True)
+    assert torch.equal(back["params"]["Dense_0"]["bias"], tree["params"]["Dense_0"]["bias"])
+    assert back["x/y"].dtype == torch.float32 and back["params"]["Dense_1"]["kernel"].dtype == torch.float64
+    assert repo.status() == ""
+
+
+@pytest.mark.slow
 def test_every_commit_checks_out_as_git_theta_did_and_status_stays_clean(clone):
     for commit in COMMITS:
         clone.git("checkout", "-q", commit["sha"])
@@ -70,6 +165,7 @@ def test_every_commit_checks_out_as_git_theta_did_and_status_stays_clean(clone):
             assert text == clone.show(f"{commit['sha']}:{f}")
 
 
+@pytest.mark.slow
 def test_checked_out_file_loads_in_torch(clone):
     sd = torch.load(clone / "model.pt", weights_only=True)
     want = COMMITS[-1]["files"]["model.pt"]
@@ -78,6 +174,7 @@ def test_checked_out_file_loads_in_torch(clone):
         assert le_sha256(sd[name].numpy()) == w["sha256"]
 
 
+@pytest.mark.slow
 def test_git_diff_and_theta_diff_between_git_theta_commits(clone):
     c1, c2 = COMMITS[0]["sha"], COMMITS[1]["sha"]
     out = clone.git("diff", c1, c2, "--", "model.pt").stdout.decode()
@@ -88,6 +185,7 @@ def test_git_diff_and_theta_diff_between_git_theta_commits(clone):
     assert "update low-rank" in out and "2 modified" in out
 
 
+@pytest.mark.slow
 def test_new_commit_on_top_is_stored_in_theta_format_and_history_mixes(clone):
     sd = torch.load(clone / "model.pt", weights_only=True)
     sd["fc1.bias"] = sd["fc1.bias"] + 1
@@ -144,6 +242,117 @@ def theta_repo(tmp_path) -> Repo:
     return repo
 
 
+@pytest.fixture(scope="module")
+def sideload_repo(tmp_path_factory) -> Repo:
+    """One theta repository for the fast side-loaded tests; each commits on top of the last and leaves it clean."""
+    env = GitEnv.create(tmp_path_factory.mktemp("gt-sideload"))
+    repo = env.init("work")
+    torch.save(_base_model(), repo / "model.pt")
+    repo.commit("base", ".gitattributes", "model.pt")
+    return repo
+
+
+def _update_on(kind: str, current: dict[str, np.ndarray], seed: int, factor_dtype=torch.float32
+               ) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """A Git-Theta update file for fc.weight over ``current`` and the value Git-Theta's arithmetic gives."""
+    g = torch.Generator().manual_seed(seed)
+    w = current["fc.weight"]
+    if kind == "low-rank":
+        R, C = torch.randn(8, 2, generator=g, dtype=factor_dtype), torch.randn(2, 6, generator=g, dtype=factor_dtype)
+        return {"fc.weight/R": R, "fc.weight/C": C}, R.numpy() @ C.numpy() + w
+    if kind == "ia3":
+        s = torch.rand(8, 1, generator=g, dtype=factor_dtype) + 0.5
+        return {"fc.weight/ia3": s}, w * s.numpy()
+    idx = torch.tensor([seed % 48, 7, 30], dtype=torch.int32)
+    vals = torch.tensor([1.5, -2.0, 0.25], dtype=factor_dtype)
+    dense = np.zeros(48, vals.numpy().dtype)
+    np.add.at(dense, idx.numpy(), vals.numpy())
+    return ({"fc.weight/data": vals, "fc.weight/indices": idx, "fc.weight/indptr": torch.tensor([0, 3], dtype=torch.int32),
+             "fc.weight/shape": torch.tensor([8, 6])}, dense.reshape(8, 6) + w)
+
+
+def _side_load(repo: Repo, kind: str, update: dict[str, torch.Tensor], flag: str = "--update-data") -> None:
+    torch.save(update, repo / "update.bin")
+    repo.theta("add", "model.pt", "--update-type", kind, flag, "update.bin")
+    (repo / "update.bin").unlink()
+
+
+@pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
+def test_fast_side_loaded_update_original_then_current_form(sideload_repo, kind):
+    """Git-Theta's documented form (the work tree holds the original), then the current form (it holds
+    previous-with-update already), one commit each, on one repository."""
+    repo = sideload_repo
+    base = checked_out(repo / "model.pt")
+    update, want = _update_on(kind, base, seed=len(kind))
+    _side_load(repo, kind, update, "--update-path")  # Git-Theta's README spelling
+    repo.git("commit", "-q", "-m", f"{kind}, original form")
+    got = checked_out(repo / "model.pt")  # the work tree, as the add left it: what is committed
+    assert got["fc.weight"].dtype == want.dtype and np.array_equal(got["fc.weight"], want)
+    for name in ("fc.bias", "norm.weight", "other"):
+        assert np.array_equal(got[name], base[name])
+    assert repo.status() == ""
+    assert _last_step(repo, "fc.weight") == kind
+
+    update, want = _update_on(kind, got, seed=len(kind) + 1)
+    torch.save({**{k: torch.from_numpy(v) for k, v in got.items()}, "fc.weight": torch.from_numpy(want)},
+               repo / "model.pt")
+    before = (repo / "model.pt").read_bytes()
+    _side_load(repo, kind, update)
+    assert (repo / "model.pt").read_bytes() == before  # the current form: nothing to rewrite
+    repo.git("commit", "-q", "-m", f"{kind}, current form")
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "model.pt")
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert repo.status() == ""
+    assert _last_step(repo, "fc.weight") == kind
+
+
+def test_fast_side_loaded_update_refuses_a_third_value(sideload_repo):
+    repo = sideload_repo
+    current = checked_out(repo / "model.pt")
+    update, _ = _update_on("ia3", current, seed=5)
+    torch.save(update, repo / "update.bin")
+    torch.save({**{k: torch.from_numpy(v) for k, v in current.items()},
+                "fc.weight": torch.from_numpy(current["fc.weight"] + 3)}, repo / "model.pt")
+    before = (repo / "model.pt").read_bytes()
+    proc = repo.theta("add", "model.pt", "--update-type", "ia3", "--update-data", "update.bin", check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "'fc.weight' is neither the previous version (max abs difference 3)" in err
+    assert "previous version with the ia3 update" in err and "max abs difference" in err.split("applied")[1]
+    assert (repo / "model.pt").read_bytes() == before
+    assert repo.out("diff", "--cached", "--name-only") == ""
+    (repo / "update.bin").unlink()
+    repo.git("checkout", "model.pt")
+
+
+def _last_step(repo: Repo, group: str) -> str:
+    steps = [json.loads(line) for line in repo.show("HEAD:model.pt").decode().splitlines()[1:]
+             if not line.startswith("#")]
+    return next(s for s in steps if s.get("group") == group)["steps"][-1]["type"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
+def test_side_loaded_update_promotes_as_git_theta_checks_out(theta_repo, kind):
+    """float64 factors on a float32 group: Git-Theta checks out numpy's promotion (float64; see
+    fixtures/git_theta/nested, commits N4 and N6); theta commits that value (dense: it changed dtype)."""
+    repo = theta_repo
+    base = checked_out(repo / "model.pt")
+    update, want = _update_on(kind, base, seed=3, factor_dtype=torch.float64)
+    assert want.dtype == np.float64
+    _side_load(repo, kind, update)
+    repo.git("commit", "-q", "-m", f"{kind} promoting")
+    assert checked_out(repo / "model.pt")["fc.weight"].dtype == np.float64
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert repo.status() == ""
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "model.pt")
+    assert np.array_equal(checked_out(repo / "model.pt")["fc.weight"], want)
+    assert _last_step(repo, "fc.weight") == "dense"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sparse", "low-rank", "ia3"])
 @pytest.mark.parametrize("form", ["original", "updated"])
 def test_side_loaded_update_both_forms(theta_repo, kind, form):
@@ -169,6 +378,7 @@ def test_side_loaded_update_both_forms(theta_repo, kind, form):
     assert fc["steps"][-1]["type"] == kind
 
 
+@pytest.mark.slow
 def test_side_loaded_update_refuses_a_third_value(theta_repo):
     repo = theta_repo
     base = _base_model()
@@ -185,6 +395,7 @@ def test_side_loaded_update_refuses_a_third_value(theta_repo):
     assert repo.out("diff", "--cached", "--name-only") == ""
 
 
+@pytest.mark.slow
 def test_side_loaded_update_on_git_theta_history(clone):
     """The original checkpoint (as Git-Theta checked it out) plus a side-loaded update, on Git-Theta history."""
     w = checked_out(clone / "model.pt")["fc1.weight"]
@@ -199,6 +410,7 @@ def test_side_loaded_update_on_git_theta_history(clone):
 
 # ---------------------------------------------------------------- migrate
 
+@pytest.mark.slow
 def test_migrate_stages_theta_format_and_keeps_values(clone):
     proc = clone.theta("migrate")
     out, err = proc.stdout.decode(), proc.stderr.decode()
@@ -216,6 +428,7 @@ def test_migrate_stages_theta_format_and_keeps_values(clone):
     assert "nothing to migrate" in clone.theta("migrate").stderr.decode()
 
 
+@pytest.mark.slow
 def test_migrate_refuses_an_unknown_update_type_and_stages_nothing(clone):
     text = clone.show("HEAD:head.pt").replace(b'"update_type": "low-rank"', b'"update_type": "lora-x"', 1)
     oid = clone.git("hash-object", "-w", "--stdin", input=text).stdout.decode().strip()

@@ -30,7 +30,8 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     limit = figures["limit"]
     assert figures["largest"] == 7630 * 768 * 4  # the scaled BERT vocabulary is the largest group
     rows = {r["step"]: r for r in figures["tools"]["theta-2t"]}
-    assert set(rows) == set(ADDS) | {"checkout v1", "squash", "merge"}
+    assert set(rows) == set(ADDS) | {"checkout v1", "clone", "squash", "merge"}
+    assert all(r["status"] == "ok" for r in rows.values()), proc.stdout
     for step in ADDS + ("squash",):
         assert 0 < rows[step]["peak_tree_rss"] <= limit, (step, rows[step], proc.stdout)
     for step in ("checkout v1", "merge"):

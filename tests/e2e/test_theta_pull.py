@@ -4,6 +4,7 @@ Real git, real git-lfs, a file:// remote (git-lfs's standalone file transfer).
 """
 from __future__ import annotations
 
+import re
 import shutil
 from collections import OrderedDict
 
@@ -195,3 +196,43 @@ def test_git_archive_gets_the_checkpoint_not_a_placeholder(genv):
     shown = repo.git("cat-file", "--filters", "HEAD:model.pt", extra_env={"GIT_THETA_MATERIALIZE_ABOVE": "0"})
     assert shown.stdout == ref.read_bytes()
     assert repo.status() == ""
+
+
+def _bar_totals(out: str, label: str) -> list[tuple[str, str]]:
+    """(done, total) of every frame of the bar labelled ``label`` in a terminal's output."""
+    return re.findall(re.escape(label) + r"[^\n\r]*?(\d+\.\d)/(\d+\.\d) MiB", out)
+
+
+def test_checkout_push_and_theta_pull_show_progress_on_a_terminal(genv):
+    """Every long step names the file and shows bytes (rich's bar: done/total and rate) on a terminal: a
+    checkout's materialization, a push's LFS upload, `git theta pull`'s LFS download and checkout."""
+    import torch
+
+    genv.run(["git", "theta", "install"], cwd=genv.home)
+    repo = genv.init("work")
+    bare = genv.init("remote.git", theta=False, bare=True)
+    repo.git("remote", "add", "origin", f"file://{bare.path}")
+    g = torch.Generator().manual_seed(0)
+    for v in (1, 2):
+        torch.save({f"w{i}": torch.randn(1 << 20, generator=g) for i in range(6)}, repo / "model.pt")  # 24 MiB
+        repo.commit(f"v{v}", ".gitattributes", "model.pt")
+
+    pushed = run_in_terminal(["git", "push", "-q", "origin", "main"], repo.path, genv.env)
+    frames = _bar_totals(pushed, "theta push model.pt")
+    assert frames, pushed
+    done, total = frames[-1]
+    assert done == total and float(total) > 20, frames  # every byte of both versions' blobs, seen arriving
+
+    out = run_in_terminal(["git", "checkout", "-q", "HEAD~1"], repo.path, genv.env)
+    assert ("24.0", "24.0") in _bar_totals(out, "theta smudge model.pt"), out
+    assert re.search(r"\d+\.\d [KMG]i?B/s", out), out  # the rate (the bar advanced group by group)
+
+    clone = genv.home.parent / "lazy"
+    genv.run(["git", "clone", "-q", f"file://{bare.path}", str(clone)], cwd=genv.home.parent,
+             extra_env={"GIT_THETA_SKIP_SMUDGE": "1"})
+    assert is_placeholder(clone / "model.pt")
+    out = run_in_terminal(["git", "theta", "pull"], clone, genv.env)
+    fetched = _bar_totals(out, "theta fetch model.pt")
+    assert fetched and fetched[-1][0] == fetched[-1][1], out  # the LFS download, under the file's name
+    assert ("24.0", "24.0") in _bar_totals(out, "theta smudge model.pt"), out
+    assert not is_placeholder(clone / "model.pt")

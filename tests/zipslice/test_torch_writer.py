@@ -213,3 +213,23 @@ def test_record_beyond_4_gib(tmp_path_factory):
     with zipfile.ZipFile(p) as z:
         assert z.getinfo("big/data/2").header_offset > 2 ** 32
     os.unlink(p)
+
+
+def _hinted(name: str, values: np.ndarray, crc) -> TensorSource:
+    return TensorSource(name=name, dtype="float32", shape=values.shape, read=lambda: values.tobytes(), crc32=crc)
+
+
+def test_a_source_that_knows_its_crc_is_trusted_and_one_that_does_not_is_computed(tmp_path):
+    import zlib
+
+    a = np.arange(1000, dtype=np.float32)
+    b = np.arange(500, dtype=np.float32) * 3
+    good = tmp_path / "good.pt"
+    torch_writer.write(good, [_hinted("a", a, lambda: zlib.crc32(a.tobytes())), _hinted("b", b, lambda: None)])
+    assert zipfile.ZipFile(good).testzip() is None  # every record's CRC matches its bytes
+    got = torch.load(good, weights_only=True)
+    assert np.array_equal(got["a"].numpy(), a) and np.array_equal(got["b"].numpy(), b)
+    # the hint is what the writer records (not recomputed): a wrong one is caught by any zip reader
+    bad = tmp_path / "bad.pt"
+    torch_writer.write(bad, [_hinted("a", a, lambda: 12345)])
+    assert zipfile.ZipFile(bad).testzip() == "bad/data/0"

@@ -6,17 +6,13 @@ and :mod:`theta.commands.install`. Listings take ``--json`` (one JSON document o
 """
 from __future__ import annotations
 
-import json
 import sys
 from typing import List, Optional
 
 import typer
 
+from zipslice.clistyle import JSON_OPTION, emit_json, printable
 from zipslice.progress import Bar, human_bytes
-
-
-def _json(doc) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def problem_lines(problems) -> list[str]:
@@ -37,10 +33,11 @@ def problem_lines(problems) -> list[str]:
             for q in ps:
                 users.setdefault((q.file, q.group), []).append(q.where)
             needed = "; ".join(f"{f} group {g!r} ({', '.join(dict.fromkeys(w))})" for (f, g), w in users.items())
-            lines.append(f"{state}{p.kind}: blob {p.oid} ({human_bytes(p.size)}): {p.detail}; needed by {needed}")
+            lines.append(printable(f"{state}{p.kind}: blob {p.oid} ({human_bytes(p.size)}): {p.detail}; "
+                                  f"needed by {needed}"))
         else:
             group = f" group {p.group!r}" if p.group else ""
-            lines.append(f"{state}{p.kind}: {p.file} ({p.where}){group}: {p.detail}")
+            lines.append(printable(f"{state}{p.kind}: {p.file} ({p.where}){group}: {p.detail}"))
     return lines
 
 
@@ -48,22 +45,23 @@ def register(app: typer.Typer) -> None:
     """Add the care commands to the `git theta` app."""
 
     @app.command("status")
-    def status(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+    def status(as_json: bool = JSON_OPTION) -> None:
         """Each theta-tracked checkpoint: materialized or placeholder, blobs local/missing, size, format,
         and the staged change against HEAD in groups."""
         from theta.commands.status import PLACEHOLDER, repo_status
 
         files = repo_status()
         if as_json:
-            _json({"files": [f.to_json() for f in files]})
+            emit_json({"files": [f.to_json() for f in files]})
             return
         if not files:
             print("no theta-tracked checkpoints in the index", file=sys.stderr)
             return
-        width = max(len(f.path) for f in files)
+        names = {f.path: printable(f.path) for f in files}
+        width = max(len(n) for n in names.values())
         for f in files:
             if f.error:
-                print(f"{f.path:<{width}}  metadata unreadable: {f.error}")
+                print(f"{names[f.path]:<{width}}  metadata unreadable: {f.error}")
                 continue
             blobs = f"blobs {f.blobs_local}/{f.blobs} local" + (f" ({f.blobs_missing} missing)" if f.blobs_missing
                                                                  else "")
@@ -74,7 +72,7 @@ def register(app: typer.Typer) -> None:
                 parts = [f"{n} {what}" for n, what in ((f.staged.modified, "modified"), (f.staged.added, "added"),
                                                        (f.staged.removed, "removed")) if n]
                 staged = "  staged: " + ", ".join(parts) + " group(s)"
-            print(f"{f.path:<{width}}  {f.state:<12} {f.format or '?':<11} {f.groups:>6} groups "
+            print(f"{names[f.path]:<{width}}  {f.state:<12} {f.format or '?':<11} {f.groups:>6} groups "
                   f"{human_bytes(f.size):>10}  {blobs}{staged}")
         if any(f.state == PLACEHOLDER for f in files):
             print("placeholders hold the metadata text, not the checkpoint: `git theta pull` (or "
@@ -89,7 +87,7 @@ def register(app: typer.Typer) -> None:
              repair: bool = typer.Option(False, "--repair", help="Refetch missing and corrupt blobs from the "
                                          "remote (corrupt ones are moved to <lfs>/theta-quarantine first)."),
              remote: Optional[str] = typer.Option(None, "--remote", help="Remote to repair from."),
-             as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+             as_json: bool = JSON_OPTION,
              ) -> None:
         """Check that every blob the metadata needs is present with its sha256, and that every group's chain
         rebuilds to its recorded hash. Exit status 1 on any problem left."""
@@ -99,7 +97,7 @@ def register(app: typer.Typer) -> None:
             report = run_fsck(revs=list(revs or []), pointers_only=pointers, repair=repair, remote=remote,
                               on_bytes=bar.advance)
         if as_json:
-            _json(report.to_json())
+            emit_json(report.to_json())
         else:
             for line in problem_lines(report.problems):
                 print(line)
@@ -122,7 +120,7 @@ def register(app: typer.Typer) -> None:
               remote: Optional[str] = typer.Option(None, "--remote", help="Remote to verify against (default: "
                                                    "lfs.pruneremotetocheck, else the default remote)."),
               verbose: bool = typer.Option(False, "--verbose", "-v", help="List each blob deleted."),
-              as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+              as_json: bool = JSON_OPTION,
               ) -> None:
         """Delete the blobs theta keeps that nothing local needs (local refs, stash, indexes, worktrees,
         unpushed and reflog commits keep theirs). Reports the bytes freed."""
@@ -137,7 +135,7 @@ def register(app: typer.Typer) -> None:
             report = run_prune(dry_run=dry_run, verify_remote=verify_remote, remote=remote,
                                on_verified=bar.advance)
         if as_json:
-            _json({"dry_run": report.dry_run, "needed": report.needed, "kept": report.kept,
+            emit_json({"dry_run": report.dry_run, "needed": report.needed, "kept": report.kept,
                    "candidates": len(report.candidates), "deleted": [r.oid for r in report.deleted],
                    "freed": report.freed, "unverified": [r.oid for r in report.unverified],
                    "recent": [r.oid for r in report.recent], "relinked": [r.oid for r in report.relinked],

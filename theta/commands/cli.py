@@ -89,16 +89,31 @@ def add(ctx: typer.Context,
                                              help="Change the committed format to torch, safetensors or hdf5 "
                                                   "(whatever format the work-tree file has).",
                                              **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+        source: Optional[Path] = typer.Option(None, "--from", metavar="SOURCE",
+                                              help="Record the checkpoint at SOURCE (any format, e.g. a sharded "
+                                                   "model.safetensors.index.json) as PATH's new version; PATH "
+                                                   "is rewritten in the work tree."),
         ) -> None:
     """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables.
 
     A file keeps the format it was committed in, whatever format it is checked out in (a view); `--format`
     is the one way to change it: the paths are cleaned again (`git add --renormalize`) and recorded as FORMAT.
+    `--from SOURCE PATH` records another checkpoint (e.g. shards written by `git theta export`) as PATH, in
+    PATH's committed format.
     """
+    if source is not None:
+        _add_from(source, paths, format, ctx.args, update_type or update_data or option)
+        return
     env = dict(os.environ)
     if checkpoint_type:
         note(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
              f"from the file (use --format to change the committed format)")
+    if update_type:
+        from theta import updates
+
+        known = ["auto", *updates.names()]
+        if update_type not in known:  # as Git-Theta's argparse choices: refused before git runs
+            raise ThetaError(f"--update-type {update_type!r}: expected one of {', '.join(known)}")
     if update_type and update_data:
         # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
         from theta.commands.sideload_add import prepare
@@ -125,6 +140,20 @@ def add(ctx: typer.Context,
         if status != 0:
             raise typer.Exit(status)
     raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
+
+
+def _add_from(source: Path, paths: List[str], fmt: Optional[str], git_args: List[str], other: object) -> None:
+    from theta.commands.add_from import add_from
+
+    if len(paths) != 1:
+        raise typer.BadParameter(f"--from records one checkpoint as one PATH; got {len(paths)} paths",
+                                 param_hint="'PATH'")
+    if other:
+        raise typer.BadParameter("--from takes no --update-type, --update-data or --option: SOURCE is cleaned "
+                                 "as the file's next version with the repository's settings", param_hint="'--from'")
+    done = add_from(source, paths[0], os.getcwd(), fmt, git_args)
+    say(f"staged {done.path} ({done.format}) from {source}: {len(done.changed)} changed group"
+        f"{'' if len(done.changed) == 1 else 's'}")
 
 
 @app.command()
@@ -179,12 +208,24 @@ def export(spec: str = typer.Argument(..., metavar="REV:PATH", help="A committed
            to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
                                             help="torch, safetensors or hdf5 (default: as committed).",
                                             **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+           max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE",
+                                                        help="Largest shard of a sharded OUT (default 5GB)."),
            quiet: bool = QUIET_OPTION) -> None:
-    """Write a committed version of a checkpoint to OUT without touching the working tree."""
+    """Write a committed version of a checkpoint to OUT without touching the working tree.
+
+    OUT named NAME.safetensors.index.json (or NAME.bin.index.json, NAME.h5.index.json) writes a sharded
+    checkpoint: the index and shards NAME-00001-of-0000N.safetensors beside it, as transformers lays them out.
+    """
     from theta.commands.export import export as do_export
+    from theta.settings import parse_size
 
     set_quiet(quiet)
-    fmt = do_export(spec, out, to)
+    limit = None
+    if max_shard_size is not None:
+        limit = parse_size(max_shard_size, "--max-shard-size")
+        if limit <= 0:
+            raise ThetaError(f"--max-shard-size {max_shard_size!r}: a shard must be allowed at least one byte")
+    fmt = do_export(spec, out, to, max_shard_bytes=limit)
     note(f"wrote {out} ({fmt})")
 
 

@@ -8,15 +8,29 @@ from theta.git import repo as gitutil
 from theta.errors import ThetaError
 
 
-def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None) -> str:
-    """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written."""
+def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None,
+           max_shard_bytes: int | None = None) -> str:
+    """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written.
+
+    ``out`` named ``*.index.json`` writes a sharded checkpoint (:func:`theta.smudge.smudge_sharded`): shards
+    of at most ``max_shard_bytes`` beside it in the format its name gives (``model.safetensors.index.json``:
+    safetensors shards); ``fmt``, if given, must be that format. Returns ``"<format> shards"`` then.
+    """
     from theta.storage.transfer import fetch_missing
     from theta.storage.metadata import is_metadata, loads
-    from theta.smudge import smudge_checkpoint
+    from theta.smudge import smudge_checkpoint, smudge_sharded
     from theta.storage.store import LfsStore
 
     if ":" not in spec:
         raise ThetaError(f"{spec!r}: give REV:PATH (e.g. HEAD~1:model.pt)")
+    sharded_out = os.fspath(out).endswith(".index.json")
+    if sharded_out:
+        shard_fmt = _shard_format(out)
+        if fmt is not None and fmt != shard_fmt:
+            raise ThetaError(f"{out}: an index named so lists {shard_fmt} shards, not {fmt}; name it "
+                             f"NAME{_SHARD_SUFFIX.get(fmt, '.<ext>')}.index.json for {fmt} shards")
+    elif max_shard_bytes is not None:
+        raise ThetaError(f"{out}: --max-shard-size needs a sharded output, named NAME.safetensors.index.json")
     data = gitutil.read_blob(spec, cwd)
     if data is None:
         raise ThetaError(f"{spec}: no such file in git")
@@ -25,13 +39,30 @@ def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, 
     meta = loads(data, file=spec)
     store = LfsStore.for_repo(cwd or ".")
     fetch_missing(cwd or ".", meta.blob_refs(), store=store)
-    smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt,
-                      progress=sys.stderr.isatty() if progress is None else progress)
-    _default_mode(out)
+    show = sys.stderr.isatty() if progress is None else progress
+    if sharded_out:
+        for shard in smudge_sharded(meta, store, out, max_shard_bytes, progress=show, name=spec):
+            default_mode(shard)
+        default_mode(out)
+        return f"{shard_fmt} shards"
+    smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt, progress=show)
+    default_mode(out)
     return fmt or meta.format
 
 
-def _default_mode(path) -> None:
+_SHARD_SUFFIX = {"safetensors": ".safetensors", "torch": ".bin", "hdf5": ".h5"}
+
+
+def _shard_format(index) -> str:
+    from zipslice.sharded import shard_format
+
+    try:
+        return shard_format(index)
+    except ValueError as e:
+        raise ThetaError(str(e)) from None
+
+
+def default_mode(path) -> None:
     """The writers publish through mkstemp (mode 0600); give the exported file the usual 0666 & ~umask."""
     umask = os.umask(0)
     os.umask(umask)

@@ -243,6 +243,11 @@ class Filter:
                     return data  # Git-Theta's own metadata text: already clean
             if Path(path).name in GIT_OWN_FILES:
                 return got.path.read_bytes()  # git reads these itself (a `*` pattern catches them): never stored
+            if _is_shard_index(got):
+                # the index of a sharded checkpoint (a `*` or `*.json` pattern catches it): its shards are
+                # tracked files of their own, so it stays the small JSON text it is -- stored as a checkpoint
+                # it would duplicate every shard and could not be checked out as one file
+                return got.path.read_bytes()
             t0 = time.perf_counter()
             if early is not None:
                 previous_text, meta, stats, before = early.outcome()
@@ -529,6 +534,20 @@ class Filter:
 
 # Git-Theta metadata is JSON of ~1 KB per group; larger "{"-content is a checkpoint, not metadata.
 _MAX_GIT_THETA_TEXT = 256 << 20
+
+
+def _is_shard_index(got: "Received") -> bool:
+    """Is the content a sharded checkpoint's ``*.index.json`` (JSON naming a shard file per tensor)?"""
+    import zipslice
+    from zipslice.errors import ZipsliceError
+    from zipslice.sharded import MAX_INDEX_BYTES
+
+    if got.head.lstrip()[:1] != b"{" or got.size > MAX_INDEX_BYTES:
+        return False
+    try:
+        return zipslice.sniff(got.path) == "sharded"
+    except (ZipsliceError, OSError):
+        return False
 
 
 class _Lazy:

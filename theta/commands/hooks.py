@@ -142,8 +142,10 @@ def parse_push_lines(stdin: bytes) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> list[BlobRef]:
-    """Every blob referenced by theta metadata in commits being pushed that the remote does not have yet."""
+def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]], names: set[str] | None = None
+                  ) -> list[BlobRef]:
+    """Every blob referenced by theta metadata in commits being pushed that the remote does not have yet;
+    ``names``, if given, receives the paths of the checkpoints whose blobs they are."""
     from theta.storage.metadata import is_metadata, loads
 
     tips = [local for _, local, _, _ in lines if local != ZERO]
@@ -151,7 +153,8 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> l
         return []
     excludes = [f"--remotes={remote}"] + [r for _, _, _, r in lines if r != ZERO and gitutil.rev_exists(r, cwd)]
     listing = gitutil.run(["rev-list", "--objects", *tips, "--not", *excludes], cwd).decode()
-    shas = [line.split(" ", 1)[0] for line in listing.splitlines() if " " in line]  # trees and blobs have paths
+    path_of = dict(line.split(" ", 1) for line in listing.splitlines() if " " in line)  # trees and blobs have paths
+    shas = list(path_of)
     infos = gitutil.batch_check(shas, cwd)
     refs: dict[str, BlobRef] = {}
     with gitutil.CatFile(cwd) as cat:
@@ -165,8 +168,12 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> l
                 except MetadataError as e:  # someone else's broken metadata: its blobs cannot be named
                     print(f"git-theta: warning: {e}; its blobs are not uploaded", file=sys.stderr)
                     continue
+                fresh = False
                 for ref in meta.blob_refs():
+                    fresh |= ref.oid not in refs
                     refs[ref.oid] = ref
+                if fresh and names is not None:
+                    names.add(path_of.get(info.sha, info.sha))
     return list(refs.values())
 
 
@@ -174,9 +181,12 @@ def run_pre_push(remote: str, url: str, stdin: bytes, cwd=None) -> int:
     from theta.storage.transfer import push_blobs
 
     lines = parse_push_lines(stdin)
-    refs = blobs_to_push(cwd, remote, lines)
+    names: set[str] = set()
+    refs = blobs_to_push(cwd, remote, lines, names)
     if refs:
-        n = push_blobs(cwd or ".", remote, refs)
+        files = sorted(names)
+        label = f"theta push {files[0]}" + (f" (+{len(files) - 1} files)" if len(files) > 1 else "") if files else None
+        n = push_blobs(cwd or ".", remote, refs, progress=label)  # a bar only when stderr is a terminal
         print(f"git-theta: offered {n} blob(s) to the LFS server of {remote}", file=sys.stderr)
     chained = gitutil.hooks_dir(cwd) / CHAINED
     if chained.exists() and os.access(chained, os.X_OK):

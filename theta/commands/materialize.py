@@ -298,15 +298,21 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
                progress: bool, settle: bool) -> os.stat_result | None:
     """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
     changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`)."""
-    from theta.smudge import smudge_checkpoint
+    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
 
     target = root / p.path
     # same file system as the target: the final rename is atomic (else a temp file beside the target)
     tmp_dir = work if os.stat(work).st_dev == before.st_dev else target.parent
     tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.new"  # smudge_checkpoint uses ...tmp beside it
+    fmt = settings.checkout_format(p.path, root)
     try:
-        smudge_checkpoint(meta, store, tmp, fmt=settings.checkout_format(p.path, root), progress=progress,
-                          verify=verify, name=target.name)
+        if streams(meta, fmt, p.path):
+            # written straight into the temp file (no second temp file, no fsync: git does not fsync the
+            # work tree either; a kill leaves the placeholder, the rename below publishes the whole file)
+            with open(tmp, "wb") as f:
+                smudge_to_stream(meta, store, f, target.name, fmt=fmt, progress=progress, verify=verify)
+        else:
+            smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=target.name)
         mode = 0o777 if before.st_mode & 0o100 else 0o666
         os.chmod(tmp, mode & ~_umask())
         now = os.stat(target)

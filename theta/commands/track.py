@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from theta.git import repo as gitutil
 from theta.errors import TrackError
@@ -79,21 +80,10 @@ def track_lines(lines: list[Line], pattern: str) -> tuple[list[Line], bool]:
 
 def track(patterns: list[str], cwd=None) -> list[str]:
     """Track ``patterns`` in <toplevel>/.gitattributes; returns the patterns newly tracked."""
-    path = gitutil.toplevel(cwd) / ".gitattributes"
-    text = path.read_text() if path.exists() else ""
-    lines = [parse_line(r) for r in text.splitlines()]
-    changed = []
     for p in patterns:
         if not p.strip():
             raise TrackError("empty pattern")
-        lines, did = track_lines(lines, p)
-        if did:
-            changed.append(p)
-    if changed:
-        tmp = path.with_name(".gitattributes.theta.tmp")
-        tmp.write_text("".join(line.render() + "\n" for line in lines))
-        tmp.replace(path)
-    return changed
+    return _edit_attributes(gitutil.toplevel(cwd) / ".gitattributes", patterns, track_lines)
 
 
 def untrack_lines(lines: list[Line], pattern: str) -> tuple[list[Line], bool]:
@@ -121,10 +111,17 @@ def untrack(patterns: list[str], cwd=None) -> list[str]:
     path = gitutil.toplevel(cwd) / ".gitattributes"
     if not path.exists():
         return []
-    lines = [parse_line(r) for r in path.read_text().splitlines()]
+    return _edit_attributes(path, patterns, untrack_lines)
+
+
+def _edit_attributes(path: Path, patterns: list[str], edit) -> list[str]:
+    """Apply ``edit(lines, pattern) -> (lines, changed)`` for each pattern to the .gitattributes at ``path``,
+    written back atomically when anything changed; the patterns that changed it."""
+    text = path.read_text() if path.exists() else ""
+    lines = [parse_line(r) for r in text.splitlines()]
     changed = []
     for p in patterns:
-        lines, did = untrack_lines(lines, p)
+        lines, did = edit(lines, p)
         if did:
             changed.append(p)
     if changed:

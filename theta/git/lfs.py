@@ -36,6 +36,23 @@ def pointer_text(oid: str, size: int) -> bytes:
     return POINTER.format(oid=oid, size=size).encode()
 
 
+def local_remote_objects(repo_dir: str | os.PathLike, remote: str) -> Path | None:
+    """The LFS object directory of ``remote`` when git-lfs moves objects to it by copying files (a file://
+    URL or a path, no LFS server configured: git-lfs's standalone transfer, which reports no byte progress);
+    None for a remote behind an LFS server."""
+    if gitutil.config_get(f"remote.{remote}.lfsurl", repo_dir) or gitutil.config_get("lfs.url", repo_dir):
+        return None
+    url = gitutil.run_text(["remote", "get-url", remote], repo_dir, check=False)
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    elif "://" in url or (":" in url.split("/", 1)[0] and not url.startswith("/")):
+        return None  # http(s), ssh (URL or scp-like host:path)
+    path = Path(url) if os.path.isabs(url) else (Path(repo_dir) / url)
+    if (path / ".git").is_dir():
+        return path / ".git" / "lfs" / "objects"  # a non-bare repository
+    return path / "lfs" / "objects" if path.is_dir() else None
+
+
 def default_remote(cwd=None) -> str | None:
     """The remote git-lfs would use: lfs.remote.autodetect aside, the branch's remote, then origin, then the only one."""
     remotes = gitutil.run_text(["remote"], cwd, check=False).split()
@@ -143,9 +160,16 @@ def _git_env(args: list[str], cwd, env: dict, input: bytes | None = None) -> str
     return proc.stdout.decode()
 
 
-def push_objects(repo_dir: str | os.PathLike, remote: str, oids: Iterable[str]) -> None:
-    """Upload the LFS objects ``oids`` to ``remote``'s LFS server (the server skips those it has)."""
-    proc = subprocess.run(["git", "lfs", "push", "--object-id", remote, "--stdin"], cwd=repo_dir,
+def push_objects(repo_dir: str | os.PathLike, remote: str, oids: Iterable[str],
+                 progress_file: str | os.PathLike | None = None) -> None:
+    """Upload the LFS objects ``oids`` to ``remote``'s LFS server (the server skips those it has).
+
+    ``progress_file``: git-lfs appends a line per transfer update to it (``GIT_LFS_PROGRESS``, git-lfs(1):
+    ``<direction> <i>/<n files> <bytes so far>/<object bytes> <name>``), for a caller's progress bar."""
+    env = None
+    if progress_file is not None:
+        env = {**os.environ, "GIT_LFS_PROGRESS": os.fspath(progress_file)}
+    proc = subprocess.run(["git", "lfs", "push", "--object-id", remote, "--stdin"], cwd=repo_dir, env=env,
                           input="".join(o + "\n" for o in oids).encode(), capture_output=True)
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()

@@ -74,6 +74,8 @@ def clean_options(cwd=None, progress: bool | None = None):
         default = f.default if f.default is not dataclasses.MISSING else None
         key = "theta." + f.name.replace("_", "")
         raw, source = env(f.name.upper()), ENV_PREFIX + f.name.upper()
+        if raw is None and f.name == "update_data":  # Git-Theta 0.2.0's name for it (never its "update.pt" default)
+            raw, source = env("UPDATE_DATA_PATH"), ENV_PREFIX + "UPDATE_DATA_PATH"
         if raw is None:
             raw, source = config.get(key), key
         if raw is None:

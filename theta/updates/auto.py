@@ -202,7 +202,7 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
                 else "it has no previous version of the same dtype and shape"
             raise UpdateDataError(f"update data {update_data.path}: group {name!r}: cannot apply the update, {why}")
         verified = update_data.verify(name, new, prev_val, options.rtol, options.atol)
-        if steps.chain_full(previous, options.max_chain):
+        if verified.update_type == "dense" or steps.chain_full(previous, options.max_chain):
             return store_dense()  # checked, but the chain is long enough: store the value itself
         enc = verified.encoded
         step = steps.store_step(verified.update_type, enc.parts, enc.params, new_hash, store, options.level)

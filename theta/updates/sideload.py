@@ -43,7 +43,7 @@ PARTS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class Verified:
-    encoded: Encoded
+    encoded: Encoded | None     # None for "dense": the value itself is stored
     update_type: str            # the type stored in the step
     value: np.ndarray           # what a checkout rebuilds: the saved file's value, bit for bit
 
@@ -138,10 +138,13 @@ class UpdateData:
         where = f"update data {self.path}: group {group!r}"
         if previous is None:
             raise UpdateDataError(f"{where}: no previous version to apply the update to")
+        parts = self.parts(group)
+        if previous.shape == new.shape and previous.dtype != new.dtype and \
+                new.dtype == promoted_dtype(self.update_type, parts, previous.dtype):
+            return self._verify_promoted(where, group, parts, new, previous, rtol, atol)
         if previous.shape != new.shape or previous.dtype != new.dtype:
             raise UpdateDataError(f"{where}: the group changed from {previous.dtype}{list(previous.shape)} to "
                                   f"{new.dtype}{list(new.shape)}; a {self.update_type} update cannot do that")
-        parts = self.parts(group)
         if self.update_type == "sparse":
             return self._verify_sparse(where, parts, new, previous)
         if self.update_type == "low-rank":
@@ -179,6 +182,18 @@ class UpdateData:
                                   f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
                                   f"was the update applied to this base?")
         return Verified(encoded, self.update_type, new)
+
+    def _verify_promoted(self, where: str, group: str, parts: dict[str, np.ndarray], new: np.ndarray,
+                         previous: np.ndarray, rtol: float, atol: float) -> Verified:
+        """``new`` has the dtype numpy's promotion gives previous (+ or *) update (what Git-Theta checks out,
+        e.g. float64 factors on a float32 group): checked against Git-Theta's arithmetic, then stored as the
+        value itself (theta's update steps keep a group's dtype), so a checkout gives ``new`` bit for bit."""
+        value = git_theta_apply(self.update_type, parts, previous, group, self.path)
+        if not _agrees(value, new, previous, rtol, atol):
+            raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
+                                  f"saved model (max abs difference {_max_abs(value, new):.3g}, rtol {rtol:g}, "
+                                  f"atol {atol:g}); was the update applied to this base?")
+        return Verified(None, "dense", new)
 
     def _verify_sparse(self, where: str, parts: dict[str, np.ndarray], new: np.ndarray,
                        previous: np.ndarray) -> Verified:
@@ -258,7 +273,8 @@ def open_for_clean(options, lsd, previous) -> UpdateData | None:
         info = lsd.info(key)
         shapes[key] = tuple(info.shape)
         old = previous.groups.get(key) if previous is not None else None
-        has_previous[key] = old is not None and old.dtype == info.dtype and tuple(old.shape) == tuple(info.shape)
+        # a dtype change is allowed here and judged by verify(): only numpy's promotion of the update passes
+        has_previous[key] = old is not None and tuple(old.shape) == tuple(info.shape)
     try:
         data.check_against(shapes, has_previous)
     except UpdateDataError:
@@ -279,15 +295,25 @@ class WorktreeForm:
 
 def git_theta_apply(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
                     path: "str | os.PathLike") -> np.ndarray:
-    """previous (+ or *) update, with Git-Theta 0.2.0's own arithmetic, in previous's dtype."""
+    """previous (+ or *) update, with Git-Theta 0.2.0's own arithmetic and numpy's dtype promotion, as
+    Git-Theta checks it out: float64 factors on a float32 group give float64 (:func:`promoted_dtype`)."""
     from theta.errors import GitThetaFormatError
     from theta.storage.gittheta import apply_update
 
     try:
-        value = apply_update(update_type, parts, previous, file=os.fspath(path), group=group)
+        return apply_update(update_type, parts, previous, file=os.fspath(path), group=group)
     except GitThetaFormatError as e:
         raise UpdateDataError(f"update data {path}: {e}") from None
-    return value.astype(previous.dtype, copy=False)
+
+
+def promoted_dtype(update_type: str, parts: Mapping[str, np.ndarray], previous: np.dtype) -> np.dtype:
+    """The dtype of :func:`git_theta_apply`'s result, from dtypes alone (numpy's promotion, ml_dtypes' for
+    bfloat16 and the float8 types)."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy's promotion)
+
+    from theta.storage.gittheta import result_dtype
+
+    return result_dtype(update_type, {k: np.asarray(v).dtype for k, v in parts.items()}, np.dtype(previous))
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -315,6 +341,7 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
 
     path = os.fspath(path)
     form = WorktreeForm([], [])
+    promoted: dict[str, np.dtype] = {}
     with zipslice.load(path) as ckpt:
         for group in data.keys:
             if group not in ckpt:
@@ -327,11 +354,19 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
             if have.shape == previous.shape and have.dtype == previous.dtype and \
                     bytes(dtypes.le_bytes(have)) == bytes(dtypes.le_bytes(previous)):
                 form.original.append(group)
+                # Git-Theta's checkout has numpy's promoted dtype (e.g. float64 factors on float32 weights)
+                promoted[group] = promoted_dtype(data.update_type, data.parts(group), previous.dtype)
                 continue
             applied = git_theta_apply(data.update_type, data.parts(group), previous, group, data.path)
-            if have.shape == applied.shape and have.dtype == applied.dtype and \
-                    _agrees(applied, have, previous, rtol, atol):
-                form.updated.append(group)
+            # the current form: previous-with-update as Git-Theta checks it out (numpy's promoted dtype) or
+            # cast back to the group's dtype by whoever applied it
+            for want in (applied, applied.astype(previous.dtype)):
+                if have.shape == want.shape and have.dtype == want.dtype and _agrees(want, have, previous, rtol, atol):
+                    form.updated.append(group)
+                    break
+            else:
+                want = None
+            if want is not None:
                 continue
             raise UpdateDataError(
                 f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
@@ -345,11 +380,12 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
 
         def updated(name: str):
             return lambda: dtypes.le_bytes(git_theta_apply(data.update_type, data.parts(name), previous_value(name),
-                                                           name, data.path))
+                                                           name, data.path))  # promoted, as Git-Theta
 
         for src in plan.sources:
             if src.name in replace:
                 src.read = updated(src.name)
+                src.dtype, src.tie = dtypes.from_numpy(promoted[src.name]).name, None
         options = {"structure": plan.structure, "metadata": plan.metadata or None}
         if ckpt.format == "torch":
             from zipslice import torch_writer

@@ -1,0 +1,28 @@
+"""`git theta` starts without the numerical stack: its commands that need numpy import it when they run, so a
+hook, `--version` or `--help` costs the interpreter and the command line only (numpy alone is ~0.3 s)."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("numpy", "torch", "safetensors", "h5py", "zstandard", "msgpack")
+
+
+def modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint('\\n'.join(sys.modules))"],
+                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_the_command_line_and_every_registered_command_import_no_numerical_module():
+    loaded = modules_after("import theta.commands.cli")
+    assert "theta.commands.cli" in loaded
+    assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
+
+
+def test_import_zipslice_alone_brings_no_numpy_until_a_checkpoint_is_opened():
+    loaded = modules_after("import zipslice\nfrom zipslice import clistyle, progress")
+    assert "numpy" not in loaded
+    loaded = modules_after("import zipslice\nzipslice.LazyCheckpoint")
+    assert "numpy" in loaded and "zipslice.base" in loaded
