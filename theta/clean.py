@@ -2,7 +2,9 @@
 
 One group at a time (memory ~ 2 x the largest group, + its previous value when comparing):
 
-1. hash the group's bytes; same hash as the previous version -> reuse its steps (no blob, no LSH);
+1. hash the group's bytes with xxh3-128; same fast hash as the previous version -> reuse its steps (no
+   blob, no LSH, no sha256); otherwise (or when the previous metadata predates fast hashes, or with
+   ``exact``) the sha256 decides, as it always did, and is the new value's content hash;
 2. float groups: E2LSH signature; if it says "maybe close" to the previous version, rebuild the previous
    value and compare with allclose(rtol, atol) -> if close, the group is unchanged (reuses previous steps);
    with ``exact=True`` only identical bytes count as unchanged;
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,11 +31,11 @@ from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
-from theta.errors import (BlobMissingError, CheckpointError, IntegrityError, MetadataError, NotCheckpointError,
-                          UpdateTypeError)
+from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, IntegrityError, MetadataError,
+                          NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, reconstruct
+from theta.updates import bind_steps, content_hash, decode_proven_dense, fast_hash, reconstruct_proven
 
 
 @dataclass
@@ -120,11 +123,13 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
                      options: CleanOptions | None = None, *, stats: CleanStats | None = None,
-                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None) -> CheckpointMeta:
+                     opener: Callable[[str], zipslice.LazyCheckpoint] | None = None,
+                     stop: threading.Event | None = None) -> CheckpointMeta:
     """The metadata of the checkpoint at ``path``, in the file's own format; new/changed groups are put in ``store``.
 
     ``previous`` is the metadata of the last committed version of the same path (for reuse by tensor name),
-    if any. ``opener`` opens the file (default :func:`zipslice.load`). A corrupt, unsafe or unreadable
+    if any. ``opener`` opens the file (default :func:`zipslice.load`). ``stop``: once set, the clean ends
+    with CleanStopped before its next group (what it stored stays in the store, unreferenced). A corrupt, unsafe or unreadable
     checkpoint raises CheckpointError naming the file. To record a file in its committed format whatever
     format it has in the work tree, see :func:`theta.views.clean_as_committed`.
     """
@@ -142,7 +147,7 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
     try:
         with lsd:
-            return _clean(lsd, path, store, previous, options, stats)
+            return _clean(lsd, path, store, previous, options, stats, stop)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:
@@ -171,7 +176,7 @@ _OPAQUE_CHUNK = 8 << 20
 
 
 def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,
-           stats: CleanStats) -> CheckpointMeta:
+           stats: CleanStats, stop: threading.Event | None = None) -> CheckpointMeta:
     order = list(lsd)
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
@@ -203,10 +208,12 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     nxt = 0  # the next group index not yet read or submitted
     try:
         for i, key in enumerate(group_keys):
+            if stop is not None and stop.is_set():
+                raise CleanStopped(f"clean of {path} stopped")
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous)
+                got = _read_group(lsd, key, previous, options.exact)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
@@ -215,7 +222,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
                     break
-                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
+                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous,
+                                                                options.exact)))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
@@ -246,19 +254,26 @@ class _Read:
     info: object
     raw: np.ndarray            # carrier dtype (unsigned ints of the same width): the exact bits
     arr: np.ndarray            # the same memory viewed with the real dtype
-    digest: str
+    digest: str                # sha256 (the previous version's when the fast hash says unchanged)
+    fast: str                  # xxh3-128
     prev: GroupMeta | None
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
 
 
-def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
+def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False) -> _Read:
     info = lsd.info(key)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     prev = _previous_group(previous, key, info.dtype, info.shape)
-    digest = content_hash(raw)
+    fast = fast_hash(raw)
+    if prev is not None and prev.fast == fast and not exact:
+        # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
+        # value's, and the sha256 of the bytes is never computed
+        digest = prev.hash
+    else:
+        digest = content_hash(raw)
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.
@@ -269,7 +284,7 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None) -> _Read:
             norm = lsh.l2norm(arr)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
         key in previous.groups or key in previous.aliases) else None
-    return _Read(key, info, raw, arr, digest, prev, sig, reshaped, norm)
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -280,8 +295,11 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     stats.raw_bytes += info.nbytes
 
     def keep(p: GroupMeta) -> GroupMeta:
+        # the previous value is kept: the new bytes' fast hash when they are that value (so metadata written
+        # before fast hashes gets them as its groups are met again), else (allclose) the previous one's
+        fast = got.fast if p.hash == digest else p.fast
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
-                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad)
+                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast)
 
     sideloaded = update_data is not None and key in update_data  # must be checked against the update
     if sideloaded and prev is None and got.reshaped is not None and tuple(got.reshaped.shape) == tuple(info.shape):
@@ -302,8 +320,12 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             try:
                 # its final hash is checked on another thread while it is compared with / encoded against
                 # (check_previous() before anything built on it is returned)
-                value = reconstruct(prev, store, file=path, verify=False)
-                checking.append(parallel.pool("hash").submit(content_hash, value))
+                value = decode_proven_dense(prev, store, path)  # bound and checksummed: no hash needed
+                if value is None:
+                    # a chain this store built and bound (bind_steps) rebuilds without hashing its steps
+                    value, proven = reconstruct_proven(prev, store, path)
+                    if not proven:
+                        checking.append(parallel.pool("hash").submit(content_hash, value))
                 cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
@@ -340,9 +362,9 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
         raise
     check_previous()
+    bind_steps(steps, store)  # every step's value is now proven (hashed here, or bound before)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before
     return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
-                     is_parameter=info.is_parameter, requires_grad=info.requires_grad)
-
+                     is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)

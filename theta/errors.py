@@ -90,6 +90,11 @@ class CheckpointError(ThetaError):
     """A checkpoint cannot be read (corrupt, unsafe, unsupported); wraps the zipslice error."""
 
 
+class CleanStopped(ThetaError):
+    """A clean asked to stop (``clean_checkpoint(stop=...)``) before it finished, e.g. a clean started on the
+    work-tree file while git's bytes arrived, which turned out not to be that file's."""
+
+
 class NotCheckpointError(CheckpointError):
     """The file is not a checkpoint at all (zipslice's NotACheckpointError: a README, an empty file, an
     HTML page, a zip without data.pkl): the git filter stores it as one opaque blob, as git-lfs would.

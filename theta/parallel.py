@@ -31,13 +31,14 @@ def _threads() -> int:
 
 CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
-_WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS, "numeric": 2}
+# "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
+_WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS, "numeric": 2, "clean": 1}
 _pools: dict[str, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
 
 
 def pool(name: str) -> ThreadPoolExecutor:
-    """The pool for one kind of work: "hash", "read", "rebuild", "codec" or "numeric"."""
+    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric" or "clean"."""
     with _lock:
         p = _pools.get(name)
         if p is None:

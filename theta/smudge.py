@@ -23,7 +23,7 @@ from zipslice.progress import Bar
 
 from theta import faults, parallel, scratch
 from theta.parallel import READ_AHEAD_BYTES
-from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
+from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash, reconstruct
@@ -443,22 +443,9 @@ def _single_dense(group) -> bool:
 
 def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
     """The value of a single-dense-step group if its blob proves its own bytes, else None (hash it)."""
-    from theta.storage import codec
+    from theta.updates import decode_proven_dense
 
-    step = group.steps[0]
-    try:
-        with store.mapped(step.blob, group=group.name, file=file) as blob:
-            if not codec.frames_checksummed(blob):
-                return None
-            # raises CodecError on a bad checksum or structure; never more than the group's own bytes
-            parts = codec.decode_parts(blob, max_bytes=bounds.group_bytes(group))
-    except IntegrityError as e:
-        raise bounds.located(e, file, group.name, 0, step.blob.oid) from None
-    value = parts.get("values")
-    want = dtypes.get(group.dtype).to_numpy()
-    if set(parts) != {"values"} or value.dtype != want or tuple(value.shape) != tuple(group.shape):
-        return None
-    return value
+    return decode_proven_dense(group, store, file)
 
 
 def _nbytes(group) -> int:

@@ -207,18 +207,18 @@ def committed_form(view: CheckpointMeta, committed: CheckpointMeta | None, fmt: 
 
 
 def clean_as_committed(path: str | os.PathLike, store, committed: CheckpointMeta | None, options=None,
-                       fmt: str | None = None, *, stats=None, name: str | None = None) -> CheckpointMeta:
+                       fmt: str | None = None, *, stats=None, name: str | None = None, stop=None) -> CheckpointMeta:
     """Clean the work-tree file at ``path`` and record it in the committed format (see :func:`committed_form`).
 
     ``committed`` is the metadata in the index (else HEAD) and doubles as the previous version that unchanged
     groups are reused from; ``fmt`` an explicitly requested committed format; ``name`` names the file in
-    errors (default: ``path``).
+    errors (default: ``path``); ``stop`` as for :func:`theta.clean.clean_checkpoint`.
     """
     from theta.clean import clean_checkpoint
 
     path = os.fspath(path)
     opener = _view_opener(path, committed, fmt)
-    view = clean_checkpoint(path, store, committed, options, stats=stats, opener=opener)
+    view = clean_checkpoint(path, store, committed, options, stats=stats, opener=opener, stop=stop)
     return committed_form(view, committed, fmt, name or path)
 
 
@@ -271,7 +271,7 @@ def _group(name: str, value: GroupMeta, committed: GroupMeta | None, is_paramete
     """Group ``name`` holding ``value``; the committed group's steps when the value did not change."""
     src = committed if committed is not None and _same_value(committed, value) else value
     return GroupMeta(name=name, dtype=src.dtype, shape=tuple(src.shape), hash=src.hash, steps=list(src.steps),
-                     lsh=src.lsh, is_parameter=is_parameter, requires_grad=requires_grad)
+                     lsh=src.lsh, is_parameter=is_parameter, requires_grad=requires_grad, fast=src.fast)
 
 
 def _refuse_values(view: CheckpointMeta, fmt: str, file: str) -> None:

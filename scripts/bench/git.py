@@ -10,6 +10,10 @@ The history of issue #17 (fp32, random normal * 0.02, saved with torch.save; see
   checkout v1            of the first version (after letting the index settle: no racy-git re-clean inside)
   clone                  of the whole history from a file:// remote (git-lfs's standalone transfer; both tools
                          installed globally, as a user has them), checking out the last version
+and, for theta only (git-lfs has nothing to compare: it cannot merge or squash a checkpoint):
+  squash                 `git theta squash` of the trimmed fine-tune (every chain rebuilt and stored dense)
+  merge                  `git merge` (strategy average) of a second fine-tune of v1 with the full fine-tune:
+                         every group changed on both sides, merged by theta's merge driver
 For each step and both tools (best of --runs): wall time of `git add` + `git commit` (or `git checkout`,
 `git clone`), CPU seconds and peak RSS of the whole process tree (psutil polling every 20 ms), stored bytes,
 then the issues' ratio lines and the memory bound 2 x largest group + 150 MiB. Exit status 1 when a target
@@ -58,6 +62,7 @@ def stored_bytes(repo: Path) -> int:
 # -- the history (issue #17) ---------------------------------------------------------------------------------
 VOCAB, TRIMMED_VOCAB, D, FF, LAYERS = 30522, 30000, 768, 3072, 12  # BERT-base: embed 30522x768 fp32 = 89 MiB
 STEPS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "checkout v1", "clone")
+THETA_STEPS = ("squash", "merge")  # theta only (git-lfs cannot merge or squash a checkpoint)
 
 
 def model_dims(scale: float) -> tuple[int, int, int]:
@@ -78,14 +83,14 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
     v1 a BERT-like checkpoint (embed vocab x 768, 12 layers x (q,k,v,o, fc1, fc2 + biases, 2 layer norms),
        final norm: 195 groups at scale 1); v2 every 5th group changed (20% of groups, each x(1+1e-3 N(0,1)));
     v3 a full fine-tune of v2 (every float group x(1+1e-3 N(0,1))); v4 v3 with the vocabulary trimmed
-       (embedding rows cut to 30000 at scale 1).
+       (embedding rows cut to 30000 at scale 1); v5 another full fine-tune of v1 (merged with v3).
     """
     import numpy as np
     import torch
 
     vocab, trimmed, n_layers = model_dims(scale)
     data.mkdir(parents=True, exist_ok=True)
-    paths = [data / f"issue17-s{scale:g}-v{i}.pt" for i in (1, 2, 3, 4)]
+    paths = [data / f"issue17-s{scale:g}-v{i}.pt" for i in (1, 2, 3, 4, 5)]
     rng = np.random.default_rng(seed)
 
     def randn(*shape):
@@ -117,8 +122,9 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
     v3 = OrderedDict((k, tune(v)) for k, v in v2.items())
     v4 = OrderedDict(v3)
     v4["embed.weight"] = np.ascontiguousarray(v3["embed.weight"][:trimmed])
+    v5 = OrderedDict((k, tune(v)) for k, v in sd.items())  # a second fine-tune of v1 (the merge's other side)
     if not all(p.exists() for p in paths):
-        for path, version in zip(paths, (sd, v2, v3, v4)):
+        for path, version in zip(paths, (sd, v2, v3, v4, v5)):
             torch.save(OrderedDict((k, torch.from_numpy(v)) for k, v in version.items()), path)
     total = sum(v.nbytes for v in sd.values())
     info = {"groups": len(sd), "bytes": total, "changed_groups": len(changed),
@@ -254,7 +260,7 @@ def run_history(root: Path, paths: list[Path], tool: str, env: dict, name: str |
     with_remote(repo, env)
     rows = []
     base = stored_bytes(repo)
-    for step, p in zip(STEPS, paths):
+    for step, p in zip(STEPS[:4], paths[:4]):
         m = commit_version(repo, p, step, env, cgroup)
         left = recover(repo, env, ["git", "commit", "-q", "-m", step]) if not m.ok else ""
         rows.append((step, m, stored_bytes(repo) - base, left))
@@ -269,6 +275,31 @@ def run_history(root: Path, paths: list[Path], tool: str, env: dict, name: str |
     sh(["git", "checkout", "-q", "-f", branch], repo, env)
     m = clone(repo, env, cgroup)
     rows.append((STEPS[5], m, stored_bytes(repo) - base, ""))
+    if tool == "theta":
+        rows.extend(theta_only_steps(repo, paths, env, cgroup, base))
+    return rows
+
+
+def theta_only_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | None, base: int) -> list[Row]:
+    """After the history (HEAD: the branch's tip, the trimmed fine-tune): `git theta squash` of it (committed),
+    then on a branch from v1 a second full fine-tune (unmeasured) and the `git merge` (strategy average) of the
+    full fine-tune into it: every group changed on both sides. Run after the clone so the clone measures the
+    same history for both tools."""
+    commits = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=repo, env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+    first, fine_tune = commits[1], commits[3]
+    rows = []
+    m = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env, cgroup, check=cgroup is None)
+    rows.append(("squash", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    if m.ok:
+        sh(["git", "commit", "-q", "-m", "squash"], repo, env)
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "side", first], repo, env)
+    commit_version(repo, paths[4], "second fine-tune of v1", env)
+    settle(repo, env)
+    m = run_measured(["git", "merge", "-q", "--no-edit", fine_tune], repo,
+                     {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
+    rows.append(("merge", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
     return rows
 
 
@@ -343,6 +374,31 @@ def print_targets(lfs: list, theta: list, largest: int) -> bool:
         if step.startswith(("checkout", "clone")):
             print(f"  {'':<23} (largest process: theta run {mt.peak_proc_rss / MiB:.0f} MiB, {mt.peak_proc_name!r}; "
                   f"git-lfs run {ml.peak_proc_rss / MiB:.0f} MiB, {ml.peak_proc_name!r})")
+    return ok
+
+
+# steps whose smudged output git itself holds whole (the work-tree file written by git): their bound is checked on
+# theta's own processes (filter, merge driver); the tree is printed
+GIT_BUFFERS = ("checkout v1", "merge")
+
+
+def within_bound(step: str, m: Measure, limit: int) -> bool:
+    return (m.peak_filter_rss if step in GIT_BUFFERS else m.peak_tree_rss) <= limit
+
+
+def print_theta_only(rows: list, largest: int) -> bool:
+    """The steps git-lfs has no counterpart for (squash, merge): figures and the memory bound."""
+    ok = True
+    limit = memory_limit(largest)
+    for step, m, stored, _ in rows:
+        if step not in THETA_STEPS:
+            continue
+        good = within_bound(step, m, limit) and m.ok
+        ok &= good
+        print(f"  {step:<23} wall {m.seconds:6.2f}s  CPU {m.cpu:6.2f}s  peak RSS tree {m.peak_tree_rss / MiB:5.0f} MiB "
+              f"(theta's largest process {m.peak_filter_rss / MiB:4.0f}) <= {limit / MiB:.0f}: "
+              f"{'ok' if good else 'MISSED'}" + ("  [git holds the merged file it smudges]" if step in GIT_BUFFERS
+                                                  else ""))
     return ok
 
 
@@ -459,12 +515,14 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
             print(f"\n== git-lfs vs {label} (best of {args.runs}; model {raw / MiB:.0f} MiB) ==")
             print_table(results["lfs"], results[label], label, cgroup is not None)
             ok &= print_targets(results["lfs"], results[label], info["largest"])
+            print(f"theta only ({label}; git-lfs cannot merge or squash a checkpoint):")
+            ok &= print_theta_only(results[label], info["largest"])
     else:
         limit = memory_limit(info["largest"])
         for label in theta_labels:
             print(f"\n== {label} (best of {args.runs}); memory bound {limit / MiB:.0f} MiB ==")
             for step, m, stored, left in results[label]:
-                bounded = m.peak_tree_rss <= limit or step == "clone"
+                bounded = within_bound(step, m, limit) or step == "clone"
                 print(f"  {step:<23} wall {m.seconds:6.2f}s  CPU {m.cpu:6.2f}s  stored {stored / MiB:7.1f} MiB  "
                       f"peak RSS tree {m.peak_tree_rss / MiB:5.0f} MiB (filter {m.peak_filter_rss / MiB:4.0f}) "
                       f"{'ok' if bounded else 'MISSED'}"
@@ -480,7 +538,7 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
     if len(theta_labels) > 1:
         print("\nthread scaling (theta, CPU seconds / wall seconds per step):")
         print(f"  {'step':<23}" + "".join(f"{label:>22}" for label in theta_labels))
-        for i, step in enumerate(STEPS):
+        for i, step in enumerate(STEPS + THETA_STEPS):
             print(f"  {step:<23}" + "".join(f"{results[lb][i][1].cpu:9.2f} / {results[lb][i][1].seconds:6.2f}s    "
                                            for lb in theta_labels))
     return 0 if ok else 1

@@ -5,6 +5,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from support.gitrepo import GitEnv
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
@@ -80,6 +81,28 @@ def test_clean_is_deterministic_and_spool_path_matches_worktree_path(repo):
     data = (repo / "model.pt").read_bytes()
     via_stdin = repo.git("hash-object", "--stdin", "--path=model.pt", input=data).stdout
     assert via_add == spooled == via_stdin
+
+
+def test_clean_overlaps_git_stream_only_when_it_is_the_worktree_file(repo, tmp_path):
+    """The filter starts cleaning the work-tree file while git's bytes arrive; when they turn out to be other
+    bytes (`hash-object --stdin --path`), that clean is dropped and git's bytes are cleaned instead."""
+    save_pt(repo / "model.pt", make_state(2))
+    repo.commit("v1", ".gitattributes", "model.pt")
+    timing = {"GIT_THETA_TIMING": "1"}
+    save_pt(repo / "model.pt", make_state(6))  # the work tree holds v2...
+    save_pt(tmp_path / "other.pt", make_state(7))
+    other = (tmp_path / "other.pt").read_bytes()
+    # ...git sends v3 for the same path: the early clean of v2 is dropped
+    p = repo.git("hash-object", "-w", "--stdin", "--path=model.pt", input=other, extra_env=timing)
+    via_stdin = p.stdout.decode().strip()
+    assert "spooled" in p.stderr.decode() and "while git sent it" not in p.stderr.decode()
+    (repo / "model.pt").write_bytes(other)
+    p = repo.git("hash-object", "--path=model.pt", "model.pt", extra_env=timing)
+    assert "while git sent it" in p.stderr.decode(), p.stderr.decode()
+    assert p.stdout.decode().strip() == via_stdin
+    text = repo.git("cat-file", "blob", via_stdin).stdout
+    embed = loads(text).groups["model/embed.weight"]  # v3's values, not the work tree's v2
+    assert embed.fast == xxhash.xxh3_128_hexdigest(make_state(7)["embed.weight"].numpy().tobytes())
 
 
 def test_metadata_passes_through_clean_unchanged(repo):

@@ -251,7 +251,8 @@ def test_unchanged_groups_cost_a_hash_only(tmp_path, store, monkeypatch):
     real = lsh.signature
     monkeypatch.setattr(lsh, "signature", lambda v: calls.append(v.shape) or real(v))
     import theta.clean
-    monkeypatch.setattr(theta.clean, "reconstruct", lambda *a, **k: pytest.fail("previous value was rebuilt"))
+    for rebuild in ("reconstruct_proven", "decode_proven_dense"):
+        monkeypatch.setattr(theta.clean, rebuild, lambda *a, **k: pytest.fail("previous value was rebuilt"))
     again = clean_checkpoint(p, store, first)
     assert calls == [] and metadata.dumps(again) == metadata.dumps(first)
 

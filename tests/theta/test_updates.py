@@ -545,3 +545,35 @@ def test_step_layout_records_and_defaults():
     bad = Step("dense", ref, {"shape": "wide"}, "a")
     with pytest.raises(MetadataError, match="bad 'shape'"):
         step_layout(bad, g)
+
+
+def test_sideload_low_rank_verifies_row_block_by_row_block(tmp_path, monkeypatch):
+    """Checking a LoRA against the saved model holds neither the value it gives nor float64 copies: beyond the
+    new and previous values (the caller's), a few row blocks and the fixes."""
+    import tracemalloc
+
+    from theta.updates import low_rank, sideload
+
+    monkeypatch.setattr(low_rank, "VERIFY_BLOCK_ELEMENTS", 1 << 16)  # blocks small next to the group, as in use
+    monkeypatch.setattr(sideload, "_AGREE_CHUNK", 1 << 16)
+    rng = np.random.default_rng(14)
+    prev = weights(rng, (4096, 1024), np.float32)  # 16 MiB
+    R = rng.standard_normal((4096, 8)).astype(np.float32) * 0.05
+    C = rng.standard_normal((8, 1024)).astype(np.float32) * 0.05
+    new = (prev + R @ C).astype(np.float32)  # BLAS's order: some elements differ in the last bit
+    path = tmp_path / "lora.safetensors"
+    safetensors.numpy.save_file({"w/R": R, "w/C": C}, str(path))
+    data = UpdateData.open(path, "low-rank")
+    data.parts("w")  # read the factors before measuring
+    tracemalloc.start()
+    try:
+        v = data.verify("w", new, prev, rtol=1e-5, atol=1e-8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert raw(LowRankUpdate().apply(codec.decode_parts(codec.encode_parts(v.encoded.parts)), v.encoded.params,
+                                     prev)) == raw(new)
+    assert v.encoded.params["fixes"] < new.size // 4
+    fixes_bytes = v.encoded.params["fixes"] * (4 + 8)
+    # before: the value (1 group) and, with fixes, three float64 copies (6 groups)
+    assert peak <= 0.25 * new.nbytes + fixes_bytes, (peak / new.nbytes, fixes_bytes / new.nbytes)

@@ -36,8 +36,7 @@ from typing import BinaryIO, Iterable
 
 from theta import faults, settings
 from theta.git import repo as gitutil
-from theta.errors import ThetaError
-from theta.errors import ProtocolError
+from theta.errors import CleanStopped, ProtocolError, ThetaError
 from theta.git.pktline import PktReader, PktWriter
 
 
@@ -135,6 +134,29 @@ def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
 
 
 # -- the two filters -------------------------------------------------------------------------------------
+class _EarlyClean:
+    """A clean of the work-tree file running on the "clean" thread while git's bytes arrive: its outcome is
+    used when those bytes prove to be the file's (:func:`receive` compared every one), dropped otherwise."""
+
+    def __init__(self, run):
+        import threading
+
+        from theta import parallel
+
+        self.t0 = time.perf_counter()
+        self.stop = threading.Event()
+        self.future = parallel.pool("clean").submit(run, self.stop)
+
+    def outcome(self):
+        """What the clean returned (or raised)."""
+        return self.future.result()
+
+    def drop(self) -> None:
+        """Stop it (before its next group) and wait until it has (its thread must not outlive the request)."""
+        self.stop.set()
+        self.future.cancel() or self.future.exception()
+
+
 class Filter:
     """Clean and smudge for one repository (the process's working directory)."""
 
@@ -197,16 +219,22 @@ class Filter:
         A file whose committed version Git-Theta wrote: if the content holds exactly the values that
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
         otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
-        from theta.clean import CleanStats, store_opaque
-        from theta.errors import NotCheckpointError
         from theta.gittheta_files import is_git_theta, to_theta_metadata
         from theta.storage.metadata import dumps, is_metadata, same_content
-        from theta.views import clean_as_committed
 
         worktree = self.cwd / path if path else None
-        got = receive(chunks, self.spool_dir, worktree)
+        early = self._clean_early(path, worktree)
+        try:
+            got = receive(chunks, self.spool_dir, worktree)
+        except BaseException:
+            if early is not None:
+                early.drop()
+            raise
         faults.point("clean:received")
         try:
+            if early is not None and got.owned:
+                early.drop()  # git's bytes were not the work-tree file's: clean what git sent instead
+                early = None
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
             if got.head[:1] == b"{" and got.size <= _MAX_GIT_THETA_TEXT:
@@ -220,43 +248,87 @@ class Filter:
                 # tracked files of their own, so it stays the small JSON text it is -- stored as a checkpoint
                 # it would duplicate every shard and could not be checked out as one file
                 return got.path.read_bytes()
-            before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
-            stats = CleanStats()
-            previous_text = self.previous_text(path)
-            previous = self.previous(path, previous_text)
-            committed = self.git_theta_committed(path) if previous is None and path else None
-            if committed is not None:
-                text, gtf = committed
-                gtf.fetch()
-                if gtf.matches(got.path):
-                    return text
-                previous = to_theta_metadata(gtf, self.spool_dir)
-            try:
-                meta = clean_as_committed(got.path, self.store, previous, settings.clean_options(self.cwd),
-                                          settings.commit_format(), stats=stats, name=path)
-            except NotCheckpointError as e:
-                # not a checkpoint (a README under `* filter=theta`, a zip, a damaged file): keep its bytes as
-                # one blob, as git-lfs would, and say so on one line
-                reason = " ".join(e.reason.replace(str(got.path), path).split())[:200]
-                log(f"warning: {path} is not a checkpoint theta can read ({reason}); stored as one opaque blob")
-                meta = store_opaque(got.path, self.store)
-            except ThetaError as e:
-                raise ThetaError(str(e).replace(str(got.path), path)) from None
+            if early is not None:
+                previous_text, meta, stats, before = early.outcome()
+                t0 = early.t0
+            else:
+                before = _stat_key(got.path) if not got.owned else None
+                previous_text = self.previous_text(path)
+                previous = self.previous(path, previous_text)
+                committed = self.git_theta_committed(path) if previous is None and path else None
+                if committed is not None:
+                    text, gtf = committed
+                    gtf.fetch()
+                    if gtf.matches(got.path):
+                        return text
+                    previous = to_theta_metadata(gtf, self.spool_dir)
+                meta, stats = self._clean_file(path, got.path, previous)
             for w in stats.warnings:
                 log(f"warning: {path}: {w}")
             if before is not None and _stat_key(got.path) != before:
                 raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
-                    f"({'spooled' if got.owned else 'read in place'})")
+                    f"({'spooled' if got.owned else 'read in place'}"
+                    f"{', while git sent it' if early is not None else ''})")
             text = dumps(meta, file=path).encode("utf-8")
             faults.point("clean:done")
             if previous_text is not None and previous_text != text and same_content(previous_text, text):
                 return previous_text  # the same checkpoint committed by an older theta: keep its bytes
             return text
         finally:
+            if early is not None:
+                early.drop()  # no-op once its outcome was taken
             got.cleanup()
+
+    def _clean_file(self, path: str, file: Path, previous, stop=None):
+        """(metadata, CleanStats) of the checkpoint at ``file`` (the content of ``path``); a file theta cannot
+        read as a checkpoint is stored as one opaque blob."""
+        from theta.clean import CleanStats, store_opaque
+        from theta.errors import NotCheckpointError
+        from theta.views import clean_as_committed
+
+        stats = CleanStats()
+        try:
+            meta = clean_as_committed(file, self.store, previous, settings.clean_options(self.cwd),
+                                      settings.commit_format(), stats=stats, name=path, stop=stop)
+        except NotCheckpointError as e:
+            # not a checkpoint (a README under `* filter=theta`, a zip, a damaged file): keep its bytes as
+            # one blob, as git-lfs would, and say so on one line
+            reason = " ".join(e.reason.replace(str(file), path).split())[:200]
+            log(f"warning: {path} is not a checkpoint theta can read ({reason}); stored as one opaque blob")
+            meta = store_opaque(file, self.store)
+        except CleanStopped:
+            raise
+        except ThetaError as e:
+            raise ThetaError(str(e).replace(str(file), path)) from None
+        return meta, stats
+
+    def _clean_early(self, path: str, worktree: Path | None) -> "_EarlyClean | None":
+        """Start cleaning the work-tree file while git's bytes still arrive (they are that file's in a
+        `git add`): reading git's pipe and comparing it with the file overlaps the clean instead of preceding
+        it. None when the bytes must be seen first (no such file, ``GIT_THETA_SPOOL=always``, metadata,
+        Git-Theta text, git's own files, a file whose committed version Git-Theta wrote)."""
+        from theta.storage.metadata import is_metadata
+
+        if worktree is None or not path or settings.env("SPOOL") == "always" or Path(path).name in GIT_OWN_FILES:
+            return None
+        try:
+            if not worktree.is_file():
+                return None
+            before = _stat_key(worktree)
+            with open(worktree, "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            return None
+        if is_metadata(head) or head.lstrip()[:1] == b"{" or before is None:  # JSON: metadata, shard indexes
+            return None
+        previous_text = self.previous_text(path)
+        previous = self.previous(path, previous_text)
+        if previous is None and self.git_theta_committed(path) is not None:
+            return None
+        return _EarlyClean(lambda stop: (previous_text, *self._clean_file(path, worktree, previous, stop), before))
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
                stream: "callable | None" = None, blob: str | None = None) -> bool:

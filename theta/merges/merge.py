@@ -3,8 +3,8 @@
 :func:`plan_merge` decides every group from the three metadata texts alone (no tensor is read): unchanged or
 changed on one side -> that side's steps; added/deleted on one side -> git's rules; changed on both sides ->
 ``plan.pending`` (needs a strategy); shape/dtype changes and delete/modify -> ``plan.conflicts``.
-:func:`execute` then merges the pending groups one at a time (memory: three inputs and one result) into new
-dense blobs. Choosing strategies (configuration, the interactive menu) is the merge driver's job.
+:func:`execute` then merges the pending groups one at a time into new dense blobs (memory: the result and a
+few frames of each input, read block by block: :mod:`theta.updates.stream`). Choosing strategies (configuration, the interactive menu) is the merge driver's job.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from theta.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct
+from theta.updates import reconstruct, stream
+from theta.updates.stream import side_by_side
 from theta.updates.steps import dense_group
 
 def _group_key(g: GroupMeta | None):
@@ -216,20 +217,21 @@ def fetch_for(plan: MergePlan, store: LfsStore, repo_dir: str | os.PathLike) -> 
         fetch_missing(repo_dir, refs, store=store)
 
 
-def new_non_finite(merged: np.ndarray, inputs: list[np.ndarray]) -> int:
-    """How many elements of ``merged`` are NaN/inf where every input is finite (chunk by chunk)."""
+def new_non_finite(merged: np.ndarray, inputs: list) -> int:
+    """How many elements of ``merged`` are NaN/inf where every input (an array or a source of blocks) is
+    finite, chunk by chunk; the inputs are read only when ``merged`` has a non-finite element."""
     if merged.dtype.kind not in "fc" and not dtypes.from_numpy(merged.dtype).is_float:
         return 0
     flat = merged.reshape(-1)
-    ins = [a.reshape(-1) for a in inputs]
+    if all(_finite(flat[s:s + _CHECK_CHUNK]).all() for s in range(0, flat.size, _CHECK_CHUNK)):
+        return 0
     count = 0
-    for start in range(0, flat.size, _CHECK_CHUNK):
-        sl = slice(start, start + _CHECK_CHUNK)
+    for sl, *ins in side_by_side(inputs, _CHECK_CHUNK):
         bad = ~_finite(flat[sl])
         if not bad.any():
             continue
         for a in ins:
-            bad &= _finite(a[sl])
+            bad &= _finite(a)
         count += int(np.count_nonzero(bad))
     return count
 
@@ -244,7 +246,8 @@ def _finite(a: np.ndarray) -> np.ndarray:
 
 
 def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> CheckpointMeta:
-    """Merge the pending groups one at a time (memory: three inputs and one result) and build the metadata.
+    """Merge the pending groups one at a time (memory: the result, inputs read block by block) and build the
+    metadata.
 
     A strategy that turns finite inputs into NaN or inf (an overflowing alpha, an extreme t) makes that
     group a conflict: MergeConflict naming every such group, raised once all groups were tried; nothing
@@ -256,12 +259,20 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
         if strategy.picks is not None:
             groups[p.name] = {"ours": p.ours, "theirs": p.theirs, "ancestor": p.ancestor}[strategy.picks]
         else:
-            # ours and theirs usually derive from the ancestor (update chains): rebuilding it first lets
-            # reconstruct start their chains from it; the cache lives for this group only
             cache: dict = {}
-            o = reconstruct(p.ancestor, store, cache, file=plan.path) if strategy.needs_ancestor else None
-            a = reconstruct(p.ours, store, cache, file=plan.path)
-            b = reconstruct(p.theirs, store, cache, file=plan.path)
+            if getattr(strategy, "streams", False):
+                # read block by block (theta.updates.stream): memory is the result and a few frames, not
+                # three groups; a chain that cannot stream is rebuilt whole
+                def value(g):
+                    return stream.source(g, store, plan.path) or reconstruct(g, store, file=plan.path)
+            else:
+                # ours and theirs usually derive from the ancestor (update chains): rebuilding it first lets
+                # reconstruct start their chains from it; the cache lives for this group only
+                def value(g):
+                    return reconstruct(g, store, cache, file=plan.path)
+            o = value(p.ancestor) if strategy.needs_ancestor else None
+            a = value(p.ours)
+            b = value(p.theirs)
             with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
                 merged = strategy.merge(p.name, a, b, o, **p.params)
             bad = new_non_finite(merged, [x for x in (a, b, o) if x is not None])
@@ -273,7 +284,7 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
                                   "parameters or another strategy")
                 continue
             groups[p.name] = dense_group(p.ours, merged, store)
-            del merged
+            del merged, value
         if log is not None:
             params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
             log.write(f"theta: {plan.path}: [{i}/{len(plan.pending)}] {p.name}: {p.strategy}"

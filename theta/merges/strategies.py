@@ -3,6 +3,11 @@
 Notation: A = ours, B = theirs, O = ancestor, τ_A = A − O and τ_B = B − O (task vectors).
 Arithmetic runs in float32 (float64 for float64 groups), chunk by chunk, so beyond the inputs and the
 result only a few MiB of temporaries are alive; the result is cast back to the group's dtype.
+
+The built-in strategies (``streams = True``) also take their inputs as sources of blocks
+(:class:`theta.updates.stream.GroupSource`: ``shape``, ``dtype``, ``chunks(n)``) instead of arrays, so a merge
+holds the result and a few frames, not the three inputs; a strategy that needs several passes (TIES' thresholds,
+SLERP's angle) reads its sources again.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import numpy as np
 from zipslice import dtypes
 
 from theta.errors import MergeError
+from theta.updates.stream import side_by_side
 
 # elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary
 CHUNK = 1 << 20
@@ -36,6 +42,10 @@ def _slices(n: int) -> Iterator[slice]:
         yield slice(start, min(n, start + CHUNK))
 
 
+def _side_by_side(*inputs: Any) -> Iterator[tuple]:
+    return side_by_side(inputs, CHUNK)
+
+
 class Strategy:
     """Common checks and parameter handling; subclasses set the class attributes and ``compute``."""
 
@@ -47,6 +57,8 @@ class Strategy:
     # parameter -> (low, high, low included): values outside are refused before any tensor is read
     ranges: ClassVar[dict[str, tuple[float, float, bool]]] = {}
     integers: ClassVar[frozenset[str]] = frozenset()  # parameters that must be whole numbers
+    # True: ``merge`` also takes sources of blocks (theta.updates.stream) for ours/theirs/ancestor
+    streams: ClassVar[bool] = False
 
     def applies(self, dtype: str, has_ancestor: bool) -> bool:
         if self.needs_ancestor and not has_ancestor:
@@ -101,10 +113,9 @@ def _elementwise(A: np.ndarray, B: np.ndarray, O: np.ndarray | None,
     """Apply ``fn(slice, a, b, o)`` on float chunks, writing into a result of A's dtype and shape."""
     wd = work_dtype(A)
     out = np.empty(A.shape, dtype=A.dtype)
-    fa, fb, fo, fout = _flat(A), _flat(B), _flat(O) if O is not None else None, out.reshape(-1)
-    for sl in _slices(fa.size):
-        o = fo[sl].astype(wd) if fo is not None else None
-        fout[sl] = fn(sl, fa[sl].astype(wd), fb[sl].astype(wd), o).astype(A.dtype)
+    fout = out.reshape(-1)
+    for sl, a, b, o in _side_by_side(A, B, O):
+        fout[sl] = fn(sl, a.astype(wd), b.astype(wd), o.astype(wd) if o is not None else None).astype(A.dtype)
     return out
 
 
@@ -127,7 +138,7 @@ class Ancestor(_Pick):
 
 
 class Average(Strategy):
-    name = "average"
+    name, streams = "average", True
     summary = "alpha·ours + (1−alpha)·theirs"
     defaults = {"alpha": 0.5}
 
@@ -137,7 +148,7 @@ class Average(Strategy):
 
 
 class TaskArithmetic(Strategy):
-    name = "task-arithmetic"
+    name, streams = "task-arithmetic", True
     summary = "ancestor + λ_ours·(ours−ancestor) + λ_theirs·(theirs−ancestor)"
     needs_ancestor = True
     defaults = {"lambda_ours": 1.0, "lambda_theirs": 1.0}
@@ -176,21 +187,22 @@ def kth_largest_magnitude(chunks: Callable[[], Iterator[np.ndarray]], k: int, wd
     return float(np.array([prefix], dtype=key_type).view(wd)[0])
 
 
-def _trim_threshold(delta: Callable[[slice], np.ndarray], n: int, density: float, wd: np.dtype) -> float:
-    """Magnitude threshold keeping the k = max(1, round(density·n)) largest |τ| (ties at the threshold are kept)."""
+def _trim_threshold(X: Any, O: Any, n: int, density: float, wd: np.dtype) -> float:
+    """Magnitude threshold keeping the k = max(1, round(density·n)) largest |τ| = |X − O| (ties at the
+    threshold are kept); X and O are arrays or sources, read once per radix pass."""
     k = max(1, int(round(density * n)))
     if k >= n:
         return 0.0
 
     def chunks():
-        for sl in _slices(n):
-            yield delta(sl)
+        for _, x, o in _side_by_side(X, O):
+            yield x.astype(wd) - o.astype(wd)
 
     return kth_largest_magnitude(chunks, k, wd)
 
 
 class Ties(Strategy):
-    name = "ties"
+    name, streams = "ties", True
     summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda": 1.0}
@@ -200,9 +212,9 @@ class Ties(Strategy):
         density, lam = p["density"], p["lambda"]
         _check_density(self.name, density)
         wd = work_dtype(A)
-        fa, fb, fo = _flat(A), _flat(B), _flat(O)
-        th_a = _trim_threshold(lambda sl: fa[sl].astype(wd) - fo[sl].astype(wd), fa.size, density, wd)
-        th_b = _trim_threshold(lambda sl: fb[sl].astype(wd) - fo[sl].astype(wd), fb.size, density, wd)
+        n = int(np.prod(A.shape, dtype=np.int64))
+        th_a = _trim_threshold(A, O, n, density, wd)
+        th_b = _trim_threshold(B, O, n, density, wd)
 
         def chunk(sl, a, b, o):
             ta, tb = a - o, b - o
@@ -225,7 +237,7 @@ def dare_seed(name: str, side: str, seed: int) -> np.random.SeedSequence:
 
 
 class Dare(Strategy):
-    name = "dare"
+    name, streams = "dare", True
     summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
@@ -251,7 +263,7 @@ class Dare(Strategy):
 
 
 class Slerp(Strategy):
-    name = "slerp"
+    name, streams = "slerp", True
     summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
     defaults = {"t": 0.5}
     ranges = {"t": (0.0, 1.0, True)}  # an interpolation: beyond [0, 1] sin((1-t)θ) gives finite garbage
@@ -259,10 +271,9 @@ class Slerp(Strategy):
     def compute(self, name, A, B, O, p):
         t = p["t"]
         wd = work_dtype(A)
-        fa, fb = _flat(A), _flat(B)
         dot = na = nb = 0.0
-        for sl in _slices(fa.size):
-            a, b = fa[sl].astype(np.float64), fb[sl].astype(np.float64)
+        for _, a, b in _side_by_side(A, B):
+            a, b = a.astype(np.float64), b.astype(np.float64)
             dot += float(a @ b)
             na += float(a @ a)
             nb += float(b @ b)

@@ -33,6 +33,7 @@ never writes a text it would refuse to read.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +84,9 @@ class GroupMeta:
 
     ``hash`` is the sha256 of the contiguous little-endian bytes of the value; ``lsh`` the E2LSH signature
     (None for int/bool groups, which are compared exactly); ``steps[0]`` is self-contained and each later step
-    applies to the value the steps before it produce.
+    applies to the value the steps before it produce. ``fast`` is the xxh3-128 of the same bytes
+    (:func:`theta.updates.fast_hash`), with which clean recognises an unchanged group without a sha256 of it;
+    None in text written before theta recorded it (clean then compares sha256s, as it did).
     """
 
     name: str
@@ -94,17 +97,22 @@ class GroupMeta:
     lsh: list[int] | None = None
     is_parameter: bool = False
     requires_grad: bool = False
+    fast: str | None = None
 
     def to_json(self) -> dict:
-        return {"group": self.name, "dtype": self.dtype, "shape": list(self.shape), "hash": self.hash,
-                "lsh": self.lsh, "param": self.is_parameter, "grad": self.requires_grad,
-                "steps": [s.to_json() for s in self.steps]}
+        d = {"group": self.name, "dtype": self.dtype, "shape": list(self.shape), "hash": self.hash,
+             "lsh": self.lsh, "param": self.is_parameter, "grad": self.requires_grad,
+             "steps": [s.to_json() for s in self.steps]}
+        if self.fast is not None:  # absent, not null: a group without it writes the text it always did
+            d["xxh3"] = self.fast
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "GroupMeta":
         return cls(name=d["group"], dtype=d["dtype"], shape=tuple(int(s) for s in d["shape"]), hash=d["hash"],
                    steps=[Step.from_json(s) for s in d["steps"]], lsh=d.get("lsh"),
-                   is_parameter=bool(d.get("param", False)), requires_grad=bool(d.get("grad", False)))
+                   is_parameter=bool(d.get("param", False)), requires_grad=bool(d.get("grad", False)),
+                   fast=d.get("xxh3"))
 
     @property
     def numel(self) -> int:
@@ -259,11 +267,17 @@ def is_metadata(data: "str | bytes | bytearray | memoryview") -> bool:
     return head == MAGIC + " "
 
 
+# a group line's fast hash: its last key (keys are sorted), dropped when comparing texts (same_content)
+_FAST_FIELD = re.compile(rb',"xxh3":"[0-9a-f]{32}"\}$')
+
+
 def same_content(a: "str | bytes", b: "str | bytes") -> bool:
-    """True when two metadata texts differ at most in comment lines (e.g. one predates :data:`HINT`)."""
+    """True when two metadata texts differ at most in comment lines (e.g. one predates :data:`HINT`) and in
+    the groups' fast hashes (``xxh3``: one predates them), i.e. they describe the same values the same way."""
     def strip(t):
         t = t.encode("utf-8") if isinstance(t, str) else bytes(t)
-        return [line for line in t.split(b"\n") if not line.startswith(b"#")]
+        return [_FAST_FIELD.sub(b"}", line) if line.startswith(b'{"dtype":') else line
+                for line in t.split(b"\n") if not line.startswith(b"#")]
     return strip(a) == strip(b)
 
 

@@ -43,6 +43,7 @@ MAX_JSON_DEPTH = 3 * (MAX_STRUCTURE_DEPTH + 1) + 8
 MAX_INT64 = (1 << 63) - 1
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX32 = re.compile(r"[0-9a-f]{32}")
 # update type names are entry-point names: lowercase words, never a module path ("os:system", "a.b")
 STEP_TYPE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 FORMAT = re.compile(r"[a-z][a-z0-9_-]{0,63}")
@@ -50,7 +51,8 @@ DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,9})?")
 # C0/C1 control characters: never in a name (they would reach terminals and file systems)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
-GROUP_KEYS = {"group", "dtype", "shape", "hash", "steps", "lsh", "param", "grad"}
+# "xxh3": the value's fast hash (theta.updates.fast_hash), optional: text written before it has none
+GROUP_KEYS = {"group", "dtype", "shape", "hash", "steps", "lsh", "param", "grad", "xxh3"}
 STEP_KEYS = {"type", "oid", "size", "params", "hash"}
 ALIAS_KEYS = {"alias", "of", "param", "grad"}
 CHECKPOINT_KEYS = {"format", "metadata", "lsh"}
@@ -324,6 +326,8 @@ def group(obj: dict, where: Where) -> dict:
     dt = dtype(obj["dtype"], where)
     dims = shape(obj["shape"], where, "shape", dt)
     digest = _hex64(obj["hash"], where, "hash")
+    if "xxh3" in obj and not (isinstance(obj["xxh3"], str) and HEX32.fullmatch(obj["xxh3"])):
+        raise where.fail("xxh3", f"expected 32 lowercase hex digits (an xxh3-128), got {_show(obj['xxh3'])}")
     for flag in ("param", "grad"):
         if flag in obj:
             _bool(obj[flag], where, flag)

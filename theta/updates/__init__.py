@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+import xxhash
 
 from zipslice import dtypes
 
@@ -81,6 +82,73 @@ def content_hash(arr: np.ndarray) -> str:
     return hashlib.sha256(dtypes.le_bytes(arr)).hexdigest()
 
 
+def fast_hash(arr: np.ndarray) -> str:
+    """xxh3-128 of an array's contiguous little-endian bytes (what GroupMeta.fast holds): ~12x faster than
+    sha256. It only ever decides "this group's bytes equal its previous version's" in clean (see
+    docs/design/performance.md, "Change detection"); values and blobs stay identified by sha256."""
+    return xxhash.xxh3_128_hexdigest(dtypes.le_bytes(arr))
+
+
+def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:
+    """The value of a group whose chain is one dense step, when its blob proves its own bytes: every zstd
+    frame carries a checksum (verified while decoding) and the store has bound the blob to the group's hash
+    (:meth:`LfsStore.bind`: theta encoded, or hashed, that value on this machine). None otherwise (the caller
+    rebuilds and hashes the value). Bad frames raise, located."""
+    from theta.storage import codec
+    from theta.updates import bounds
+
+    if len(group.steps) != 1 or group.steps[0].type != "dense":
+        return None
+    step = group.steps[0]
+    if not store.bound(step.blob.oid, group.hash):
+        return None
+    try:
+        with store.mapped(step.blob, group=group.name, file=file) as blob:
+            if not codec.frames_checksummed(blob):
+                return None
+            # raises CodecError on a bad checksum or structure; never more than the group's own bytes
+            parts = codec.decode_parts(blob, max_bytes=bounds.group_bytes(group))
+    except IntegrityError as e:
+        raise bounds.located(e, file, group.name, 0, step.blob.oid) from None
+    value = parts.get("values")
+    want = dtypes.get(group.dtype).to_numpy()
+    if set(parts) != {"values"} or value.dtype != want or tuple(value.shape) != tuple(group.shape):
+        return None
+    return value
+
+
+def step_binding(base_hash: str, value_hash: str) -> str:
+    """What an incremental step's blob is bound to (:meth:`LfsStore.bind`): the pair (hash of the value it
+    applies to, hash of the value it gives), as one sha256, so a binding never vouches for the blob applied to
+    another base."""
+    return hashlib.sha256(f"theta-step\0{base_hash}\0{value_hash}".encode()).hexdigest()
+
+
+def bind_steps(steps: list, store: "LfsStore") -> None:
+    """Record, for a chain theta has just built and checked on this machine, that each step's blob gives its
+    step's value (dense: that value; incremental: that value from the step before's): later rebuilds on this
+    machine may then trust those blobs' frame checksums instead of hashing the values
+    (:func:`reconstruct` with ``trust_bound``)."""
+    for i, step in enumerate(steps):
+        if i == 0:
+            store.bind(step.blob.oid, step.hash)
+        elif step.type in TRUSTED_INCREMENTAL:
+            store.bind(step.blob.oid, step_binding(steps[i - 1].hash, step.hash))
+
+
+# incremental steps whose value is a pure function of the previous value and their decoded parts (bit for bit)
+TRUSTED_INCREMENTAL = ("delta", "sparse", "rows")
+
+
+def _proven(step, base_hash: str | None, blob, store: "LfsStore") -> bool:
+    """True when this store bound ``step``'s blob to its value (and base) and every frame has a checksum."""
+    from theta.storage import codec
+
+    key = step.hash if base_hash is None else (step_binding(base_hash, step.hash)
+                                              if step.type in TRUSTED_INCREMENTAL else None)
+    return key is not None and store.bound(step.blob.oid, key) and codec.frames_checksummed(blob)
+
+
 def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None,
                 file: str | None = None, verify: bool = True) -> np.ndarray:
     """The value of ``group``: walk its steps from the last cached one, checking every step's hash.
@@ -97,6 +165,20 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     self-contained first step, bounded work) and each step's parts are bounded before they are decoded;
     every error names ``file``, the group, the step and its blob (ChainError, CodecError, BlobCorruptError).
     """
+    return _rebuild(group, store, cache, file, verify, False)[0]
+
+
+def reconstruct_proven(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> tuple[np.ndarray, bool]:
+    """:func:`reconstruct` without hashing what this store proves: a value every step of whose chain so far
+    is bound here (:func:`bind_steps`) and has checksummed frames (verified while decoding), from the dense
+    first step, is not hashed (as a checkout trusts frames in "frames" mode). Returns (value, proven):
+    when not proven, the final value was NOT checked and the caller must hash it."""
+    value, proven = _rebuild(group, store, None, file, False, True)
+    return value, proven and bool(group.steps) and group.steps[-1].hash == group.hash
+
+
+def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: str | None, verify: bool,
+             trust_bound: bool) -> tuple[np.ndarray, bool]:
     from theta.updates import bounds
 
     steps = group.steps
@@ -114,6 +196,7 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
                 break
     last = len(steps) - 1
     shared = value  # a cached value belongs to the cache: never updated in place
+    proven = trust_bound and start == 0  # a cached value's origin is not known here
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
         if value is None and ut.incremental:
@@ -124,6 +207,7 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
         streamed = getattr(ut, "apply_blob", None) if value is not None else None
         try:
             with store.mapped(step.blob, group=group.name, file=file) as blob:
+                proven = proven and _proven(step, steps[i - 1].hash if i else None, blob, store)
                 if streamed is not None:
                     # reads the map frame by frame while applying (bounded by the value it updates); the
                     # result is fresh memory or the value itself
@@ -151,12 +235,12 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
                              f"{type(value).__name__}, not an array", file=file, group=group.name, oid=oid)
         if value.dtype != want or tuple(value.shape) != shape:
             value = _coerce(value, want, shape, group, file, i, oid)
-        if (verify or i < last) and content_hash(value) != step.hash:
+        if (verify or i < last) and not proven and content_hash(value) != step.hash:
             raise ChainError(f"{bounds.where(file, group.name, i, oid)}: step {step.type!r} rebuilt a value whose "
                              f"hash differs from the recorded {step.hash}", file=file, group=group.name, oid=oid)
     if cache is not None and value is not None:
         cache[group.hash] = value
-    return value
+    return value, proven
 
 
 def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta", file: str | None = None,

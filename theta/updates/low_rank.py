@@ -28,6 +28,7 @@ MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
 THREAD_MIN_ELEMENTS = 1 << 18  # below this, one thread
 ROW_BLOCK_ELEMENTS = 1 << 15  # elements per row block while applying (256 KiB of float64: stays in cache)
+VERIFY_BLOCK_ELEMENTS = 1 << 20  # elements per block when checking factors against a saved value (4 MiB fp32)
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -159,6 +160,36 @@ def exact_encoding(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.n
     value = add_low_rank(previous, R, C)
     fixes, count = residual(value, new)
     return Encoded(parts={"R": R, "C": C, **fixes}, params={"rank": int(R.shape[1]), "fixes": count}), count, value
+
+
+def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.ndarray,
+                           check=None) -> tuple[Encoded, int]:
+    """:func:`exact_encoding` without the value: previous + R @ C is computed block of rows by block of rows
+    (each element's arithmetic does not depend on the split), compared with ``new`` and dropped, so memory is
+    ``new``, ``previous``, a block and the fixes. ``check(value_block, new_block, previous_block)`` is called
+    on every block that needs fixes (e.g. a tolerance check)."""
+    from theta.updates.sparse import encode_indices
+    from theta.updates.delta import changed_mask
+
+    rows, cols = matrix_shape(previous.shape)
+    prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
+    new2 = np.ascontiguousarray(new).reshape(rows, cols)
+    step = max(1, VERIFY_BLOCK_ELEMENTS // max(cols, 1))
+    found, values = [], []
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        value = add_low_rank(prev2[a:b], R[a:b], C)
+        changed = np.flatnonzero(changed_mask(new2[a:b], value))
+        if changed.size:
+            if check is not None:
+                check(value, new2[a:b], prev2[a:b])
+            found.append(changed + a * cols)
+            values.append(new2[a:b].reshape(-1)[changed])
+    indices = np.concatenate(found) if found else np.empty(0, np.int64)
+    fix_values = np.concatenate(values) if values else new.reshape(-1)[:0].copy()
+    count = int(indices.size)
+    return Encoded(parts={"R": R, "C": C, "fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values},
+                   params={"rank": int(R.shape[1]), "fixes": count}), count
 
 
 class LowRankUpdate:

@@ -111,3 +111,36 @@ class RowsUpdate:
         out[~new_mask] = previous[sources[~new_mask]]
         out[new_mask] = extra.astype(previous.dtype, copy=False)
         return out
+
+    def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
+        """:meth:`apply` from the step's part blobs. When ``in_place`` and no row moves backwards (each kept
+        row comes from the same or a later row, in order, and the value does not grow: a trim, rows deleted),
+        the rows are moved within ``previous`` and the result is a view of its first rows: no second value."""
+        from theta.storage.codec import decode_parts_of
+
+        parts = decode_parts_of(blobs)
+        if not (in_place and previous is not None and previous.ndim >= 1 and previous.flags.writeable
+                and previous.flags.c_contiguous and "source_gaps" in parts and "extra" in parts):
+            return self.apply(parts, params, previous)
+        sources = np.cumsum(np.asarray(parts["source_gaps"], dtype=np.int64))
+        n, m = sources.size, previous.shape[0]
+        kept = np.flatnonzero(sources >= 0)
+        if n > m or (kept.size and (np.any(sources[kept] < kept) or np.any(np.diff(sources[kept]) <= 0))):
+            return self.apply(parts, params, previous)
+        extra = parts["extra"]
+        new_mask = sources < 0
+        if (kept.size and sources[kept[-1]] >= m) or extra.shape[0] != int(new_mask.sum()) \
+                or extra.shape[1:] != previous.shape[1:]:
+            raise UpdateTypeError(f"rows update does not fit a previous value of shape {previous.shape}")
+        moved = kept[sources[kept] != kept]
+        # blocks of rows in increasing order: a block reads rows at or after the ones it writes, and later blocks
+        # read rows after every row this one writes, so nothing is overwritten before it is read
+        for a in range(0, moved.size, _MOVE_ROWS):
+            dest = moved[a:a + _MOVE_ROWS]
+            previous[dest] = previous[sources[dest]]
+        previous[new_mask[:n].nonzero()[0]] = extra.astype(previous.dtype, copy=False)
+        return previous[:n]
+
+
+_MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)
+

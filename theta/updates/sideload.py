@@ -31,7 +31,7 @@ import numpy as np
 from theta.errors import UpdateDataError
 from theta.updates import Encoded
 from theta.updates.ia3 import check_vector, compute_dtype, scale
-from theta.updates.low_rank import check_factors, exact_encoding
+from theta.updates.low_rank import check_factors, exact_encoding_by_rows
 from theta.updates.sparse import SparseUpdate, residual
 
 PARTS: dict[str, tuple[str, ...]] = {
@@ -152,7 +152,20 @@ class UpdateData:
             problem = check_factors(new.shape, R, C)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
-            encoded, fixes, value = exact_encoding(new, previous, R, C)
+            bad: list = []
+
+            def check(value, new_rows, previous_rows):  # the tolerance check below, block by block
+                if not _agrees(value, new_rows, previous_rows, rtol, atol):
+                    err = float(np.max(np.abs(value.astype(np.float64) - new_rows.astype(np.float64))))
+                    bad.append(err)
+
+            # block of rows by block of rows: never previous, new AND the value they give (3 groups)
+            encoded, fixes = exact_encoding_by_rows(new, previous, R, C, check)
+            if bad:
+                raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from "
+                                      f"the saved model (max abs difference {max(bad):.3g}, rtol {rtol:g}, atol "
+                                      f"{atol:g}); was the update applied to this base?")
+            return Verified(encoded, self.update_type, new)
         else:
             vec = np.ascontiguousarray(parts["ia3"])
             problem = check_vector(new.shape, vec)
@@ -227,15 +240,23 @@ class UpdateData:
 
 
 def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> bool:
-    """|value - new| <= atol + rtol |new| + 4 eps (|previous| + |value - previous|), NaN equal to NaN."""
+    """|value - new| <= atol + rtol |new| + 4 eps (|previous| + |value - previous|), NaN equal to NaN; in
+    float64, chunk by chunk (never three float64 copies of the group)."""
     import ml_dtypes
 
     eps = float(ml_dtypes.finfo(new.dtype).eps)
-    v, n, p = (np.asarray(a, dtype=np.float64) for a in (value, new, previous))
-    with np.errstate(invalid="ignore"):
-        tol = atol + rtol * np.abs(n) + 4 * eps * (np.abs(p) + np.abs(v - p))
-        ok = (np.abs(v - n) <= tol) | (np.isnan(v) & np.isnan(n)) | (v == n)
-    return bool(np.all(ok))
+    fv, fn, fp = (np.ascontiguousarray(a).reshape(-1) for a in (value, new, previous))
+    for s in range(0, fv.size, _AGREE_CHUNK):
+        v, n, p = (np.asarray(a[s:s + _AGREE_CHUNK], dtype=np.float64) for a in (fv, fn, fp))
+        with np.errstate(invalid="ignore"):
+            tol = atol + rtol * np.abs(n) + 4 * eps * (np.abs(p) + np.abs(v - p))
+            ok = (np.abs(v - n) <= tol) | (np.isnan(v) & np.isnan(n)) | (v == n)
+        if not np.all(ok):
+            return False
+    return True
+
+
+_AGREE_CHUNK = 1 << 20
 
 
 def open_for_clean(options, lsd, previous) -> UpdateData | None:

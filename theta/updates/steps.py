@@ -12,7 +12,7 @@ from theta.errors import CheckpointError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import content_hash
+from theta.updates import content_hash, fast_hash
 
 
 def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value_hash: str, store: LfsStore,
@@ -49,7 +49,8 @@ def dense_group(like: GroupMeta, value: np.ndarray, store: LfsStore, level: int 
     step = store_dense(value, store, level)
     signature = lsh.signature(value) if lsh.hashable(like.dtype) else None
     return GroupMeta(name=like.name, dtype=like.dtype, shape=tuple(value.shape), hash=step.hash, steps=[step],
-                     lsh=signature, is_parameter=like.is_parameter, requires_grad=like.requires_grad)
+                     lsh=signature, is_parameter=like.is_parameter, requires_grad=like.requires_grad,
+                     fast=fast_hash(value))
 
 
 def chain(previous: GroupMeta | None, step: Step, incremental: bool) -> list[Step]:

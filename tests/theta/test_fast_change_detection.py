@@ -1,0 +1,180 @@
+"""Clean recognises unchanged groups by their xxh3-128 (GroupMeta.fast, the "xxh3" field of a group line)
+instead of a sha256 of every unchanged byte; metadata written before the field keeps working (sha256 decides
+there, and the text it describes is not rewritten just to add the field).
+
+Real files (safetensors), a real store; the only stand-in is a spy on theta's own sha256 helper, to count
+which bytes it hashed."""
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import xxhash
+
+import theta.clean
+from theta.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.errors import MetadataError
+from theta.storage import metadata
+from theta.storage.store import LfsStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LfsStore(tmp_path / "lfs" / "objects")
+
+
+def save(path, arrays):
+    safetensors.numpy.save_file(arrays, str(path))
+
+
+def model(seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"w{i}": rng.standard_normal((64, 32), dtype=np.float32) for i in range(4)} | {
+        "ids": np.arange(10, dtype=np.int64)}
+
+
+def without_fast(meta):
+    """The same metadata as a theta before fast hashes wrote it."""
+    return dataclasses.replace(meta, groups={k: dataclasses.replace(g, fast=None) for k, g in meta.groups.items()})
+
+
+def sha256_spy(monkeypatch):
+    """Record the size of every array clean hashes with sha256 (theta.clean.content_hash)."""
+    hashed = []
+    real = theta.clean.content_hash
+    monkeypatch.setattr(theta.clean, "content_hash", lambda a: hashed.append(a.nbytes) or real(a))
+    return hashed
+
+
+def test_every_group_records_the_xxh3_of_its_bytes(tmp_path, store):
+    arrays = model()
+    save(tmp_path / "m.safetensors", arrays)
+    meta = clean_checkpoint(tmp_path / "m.safetensors", store)
+    for name, a in arrays.items():
+        assert meta.groups[name].fast == xxhash.xxh3_128_hexdigest(a.tobytes())
+    text = metadata.dumps(meta)
+    assert re.search(r'"group":"w0".*"xxh3":"[0-9a-f]{32}"\}$', text, re.M)
+    assert metadata.loads(text).groups["w0"].fast == meta.groups["w0"].fast
+
+
+def test_unchanged_groups_are_not_sha256_hashed(tmp_path, store, monkeypatch):
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    arrays["w2"] = arrays["w2"] * np.float32(2)
+    save(p, arrays)
+    hashed = sha256_spy(monkeypatch)
+    stats = CleanStats()
+    second = clean_checkpoint(p, store, first, stats=stats)
+    assert stats.unchanged == 4 and stats.written == 1
+    # the changed group only: its new content hash (its previous value, decoded to encode the change against,
+    # is one dense blob this store bound to its hash, whose frame checksums prove it: not hashed again)
+    assert hashed == [arrays["w2"].nbytes]
+    assert second.groups["w2"].hash != first.groups["w2"].hash
+    for k in ("w0", "w1", "w3", "ids"):
+        assert second.groups[k] == first.groups[k]
+
+
+def test_metadata_without_fast_hashes_still_detects_unchanged_groups(tmp_path, store, monkeypatch):
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    old = without_fast(clean_checkpoint(p, store))
+    old_text = metadata.dumps(old)
+    assert '"xxh3"' not in old_text and metadata.loads(old_text).groups["w0"].fast is None
+    hashed = sha256_spy(monkeypatch)
+    stats = CleanStats()
+    before = store.written_objects
+    again = clean_checkpoint(p, store, metadata.loads(old_text), stats=stats)
+    # sha256 decides (as before the field existed): every group hashed once, all unchanged, nothing stored
+    assert sorted(hashed) == sorted(a.nbytes for a in arrays.values())
+    assert stats.unchanged == 5 and store.written_objects == before
+    new_text = metadata.dumps(again)
+    # the groups gain their fast hash; the texts describe the same thing (the filter keeps the committed bytes)
+    assert all(g.fast is not None for g in again.groups.values())
+    assert new_text != old_text and metadata.same_content(old_text, new_text)
+
+
+def test_same_content_still_sees_a_changed_group(tmp_path, store):
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    arrays["w1"][0, 0] += 1
+    save(p, arrays)
+    second = clean_checkpoint(p, store, first)
+    assert not metadata.same_content(metadata.dumps(without_fast(first)), metadata.dumps(second))
+    assert not metadata.same_content(metadata.dumps(first), metadata.dumps(second))
+
+
+def test_a_stale_fast_hash_falls_back_to_sha256(tmp_path, store):
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    wrong = dataclasses.replace(first, groups={**first.groups,
+                                               "w0": dataclasses.replace(first.groups["w0"], fast="0" * 32)})
+    stats = CleanStats()
+    again = clean_checkpoint(p, store, wrong, stats=stats)
+    assert stats.unchanged == 5 and again.groups["w0"].steps == first.groups["w0"].steps
+    assert again.groups["w0"].fast == first.groups["w0"].fast  # the value's own fast hash, not the stale one
+
+
+def test_exact_mode_decides_by_sha256(tmp_path, store):
+    """With exact=True only identical bytes (by sha256) count as unchanged, whatever the fast hash says."""
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    arrays["w3"] = arrays["w3"] + np.float32(1)
+    save(p, arrays)
+    new_fast = xxhash.xxh3_128_hexdigest(arrays["w3"].tobytes())
+    # previous metadata whose fast hash claims w3's new bytes (as a collision would)
+    claimed = dataclasses.replace(first, groups={**first.groups,
+                                                 "w3": dataclasses.replace(first.groups["w3"], fast=new_fast)})
+    stats = CleanStats()
+    exact = clean_checkpoint(p, store, claimed, CleanOptions(exact=True), stats=stats)
+    assert stats.written == 1 and exact.groups["w3"].hash != first.groups["w3"].hash
+
+
+@pytest.mark.parametrize("bad", ["", "0" * 31, "0" * 33, "A" * 32, 7, None])
+def test_a_bad_fast_hash_is_refused_naming_the_field(tmp_path, store, bad):
+    save(tmp_path / "m.safetensors", {"w": np.ones(3, np.float32)})
+    text = metadata.dumps(clean_checkpoint(tmp_path / "m.safetensors", store))
+    forged = re.sub(r'"xxh3":"[0-9a-f]{32}"', '"xxh3":' + ("null" if bad is None else
+                                                          str(bad) if isinstance(bad, int) else f'"{bad}"'), text)
+    with pytest.raises(MetadataError, match="xxh3"):
+        metadata.loads(forged, file="m.safetensors")
+
+
+def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkeypatch):
+    """A previous value whose chain (dense + delta) this store built and bound is rebuilt from checksummed
+    frames without a sha256; without the bindings (blobs fetched from elsewhere) every step's value is hashed."""
+    import shutil
+
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    arrays["w2"] = arrays["w2"] * np.float32(1.001)
+    save(p, arrays)
+    second = clean_checkpoint(p, store, first)
+    assert [s.type for s in second.groups["w2"].steps] == ["dense", "delta"]
+    arrays["w2"] = arrays["w2"] * np.float32(1.001)
+    save(p, arrays)
+    hashed = sha256_spy(monkeypatch)
+    third = clean_checkpoint(p, store, second)
+    assert hashed == [arrays["w2"].nbytes]  # the new value's content hash only
+    assert [s.type for s in third.groups["w2"].steps] == ["dense", "delta", "delta"]
+    shutil.rmtree(store.objects_dir.parent / "theta-verified")  # as if the blobs came from a remote
+    hashed.clear()
+    import theta.updates
+    rebuilt = []
+    real = theta.updates.content_hash
+    monkeypatch.setattr(theta.updates, "content_hash", lambda a: rebuilt.append(a.nbytes) or real(a))
+    again = clean_checkpoint(p, store, second)
+    assert again.groups["w2"] == third.groups["w2"]
+    # the new value, the previous value (on the hash thread) and the chain's intermediate value
+    assert hashed == [arrays["w2"].nbytes] * 2 and rebuilt == [arrays["w2"].nbytes]

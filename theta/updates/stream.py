@@ -1,0 +1,230 @@
+"""A group's value in blocks of elements, in order, without ever holding the whole value.
+
+A merge reads ours, theirs and the ancestor side by side; rebuilding the three (plus the result) would cost
+four groups of memory. A :class:`GroupSource` instead yields the value block by block: the chain's dense first
+step is decoded frame by frame, and each later ``delta`` (code words) or ``sparse`` step is applied to the block
+from its own blob, also frame by frame. Memory: one block and a few codec frames per step, whatever the group's
+size. Each pass re-reads the blobs (the page cache keeps them); the first complete pass checks the value's
+sha256 against the group's hash (ChainError at its end, before anything built on it is stored).
+
+Only chains of that shape stream (:func:`source`); others (low-rank, ia3, rows, a change of layout, delta
+blobs of the old ``planes`` layout) are rebuilt whole by :func:`theta.updates.reconstruct`.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from zipslice import dtypes
+
+from theta.errors import ChainError, IntegrityError, MergeError, UpdateTypeError
+from theta.storage import codec
+from theta.updates import DTYPE_KEY, SHAPE_KEY, bounds
+from theta.updates.delta import OPS, _uncombine, raw_words
+
+if TYPE_CHECKING:
+    from theta.storage.metadata import GroupMeta
+    from theta.storage.store import LfsStore
+
+STREAMED_STEPS = ("delta", "sparse")
+
+
+class _Cursor:
+    """The elements of an array blob in order, any number at a time (frames decoded a few ahead)."""
+
+    def __init__(self, blob: memoryview):
+        _, shape = codec.array_info(blob)
+        self.size = int(np.prod(shape, dtype=np.int64))
+        self._frames = codec.iter_decode_array(blob)
+        self._frame = np.empty(0)
+        self._at = 0
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` elements (fresh memory or a slice of a frame nothing else uses)."""
+        pieces = []
+        while n > 0:
+            if self._at == self._frame.size:
+                try:
+                    _, self._frame = next(self._frames)
+                except StopIteration:
+                    raise IntegrityError("a blob holds fewer elements than its step needs") from None
+                self._at = 0
+            k = min(n, self._frame.size - self._at)
+            pieces.append(self._frame[self._at:self._at + k])
+            self._at += k
+            n -= k
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else self._frame[:0]
+
+    def close(self) -> None:
+        self._frames.close()
+
+
+class _Delta:
+    def __init__(self, blobs: dict, params: dict, word: np.dtype, size: int):
+        op = params.get("op")
+        if op not in OPS or "codes" not in blobs:
+            raise UpdateTypeError(f"delta step is malformed for streaming (op {op!r}, parts {sorted(blobs)})")
+        dt, shape = codec.array_info(blobs["codes"])
+        if dt != word or int(np.prod(shape, dtype=np.int64)) != size:
+            raise UpdateTypeError(f"delta codes are {list(shape)} x {dt}, expected {size} x {word}")
+        self.op, self.codes = op, _Cursor(blobs["codes"])
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        _uncombine(self.codes.take(words.size), words, self.op, out=words)
+
+    def close(self) -> None:
+        self.codes.close()
+
+
+class _Sparse:
+    """Sorted flat indices (``gaps``: first index, then differences) and their new values, consumed as blocks
+    pass."""
+
+    def __init__(self, blobs: dict, value_dtype: np.dtype, size: int):
+        if "gaps" not in blobs or "values" not in blobs:
+            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(blobs)}, needs gaps and values)")
+        self.gaps, self.values = _Cursor(blobs["gaps"]), _Cursor(blobs["values"])
+        if self.gaps.size != self.values.size or self.gaps.size > size:
+            raise UpdateTypeError(f"sparse update does not fit a group of {size} elements "
+                                  f"({self.gaps.size} indices, {self.values.size} values)")
+        self.value_dtype, self.size = value_dtype, size
+        self.left = self.gaps.size
+        self.carry = 0
+        self.idx = np.empty(0, np.int64)
+        self.val = np.empty(0, value_dtype)
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        end = start + block.size
+        while (self.idx.size == 0 or self.idx[-1] < end) and self.left:
+            m = min(self.left, 1 << 20)
+            idx = np.cumsum(self.gaps.take(m), dtype=np.int64)
+            idx += self.carry
+            self.carry = int(idx[-1])
+            self.idx = np.concatenate([self.idx, idx])
+            self.val = np.concatenate([self.val, self.values.take(m).astype(self.value_dtype, copy=False)])
+            self.left -= m
+        cut = int(np.searchsorted(self.idx, end, side="left"))
+        here, vals = self.idx[:cut], self.val[:cut]
+        if here.size and (here[0] < start or here[-1] >= self.size):
+            raise UpdateTypeError(f"sparse update indices are not increasing within a group of {self.size} elements")
+        block[here - start] = vals
+        self.idx, self.val = self.idx[cut:], self.val[cut:]
+        if end >= self.size and (self.idx.size or self.left):
+            raise UpdateTypeError(f"sparse update has indices beyond a group of {self.size} elements")
+
+    def close(self) -> None:
+        self.gaps.close()
+        self.values.close()
+
+
+class GroupSource:
+    """The value of a group whose chain is a dense step followed by delta/sparse steps, block by block.
+
+    ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
+    and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
+
+    def __init__(self, group: "GroupMeta", store: "LfsStore", file: str | None = None):
+        self.group, self.store, self.file = group, store, file
+        self.dtype = dtypes.get(group.dtype).to_numpy()
+        self.shape = tuple(group.shape)
+        self.size = group.numel
+        self.checked = False
+
+    def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+        g, steps = self.group, self.group.steps
+        word = raw_words(np.empty(1, self.dtype)).dtype
+        per = raw_words(np.empty(1, self.dtype)).size  # words per element (complex128: 2)
+        h = None if self.checked else hashlib.sha256()
+        with ExitStack() as stack:
+            i = 0
+            try:
+                blobs = [codec.part_blobs(stack.enter_context(self.store.mapped(s.blob, group=g.name, file=self.file)))
+                         for s in steps]
+                if set(blobs[0]) != {"values"}:
+                    raise UpdateTypeError(f"dense step has parts {sorted(blobs[0])}, expected values")
+                dt, shape = codec.array_info(blobs[0]["values"])
+                if dt != self.dtype or int(np.prod(shape, dtype=np.int64)) != self.size:
+                    raise UpdateTypeError(f"dense step holds {list(shape)} x {dt}, the group is "
+                                          f"{list(self.shape)} x {self.dtype}")
+                first = _Cursor(blobs[0]["values"])
+                stack.callback(first.close)
+                later = []
+                for i, (s, b) in enumerate(zip(steps[1:], blobs[1:]), start=1):
+                    ap = (_Delta(b, s.params, word, self.size * per) if s.type == "delta"
+                          else _Sparse(b, self.dtype, self.size))
+                    stack.callback(ap.close)
+                    later.append(ap)
+                for start in range(0, self.size, n):
+                    m = min(n, self.size - start)
+                    i = 0
+                    block = np.array(first.take(m), copy=True)  # ours to update in place
+                    words = raw_words(block)
+                    for i, ap in enumerate(later, start=1):
+                        ap.apply(block, words, start)
+                    if h is not None:
+                        h.update(dtypes.le_bytes(block))
+                    yield slice(start, start + m), block
+            except IntegrityError as e:
+                raise bounds.located(e, self.file, g.name, i, steps[i].blob.oid) from None
+            except (UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+                raise ChainError(f"{bounds.where(self.file, g.name, i, steps[i].blob.oid)}: step {steps[i].type!r} "
+                                 f"cannot be streamed: {e}", file=self.file, group=g.name,
+                                 oid=steps[i].blob.oid) from None
+        if h is not None:
+            if h.hexdigest() != g.hash:
+                raise ChainError(f"{bounds.where(self.file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain "
+                                 f"rebuilt a value whose hash differs from the recorded {g.hash}", file=self.file,
+                                 group=g.name, oid=steps[-1].blob.oid)
+            self.checked = True
+
+
+def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> GroupSource | None:
+    """A :class:`GroupSource` for ``group`` when its chain streams (checked from the metadata: a dense first
+    step, then delta/sparse steps, all with the group's own layout), else None (rebuild it whole)."""
+    bounds.check_group(group, file)
+    steps = group.steps
+    if not steps or steps[0].type != "dense" or any(s.type not in STREAMED_STEPS for s in steps[1:]):
+        return None
+    if any(SHAPE_KEY in s.params or DTYPE_KEY in s.params for s in steps):
+        return None
+    if group.numel == 0:
+        return None
+    if dtypes.get(group.dtype).itemsize not in (1, 2, 4, 8, 16):
+        return None
+    for s in steps[1:]:
+        if s.type == "delta":  # blobs written before code words hold planes across the whole group
+            try:
+                with store.mapped(s.blob, group=group.name, file=file) as blob:
+                    if "codes" not in codec.part_blobs(blob):
+                        return None
+            except IntegrityError:
+                return None  # reconstruct reports it, located
+    return GroupSource(group, store, file)
+
+
+def blocks(x: Any, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+    """(slice, flat block) of an array or a :class:`GroupSource`, ``n`` elements at a time, in order."""
+    if isinstance(x, np.ndarray):
+        flat = x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
+        for start in range(0, flat.size, n):
+            yield slice(start, min(flat.size, start + n)), flat[start:start + n]
+    else:
+        yield from x.chunks(n)
+
+
+def side_by_side(inputs: "tuple | list", n: int) -> Iterator[tuple]:
+    """The blocks of several inputs (arrays, sources, or None) side by side: ``(slice, block of each or None)``.
+    Every source is read to its end (where it checks its value's hash), even when another ends first."""
+    live = [i for i, x in enumerate(inputs) if x is not None]
+    end = object()
+    for row in itertools.zip_longest(*(blocks(inputs[i], n) for i in live), fillvalue=end):
+        if end in row:
+            raise MergeError("merge inputs of different sizes")
+        got = dict(zip(live, row))
+        yield (row[0][0], *(got[i][1] if i in got else None for i in range(len(inputs))))
