@@ -22,9 +22,10 @@ train   300 AdamW steps (--lr, default 3e-4) fine-tuning a small BERT (H=128, 2 
         at any step; and, as a control, stock again on one thread (other summation orders: what rounding
         alone does to the same run).
 model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=128: bytes kept for
-        backward, stock vs tempo; peak RSS of the process tree for two training steps (AdamW); and the
-        largest batch whose two training steps fit a memory budget (--budget-gib, a memory cgroup: the
-        kernel decides; without cgroups, the batch is predicted from the peak RSS at B=8 and B=16).
+        backward, stock vs tempo; peak RSS of two training steps (AdamW) at B=8 and 16; and the largest
+        batch whose two training steps fit a memory budget (--budget-gib, a memory cgroup: the kernel
+        decides; root only). Each with glibc malloc as it comes and with MALLOC_MMAP_THRESHOLD_=65536:
+        glibc's default keeps freed activations in its heap, so RSS follows the heap's high-water mark.
 
 Targets (issue #15): saved bytes <= 0.62x stock-with-boolean-masks per layer; time <= 1.25x stock;
 gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at every step.
@@ -271,6 +272,8 @@ def child_model_saved(args) -> dict:
 
 def child_step(args) -> dict:
     """Two AdamW training steps of BERT-base at --batch (the second one with optimizer state allocated)."""
+    import resource
+
     import torch
 
     model = _patch(_bert_base(), args.variant)
@@ -284,7 +287,7 @@ def child_step(args) -> dict:
         loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - t0)
-    return {"step_seconds": times}
+    return {"step_seconds": times, "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 CHILDREN = {"layer": child_layer, "grads": child_grads, "train": child_train, "model-saved": child_model_saved,
@@ -294,7 +297,7 @@ CHILDREN = {"layer": child_layer, "grads": child_grads, "train": child_train, "m
 # ------------------------------------------------------------------------------------------------------
 # parent
 # ------------------------------------------------------------------------------------------------------
-def run_child(name: str, cgroup=None, check: bool = True, **options):
+def run_child(name: str, cgroup=None, check: bool = True, env: dict | None = None, **options):
     """Run a child section through the harness; (its JSON result or None if it failed, the harness Measure)."""
     import tempfile
 
@@ -304,7 +307,7 @@ def run_child(name: str, cgroup=None, check: bool = True, **options):
     for key, value in options.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     with tempfile.TemporaryFile() as out:
-        m = run_measured(cmd, ROOT, env=dict(os.environ), cgroup=cgroup, check=check, stdout=out)
+        m = run_measured(cmd, ROOT, env={**os.environ, **(env or {})}, cgroup=cgroup, check=check, stdout=out)
         out.seek(0)
         text = out.read().decode()
     result = json.loads(text.strip().splitlines()[-1]) if m.returncode == 0 else None
@@ -376,20 +379,27 @@ def section_train(args) -> dict:
     return {"train_rel": rel[worst]}
 
 
-def _fits(variant: str, batch: int, args, cgroup) -> bool:
-    result, m = run_child("step", cgroup=cgroup, check=False, variant=variant, batch=batch, seq=args.seq)
+# glibc's malloc raises its mmap threshold to the size of the largest block freed so far (up to 32 MiB), so
+# after the first step activations come from the heap, whose holes it rarely returns: RSS then tracks the
+# heap's high-water mark more than what is alive. A fixed threshold keeps every block >= 64 KiB mmapped and
+# returned on free. Both are measured; the second is what is alive.
+MALLOC_SETTINGS = (("glibc malloc, default", {}), ("MALLOC_MMAP_THRESHOLD_=65536", {"MALLOC_MMAP_THRESHOLD_": "65536"}))
+
+
+def _fits(variant: str, batch: int, args, cgroup, env: dict) -> bool:
+    _, m = run_child("step", cgroup=cgroup, check=False, env=env, variant=variant, batch=batch, seq=args.seq)
     return m.returncode == 0
 
 
-def _largest_batch(variant: str, args, cgroup) -> int:
-    lo, hi = 0, args.batch  # lo fits (0 trivially), find hi that does not
-    while _fits(variant, hi, args, cgroup):
+def _largest_batch(variant: str, args, cgroup, env: dict) -> int:
+    lo, hi = 0, args.batch  # lo fits (0 trivially); find a hi that does not, then bisect
+    while _fits(variant, hi, args, cgroup, env):
         lo, hi = hi, hi * 2
         if hi > 512:
             return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(variant, mid, args, cgroup):
+        if _fits(variant, mid, args, cgroup, env):
             lo = mid
         else:
             hi = mid
@@ -405,33 +415,30 @@ def section_model(args) -> dict:
     print(f"bytes kept for backward: stock {saved['stock'] / MiB:.1f} MiB, stock with boolean masks "
           f"{saved['stock-bool'] / MiB:.1f} MiB, tempo {saved['tempo'] / MiB:.1f} MiB: "
           f"{ratio(saved['tempo'], saved['stock-bool'])} (boolean masks), {ratio(saved['tempo'], saved['stock'])} (CPU stock)")
-    peaks = {}
-    for variant in ("stock", "tempo"):
-        for batch in (args.batch, 2 * args.batch):
-            step, m = run_child("step", variant=variant, batch=batch, seq=args.seq)
-            peaks[(variant, batch)] = m.peak_tree_rss
-            print(f"two AdamW steps, {variant:<5} B={batch:<3}: peak tree RSS {m.peak_tree_rss / MiB:>6.0f} MiB, "
-                  f"second step {step['step_seconds'][1]:.1f} s")
-    budget = int(args.budget_gib * (1 << 30))
     out = {"model_ratio": saved["tempo"] / saved["stock-bool"]}
-    # batch predicted from the two peaks (linear in B)
-    for variant in ("stock", "tempo"):
-        a, b = peaks[(variant, args.batch)], peaks[(variant, 2 * args.batch)]
-        per_sample = (b - a) / args.batch
-        out[f"predicted_{variant}"] = int(args.batch + (budget - a) / per_sample)
-        print(f"{variant:<5}: {per_sample / MiB:.1f} MiB per sample; predicted largest batch in "
-              f"{args.budget_gib:g} GiB: {out[f'predicted_{variant}']}")
-    if args.quick:
-        return out
-    why_not = MemCgroup.available()
-    if why_not:
-        print(f"budget search skipped: {why_not}")
-        return out
-    with MemCgroup(budget, name="tempo") as cgroup:
+    budget = int(args.budget_gib * (1 << 30))
+    why_not = "--quick" if args.quick else MemCgroup.available()
+    for label, env in MALLOC_SETTINGS:
+        print(f"\n{label}: two AdamW steps (peak RSS: the kernel's ru_maxrss; tree: the harness's sampling)")
+        peaks = {}
         for variant in ("stock", "tempo"):
-            out[f"fits_{variant}"] = _largest_batch(variant, args, cgroup)
-    print(f"largest batch whose two training steps run in a {args.budget_gib:g} GiB memory cgroup: "
-          f"stock {out['fits_stock']}, tempo {out['fits_tempo']} ({out['fits_tempo'] / out['fits_stock']:.2f}x)")
+            for batch in (args.batch, 2 * args.batch):
+                step, m = run_child("step", env=env, variant=variant, batch=batch, seq=args.seq)
+                peaks[(variant, batch)] = step["max_rss"]
+                print(f"  {variant:<5} B={batch:<3}: peak RSS {step['max_rss'] / MiB:>6.0f} MiB (tree "
+                      f"{m.peak_tree_rss / MiB:.0f}), second step {step['step_seconds'][1]:.1f} s")
+        for variant in ("stock", "tempo"):
+            a, b = peaks[(variant, args.batch)], peaks[(variant, 2 * args.batch)]
+            per_sample = (b - a) / args.batch
+            print(f"  {variant:<5}: {per_sample / MiB:.1f} MiB more peak RSS per sample; largest batch in "
+                  f"{args.budget_gib:g} GiB predicted from it: {int(args.batch + (budget - a) / per_sample)}")
+        if why_not:
+            print(f"  budget search skipped: {why_not}")
+            continue
+        with MemCgroup(budget, name="tempo") as cgroup:
+            fits = {variant: _largest_batch(variant, args, cgroup, env) for variant in ("stock", "tempo")}
+        print(f"  largest batch whose two training steps run in a {args.budget_gib:g} GiB memory cgroup: "
+              f"stock {fits['stock']}, tempo {fits['tempo']} ({fits['tempo'] / max(fits['stock'], 1):.2f}x)")
     return out
 
 
