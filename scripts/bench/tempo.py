@@ -33,6 +33,7 @@ gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at e
     python3 scripts/bench/tempo.py                    # everything (~15-25 min on 2 cores)
     python3 scripts/bench/tempo.py --quick            # fewer timing steps, no budget search
     python3 scripts/bench/tempo.py --only layer,grads --reps 20
+    python3 scripts/bench/tempo.py --only layer --threads 1   # timing without OpenMP (steadier when busy)
 """
 from __future__ import annotations
 
@@ -319,7 +320,7 @@ def ratio(a: float, b: float) -> str:
 
 
 def section_layer(args) -> dict:
-    result, m = run_child("layer", batch=args.batch, seq=args.seq, reps=args.reps)
+    result, m = run_child("layer", batch=args.batch, seq=args.seq, reps=args.reps, threads=args.threads)
     saved, wall, cpu = result["saved"], result["wall"], result["cpu"]
     print(f"\n## BERT-base layer, B={args.batch} S={args.seq} float32, dropout 0.1, CPU "
           f"({result['threads']} threads; child peak tree RSS {m.peak_tree_rss / MiB:.0f} MiB)\n")
@@ -455,11 +456,16 @@ def main() -> None:
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
     ap.add_argument("--control", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads in the children (0: torch's default)")
     args = ap.parse_args()
     if args.child:
         import warnings
 
+        import torch
+
         warnings.filterwarnings("ignore")
+        if args.threads:
+            torch.set_num_threads(args.threads)
         print(json.dumps(CHILDREN[args.child](args)))
         return
     if args.quick:
