@@ -20,10 +20,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # public name -> (module, attribute in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
+    # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.lazy)
+    "load": ("theta.lazy", "load"),
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
     "clean_checkpoint": ("theta.clean", "clean_checkpoint"),
     "CleanOptions": ("theta.clean", "CleanOptions"),
@@ -61,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "__version__",
+    "load",
     "clean_checkpoint", "CleanOptions", "CleanStats", "smudge_checkpoint",
     "LfsStore", "BlobRef", "CheckpointMeta", "GroupMeta", "loads_metadata", "dumps_metadata", "is_metadata",
     "diff_sides", "MetaSide", "CheckpointSide", "FileDiff",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.clean import CleanOptions, CleanStats, clean_checkpoint
     from theta.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
     from theta.errors import ThetaError
+    from theta.lazy import load
     from theta.merges import MergeStrategy
     from theta.merges import get as get_merge_strategy
     from theta.merges import names as merge_strategies
@@ -91,6 +93,10 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
 
 def __getattr__(name: str) -> Any:
     """Load a public name on first use (PEP 562) and keep it in the module for the next lookup."""
+    if name == "__version__":  # one version for the distribution (zipslice-theta), from its package metadata
+        from zipslice.version import package_version
+
+        return package_version()
     try:
         module, attribute = _EXPORTS[name]
     except KeyError:
@@ -101,4 +107,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})

@@ -10,6 +10,7 @@ One group at a time (memory ~ 2 x the largest group, + its previous value when c
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 
 import zipslice
 from zipslice import dtypes
-from zipslice.errors import ZipsliceError
+from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.progress import Bar
 
 from theta.storage import codec
@@ -27,8 +28,9 @@ from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
-from theta.errors import BlobMissingError, CheckpointError
-from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
+from theta.errors import (BlobMissingError, CheckpointError, IntegrityError, MetadataError, NotCheckpointError,
+                          UpdateTypeError)
+from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, reconstruct
 
@@ -58,6 +60,27 @@ class CleanOptions:
     update_data: Path | None = None         # side-loaded update file (UPDATES)
     max_chain: int = 8                      # longest step chain before a self-contained step
     progress: bool = False                  # progress bar on stderr (only when it is a terminal)
+    isolate: bool = False                   # parse natively-parsed formats (HDF5) in a child process
+                                            # (zipslice.load(isolate=True)); the git filter turns it on
+    isolate_timeout: float = 60.0           # seconds the child may take to open the file
+
+    def __post_init__(self) -> None:
+        from theta.errors import ThetaError
+        from theta.storage.schema import MAX_STEPS
+
+        if not (isinstance(self.max_chain, int) and 1 <= self.max_chain <= MAX_STEPS):
+            raise ThetaError(f"max_chain (theta.maxChain) must be an integer from 1 to {MAX_STEPS}, "
+                             f"got {self.max_chain!r}")
+        for name in ("rtol", "atol"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ThetaError(f"{name} (theta.{name}) must be a finite number >= 0, got {v!r}")
+        t = self.isolate_timeout
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ThetaError(f"isolate_timeout (theta.isolateTimeout) must be a positive number of seconds, "
+                             f"got {t!r}")
+        if not (isinstance(self.level, int) and -(1 << 17) <= self.level <= 22):
+            raise ThetaError(f"level (theta.level) must be a zstd level (at most 22), got {self.level!r}")
 
 
 @dataclass
@@ -72,6 +95,7 @@ class CleanStats:
     raw_bytes: int = 0          # bytes of all groups
     new_blob_bytes: int = 0     # bytes of blobs this clean added to the store
     by_type: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)  # one line each, for the caller to show
 
 
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
@@ -108,7 +132,10 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
     stats = stats if stats is not None else CleanStats()
     path = os.fspath(path)
     try:
-        lsd = (opener or zipslice.load)(path)
+        lsd = opener(path) if opener is not None else zipslice.load(path, isolate=options.isolate,
+                                                                     timeout=options.isolate_timeout)
+    except NotACheckpointError as e:
+        raise NotCheckpointError(f"cannot clean {path}: {e}", reason=str(e)) from e
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:
@@ -120,6 +147,27 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def store_opaque(path: str | os.PathLike, store: LfsStore) -> CheckpointMeta:
+    """The metadata of a file that is not a checkpoint, stored as ONE blob of its exact bytes (the blob's oid
+    is the file's sha256, as git-lfs would name it); a checkout copies it back bit for bit."""
+    def chunks():
+        with open(path, "rb") as f:
+            while True:
+                buf = f.read(_OPAQUE_CHUNK)
+                if not buf:
+                    return
+                yield buf
+
+    try:
+        ref = store.put_stream(chunks())
+    except OSError as e:
+        raise CheckpointError(f"cannot read {os.fspath(path)}: {e.strerror or e}") from e
+    return CheckpointMeta(format=OPAQUE_FORMAT, order=[], groups={}, opaque=ref, version=OPAQUE_VERSION)
+
+
+_OPAQUE_CHUNK = 8 << 20
 
 
 def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,
@@ -148,6 +196,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
     # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
     # read-ahead never adds more than that to peak memory).
+    # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
+    # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
+    largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -158,9 +209,11 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 got = _read_group(lsd, key, previous)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
+            held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
+            budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_THREADS:
                 size = lsd.info(group_keys[nxt]).nbytes
-                if ahead + size > READ_AHEAD_BYTES:
+                if ahead + size > budget:
                     break
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous)))
                 ahead += size
@@ -238,16 +291,31 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         sig = lsh.signature(arr)  # same bytes but side-loaded: the reader skipped it
 
     cached: list = []
+    checking: list = []  # the hash of the rebuilt previous value, computed on the hash thread meanwhile
 
     def previous_value() -> np.ndarray | None:
         if prev is None:
             return None
         if not cached:
             try:
-                cached.append(reconstruct(prev, store, file=path))
+                # its final hash is checked on another thread while it is compared with / encoded against
+                # (check_previous() before anything built on it is returned)
+                value = reconstruct(prev, store, file=path, verify=False)
+                checking.append(parallel.pool("hash").submit(content_hash, value))
+                cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it
+            except (IntegrityError, MetadataError) as e:
+                # the committed version is broken (corrupt store, forged metadata): the new value is stored
+                # on its own; the add (and `git status`, which cleans too) must not fail because of the old one
+                stats.warnings.append(f"{key}: previous version unusable ({e}); stored anew")
+                cached.append(None)
         return cached[0]
+
+    def check_previous() -> None:
+        if checking and checking.pop().result() != prev.hash:
+            raise UpdateTypeError(f"{path}: group {key!r}: its previous version rebuilt from the store does not "
+                                  f"match its content hash (corrupt object?)")
 
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
@@ -257,12 +325,19 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         if maybe:
             old = previous_value()
             if old is not None and numeric.allclose(arr, old, options.rtol, options.atol):
+                check_previous()
                 stats.close += 1
                 return keep(prev)
 
     before = store.written_bytes
-    steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
-                                 reshaped_previous=got.reshaped)
+    try:
+        steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
+                                     reshaped_previous=got.reshaped)
+    except BaseException:
+        for fut in checking:
+            fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
+        raise
+    check_previous()
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += store.written_bytes - before

@@ -14,6 +14,8 @@ from typing import Iterable, Protocol
 import numpy as np
 
 from theta import lsh
+from zipslice.clistyle import natural_key
+from theta.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
 from theta.updates import content_hash, reconstruct
@@ -133,14 +135,56 @@ class MetaSide:
         return reconstruct(self.meta.groups[name], self.store, cache, file=self.label)
 
 
+class OpaqueSide:
+    """A file theta stores as one opaque blob (not a checkpoint): compared by its sha256 and size only."""
+
+    format = "opaque"
+
+    def __init__(self, ref: BlobRef, label: str):
+        self.ref, self.label = ref, label
+
+    @classmethod
+    def of_file(cls, path: str | os.PathLike, label: str) -> "OpaqueSide":
+        import hashlib
+
+        h, size = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+                size += len(chunk)
+        return cls(BlobRef(h.hexdigest(), size), label)
+
+    def names(self) -> list[str]:
+        return []
+
+    def aliases(self) -> set[str]:
+        return set()
+
+
+def checkpoint_or_opaque(path: str | os.PathLike, label: str) -> "CheckpointSide | OpaqueSide":
+    """A working-tree file as a diff side: a checkpoint, or an opaque file when it is not one at all."""
+    from zipslice.errors import NotACheckpointError
+
+    try:
+        return CheckpointSide(path, label)
+    except CheckpointError as e:
+        if isinstance(e.__cause__, NotACheckpointError):
+            return OpaqueSide.of_file(path, label)
+        raise
+
+
 class CheckpointSide:
     """A checkpoint file (e.g. the working tree's), read lazily one group at a time."""
 
     def __init__(self, path: str | os.PathLike, label: str):
         import zipslice
+        from zipslice.errors import ZipsliceError
 
         self.path, self.label = path, label
-        self.ckpt = zipslice.load(path)
+        try:
+            self.ckpt = zipslice.load(path, isolate=True)  # a working-tree file may come from anywhere
+        except ZipsliceError as e:
+            raise CheckpointError(f"cannot read {label}: {e}") from e
         self.format = self.ckpt.format
         self._hashes: dict[str, str] = {}
 
@@ -226,11 +270,21 @@ def _plain_values(structure) -> dict[str, str]:
 def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = False) -> FileDiff:
     """Compare two versions group by group (either may be None: the file was added/removed)."""
     fd = FileDiff(path, old.format if old else None, new.format if new else None, estimated=estimate)
+    if isinstance(old, OpaqueSide) or isinstance(new, OpaqueSide):
+        def what(side) -> str:
+            if side is None:
+                return "nothing"
+            if isinstance(side, OpaqueSide):
+                return f"{side.ref.size} bytes, sha256 {side.ref.oid[:16]}"
+            return f"a {side.format} checkpoint"
+        if not (isinstance(old, OpaqueSide) and isinstance(new, OpaqueSide) and old.ref == new.ref):
+            fd.notes.append(f"not a checkpoint (stored as one opaque blob): {what(old)} -> {what(new)}")
+        return fd
     if isinstance(old, MetaSide) and isinstance(new, MetaSide):
         o, n = old.meta, new.meta
         ov, nv = _plain_values(o.structure), _plain_values(n.structure)
         if ov != nv:
-            keys = sorted(k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k))
+            keys = sorted((k for k in set(ov) | set(nv) if ov.get(k) != nv.get(k)), key=natural_key)
             shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "")
             fd.notes.append(f"non-tensor values changed: {shown}")
         if o.metadata != n.metadata:

@@ -10,7 +10,29 @@ class ThetaError(Exception):
 
 
 class MetadataError(ThetaError):
-    """A metadata text is malformed, of an unknown version, or inconsistent."""
+    """A metadata text is malformed, of an unknown version, inconsistent, or over a limit.
+
+    ``file``, ``group`` and ``field`` say where, when known (theta.storage.schema fills them in).
+    """
+
+    def __init__(self, message: str, file: str | None = None, group: str | None = None, field: str | None = None):
+        self.file, self.group, self.field = file, group, field
+        super().__init__(message)
+
+
+class IntegrityError(ThetaError):
+    """Base of the errors about stored data that is not what its metadata says (corrupt, forged, over a limit).
+
+    ``file``, ``group`` and ``oid`` say where, when known; :func:`located` (theta.updates.bounds) adds them.
+    """
+
+    def __init__(self, message: str, file: str | None = None, group: str | None = None, oid: str | None = None):
+        self.file, self.group, self.oid = file, group, oid
+        super().__init__(message)
+
+
+class CodecError(IntegrityError):
+    """A stored blob cannot be decoded (truncated, corrupt, over a limit, or of an unknown encoding)."""
 
 
 class GitThetaFormatError(MetadataError):
@@ -27,7 +49,7 @@ class GitThetaFormatError(MetadataError):
             where.append(f"group {group!r}")
         if field:
             where.append(field)
-        super().__init__(", ".join(where) + ": " + problem)
+        super().__init__(", ".join(where) + ": " + problem, file=file, group=group, field=field)
 
 
 class GitThetaUpdateTypeError(GitThetaFormatError):
@@ -36,10 +58,6 @@ class GitThetaUpdateTypeError(GitThetaFormatError):
 
 class GitThetaDependencyError(ThetaError):
     """Reading Git-Theta parameter blobs needs the optional `gittheta` extra (zarr), which is not installed."""
-
-
-class CodecError(ThetaError):
-    """A stored blob cannot be decoded (truncated, corrupt, or of an unknown encoding)."""
 
 
 class StoreError(ThetaError):
@@ -61,12 +79,26 @@ class BlobMissingError(StoreError):
                          f"fetch it with `git lfs fetch` or `git theta` checkout from a remote that has it")
 
 
-class BlobCorruptError(StoreError):
-    """A stored blob's size or sha256 does not match its reference."""
+class BlobCorruptError(StoreError, IntegrityError):
+    """A stored blob's size or sha256 does not match its reference, or a rebuilt value its content hash."""
+
+    def __init__(self, message: str, file: str | None = None, group: str | None = None, oid: str | None = None):
+        IntegrityError.__init__(self, message, file=file, group=group, oid=oid)
 
 
 class CheckpointError(ThetaError):
     """A checkpoint cannot be read (corrupt, unsafe, unsupported); wraps the zipslice error."""
+
+
+class NotCheckpointError(CheckpointError):
+    """The file is not a checkpoint at all (zipslice's NotACheckpointError: a README, an empty file, an
+    HTML page, a zip without data.pkl): the git filter stores it as one opaque blob, as git-lfs would.
+    A damaged, unsafe or unsupported checkpoint is a plain CheckpointError (refused, never stored).
+    ``reason`` is zipslice's one-line explanation."""
+
+    def __init__(self, message: str, reason: str = ""):
+        self.reason = reason
+        super().__init__(message)
 
 
 class UpdateTypeError(ThetaError):
@@ -75,6 +107,14 @@ class UpdateTypeError(ThetaError):
 
 class TransferError(ThetaError):
     """Blobs could not be uploaded to or downloaded from the LFS server."""
+
+
+class ChainError(UpdateTypeError, IntegrityError):
+    """A group's chain of steps cannot be rebuilt: malformed, an unknown step type, over a limit, or a step
+    that rebuilt a value other than the one recorded."""
+
+    def __init__(self, message: str, file: str | None = None, group: str | None = None, oid: str | None = None):
+        IntegrityError.__init__(self, message, file=file, group=group, oid=oid)
 
 
 class UpdateDataError(UpdateTypeError):
@@ -109,5 +149,19 @@ class MergeConflict(ThetaError):
 class ViewError(ThetaError):
     """A checkpoint cannot be shown in, or recorded from, another format than the committed one (a group the
     target format cannot hold: a dtype it lacks, a name it cannot spell, a place the structure does not have)."""
+
+
 class PruneError(ThetaError):
     """`git theta prune` refused to run: it could not prove that what it would delete is not needed."""
+
+
+class IndexBusyError(GitError):
+    """git's index is locked (``index.lock`` exists): another git command is running."""
+
+
+class IndexUnsupportedError(GitError):
+    """An index file theta does not update itself (split index, unknown version, malformed)."""
+
+
+class PlaceholderError(ThetaError):
+    """A work-tree file is a placeholder (the checkpoint's theta metadata), not the checkpoint itself."""

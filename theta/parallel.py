@@ -10,11 +10,26 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 CORES = os.cpu_count() or 1
-# clean reads, and smudge rebuilds, the next group(s) ahead only up to this many bytes (so read-ahead never
+# clean reads, and smudge rebuilds, the next group(s) ahead only up to this many bytes, and clean only within
+# 2 x the largest group minus what the group being encoded holds (so read-ahead never
 # adds more than this to peak memory)
 READ_AHEAD_BYTES = 64 << 20
 READ_AHEAD_THREADS = 1  # 2 measured no faster on 2 cores, and held more memory
-CODEC_THREADS = min(2, CORES)  # zstd planes compressed/decompressed side by side
+
+
+def _threads() -> int:
+    """Worker threads for the codec (GIT_THETA_THREADS; default: 2 or the cores if fewer). Each one holds a
+    frame being (de)compressed, so memory grows with it: ~2 x FRAME_BYTES per thread."""
+    value = os.environ.get("GIT_THETA_THREADS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            pass  # a bad value falls back to the default rather than failing a filter
+    return min(2, CORES)
+
+
+CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
 _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS, "numeric": 2}
 _pools: dict[str, ThreadPoolExecutor] = {}

@@ -19,12 +19,12 @@ from zipslice import TensorSource, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
-from theta import parallel
+from theta import faults, parallel, scratch
 from theta.parallel import READ_AHEAD_BYTES
-from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
+from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, reconstruct
+from theta.updates import bounds, content_hash, reconstruct
 from theta.views import view_of
 
 
@@ -41,17 +41,74 @@ def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) 
     raise err
 
 
+def check_rebuildable(meta: CheckpointMeta, file: str, fmt: str | None = None,
+                      max_output: int = bounds.DEFAULT_MAX_OUTPUT) -> str:
+    """Everything that can be refused from the metadata alone, before any blob is read or byte written:
+    the output format is known and writable, the total output is within ``max_output``, every group's chain
+    is well formed and bounded (:mod:`theta.updates.bounds`). Returns the output format."""
+    target = view_of(meta, fmt, file).format
+    try:
+        spec = zipslice.formats.get(target)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    if spec.writer is None:
+        raise CheckpointError(f"{file}: format {target!r} cannot be written; choose another with the "
+                              "theta-format attribute or theta.checkoutFormat")
+    bounds.check_output(meta, file, max_output)
+    for g in meta.groups.values():
+        bounds.check_group(g, file)
+    return target
+
+
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on ``directory``'s file system (its nearest existing
+    ancestor), or None when the file system does not say."""
+    d = Path(os.path.abspath(directory))
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize if st.f_blocks else None
+
+
+def check_space(meta: CheckpointMeta, directory: str | os.PathLike, file: str) -> None:
+    """Refuse, before any byte is produced, a checkout that cannot fit on ``directory``'s file system.
+
+    git writes a smudged file under its real name as the bytes arrive and does not remove it when the disk
+    fills up; refusing up front leaves nothing behind. The estimate is the tensor bytes plus 1/64 and 1 MiB
+    for the container (headers, index, alignment)."""
+    need = bounds.output_bytes(meta)
+    need += need // 64 + (1 << 20)
+    free = free_bytes(directory)
+    if free is not None and need > free:
+        raise CheckpointError(f"{file}: needs about {need} bytes but only {free} are free on "
+                              f"{os.path.abspath(directory)}; nothing was written")
+
+
 def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.PathLike, fmt: str | None = None,
-                      progress: bool = False, verify: str = "hash") -> None:
+                      progress: bool = False, verify: str = "hash",
+                      max_output: int = bounds.DEFAULT_MAX_OUTPUT, name: str | None = None) -> None:
     """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format, or as a view in
     ``fmt`` (see :mod:`theta.views`).
 
     The file appears at ``out_path`` only once every group was rebuilt and verified (see ``VERIFY``);
-    on any error nothing is left behind.
+    on any error nothing is left behind. A file stored as one opaque blob is copied out bit for bit.
+    ``name``: the file's real name when ``out_path`` is a temp file (messages, progress, and the record
+    prefix torch.save derives from the name).
     """
     out_path = os.fspath(out_path)
-    name = Path(out_path).name
+    real_name = name
+    name = name or Path(out_path).name
+    if meta.is_opaque:
+        check_blobs(meta, store, name)
+        bounds.check_output(meta, name, max_output)
+        with atomic_file(out_path) as f:
+            copy_opaque(meta, store, f, name)
+        return
     view = view_of(meta, fmt, name)
+    check_rebuildable(meta, name, fmt, max_output)
     check_blobs(meta, store, name)
     target = view.format
     job = _Job(meta, store, name, target, progress, verify)
@@ -61,9 +118,9 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     if view.metadata:
         options["metadata"] = view.metadata
     # written beside out_path and renamed once every hash checked out (same directory: atomic rename)
-    tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{os.getpid()}.tmp")
+    tmp = os.path.join(os.path.dirname(out_path) or ".", f".{name}.theta-{scratch.owner_tag()}.tmp")
     if target == "torch":
-        options["record_prefix"] = torch_writer.default_prefix(out_path)  # as torch.save names it, not tmp
+        options["record_prefix"] = torch_writer.default_prefix(real_name or out_path)  # as torch.save names it
     try:
         with _writer_errors(out_path, target):
             zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
@@ -76,22 +133,63 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
 
 
 def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> bool:
-    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch).
+    """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch; or an
+    opaque file). Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (theta.views)."""
+    return meta.is_opaque or view_of(meta, fmt, name).format == "torch"
 
-    Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (see theta.views.view_of)."""
-    return view_of(meta, fmt, name).format == "torch"
+
+def copy_opaque(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str) -> None:
+    """Write an opaque file's blob to ``out`` bit for bit, checking its sha256 on the way (BlobCorruptError
+    at the end when it differs: the caller discards the output, as for a bad group)."""
+    import hashlib
+
+    ref = meta.opaque
+    h = hashlib.sha256()
+    with store.mapped(ref, group=None, file=name) as view:
+        for start in range(0, view.nbytes, _COPY_CHUNK):
+            chunk = view[start:start + _COPY_CHUNK]
+            h.update(chunk)
+            out.write(chunk)
+            chunk.release()
+    if h.hexdigest() != ref.oid:
+        raise BlobCorruptError(f"{name}: blob {ref.oid} does not match its sha256 (corrupt object)", file=name,
+                               oid=ref.oid)
+
+
+_COPY_CHUNK = 8 << 20
+
+
+@contextlib.contextmanager
+def atomic_file(path: str):
+    """A file written beside ``path`` and renamed over it only when the block succeeds."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{Path(path).name}.theta-{scratch.owner_tag()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str, fmt: str | None = None,
-                     progress: bool = False, verify: str = "hash") -> None:
+                     progress: bool = False, verify: str = "hash",
+                     max_output: int = bounds.DEFAULT_MAX_OUTPUT) -> None:
     """Write the checkpoint to the stream ``out`` (e.g. git's pipe) while it is rebuilt: no temp file.
 
     Only for formats where :func:`streams` is True. Every group is still checked against its content hash
     (on another thread, while it is written), but bytes of a bad group may already be in ``out`` when the
     error is raised: the caller must discard the output (the filter answers git ``status=error``, and git
-    then drops it). ``name`` names the file in errors and gives the torch record prefix.
+    then drops it). ``name`` names the file in errors and gives the torch record prefix. A file stored as one
+    opaque blob streams too (its sha256 is checked as it goes: a bad blob fails at its end).
     """
+    if meta.is_opaque:
+        check_blobs(meta, store, name)
+        bounds.check_output(meta, name, max_output)
+        copy_opaque(meta, store, out, name)
+        return
     view = view_of(meta, fmt, name)
+    check_rebuildable(meta, name, fmt, max_output)
     check_blobs(meta, store, name)
     target = view.format
     if target != "torch":
@@ -113,7 +211,7 @@ def _writer_errors(name: str, target: str):
         yield
     except ZipsliceError as e:
         raise CheckpointError(f"cannot write {name}: {e}") from e
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise ThetaError(f"cannot write {name} as {target}: {e}") from e
 
 
@@ -126,7 +224,7 @@ class _Job:
         if verify not in VERIFY:
             raise ThetaError(f"unknown verification {verify!r}; expected one of {', '.join(VERIFY)}")
         self.bar = bar = Bar(f"theta smudge {name}", sum(_nbytes(g) for g in meta.groups.values()), progress)
-        self.checker = checker = _HashChecker(name)
+        self.checker = checker = _HashChecker(name, store)
         sources = []
         for tname in meta.order:
             alias = meta.aliases.get(tname)
@@ -154,8 +252,10 @@ class _Job:
         def reader(group_name: str):
             def read():
                 value, fresh = rebuild.get(group_name, before_new=before_new)
-                if fresh and not rebuild.verified(group_name):
-                    checker.submit(meta.groups[group_name], value)  # verified on another thread while written
+                faults.point("smudge:group")
+                if fresh:
+                    if not rebuild.verified(group_name):
+                        checker.submit(meta.groups[group_name], value)  # verified on another thread while written
                     bar.advance(value.nbytes)
                 view = dtypes.le_bytes(value)
                 handed.append(view)
@@ -204,7 +304,7 @@ class _Rebuilder:
 
     def _rebuild(self, group_name: str) -> np.ndarray:
         group = self.meta.groups[group_name]
-        if self.frames_ok and len(group.steps) == 1 and group.steps[0].type == "dense":
+        if self.frames_ok and _single_dense(group) and self.store.bound(group.steps[0].blob.oid, group.hash):
             value = _decode_dense(group, self.store, self.file)
             if value is not None:
                 self._verified.add(group_name)
@@ -239,13 +339,20 @@ class _Rebuilder:
 
 # How smudge verifies each rebuilt group:
 #   "hash"   -- sha256 of the rebuilt value equals the group's content hash (always for chains, low-rank, ...);
-#   "frames" -- a group stored as ONE dense step is trusted when every zstd frame of its blob carries a
-#               content checksum (XXH64, checked by zstd while decoding: every decoded byte is the byte that
-#               was encoded) and the decoded dtype and shape are the group's; the blob's size was checked
-#               against its oid's. Other groups are still hashed. This does not detect a store object
-#               replaced by another valid theta blob of the same size, nor metadata whose hash disagrees with
-#               its own blob; `git theta`'s library calls default to "hash", the git filter to "frames".
+#   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
+#               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
+#               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
+#               by zstd while decoding: every decoded byte is the byte that was encoded) and the decoded dtype
+#               and shape are the group's; the blob's size was checked against its oid's. Other groups are
+#               hashed (and a single dense one that checks out is bound for next time). So metadata whose hash
+#               disagrees with its blob (a forged repository) is always caught at checkout; what is not
+#               detected is a local store object replaced by another valid theta blob of the same size.
+#               `git theta`'s library calls default to "hash", the git filter to "frames".
 VERIFY = ("hash", "frames")
+
+
+def _single_dense(group) -> bool:
+    return len(group.steps) == 1 and group.steps[0].type == "dense"
 
 
 def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
@@ -253,10 +360,14 @@ def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
     from theta.storage import codec
 
     step = group.steps[0]
-    with store.mapped(step.blob, group=group.name, file=file) as blob:
-        if not codec.frames_checksummed(blob):
-            return None
-        parts = codec.decode_parts(blob)  # raises CodecError on a bad checksum or structure
+    try:
+        with store.mapped(step.blob, group=group.name, file=file) as blob:
+            if not codec.frames_checksummed(blob):
+                return None
+            # raises CodecError on a bad checksum or structure; never more than the group's own bytes
+            parts = codec.decode_parts(blob, max_bytes=bounds.group_bytes(group))
+    except IntegrityError as e:
+        raise bounds.located(e, file, group.name, 0, step.blob.oid) from None
     value = parts.get("values")
     want = dtypes.get(group.dtype).to_numpy()
     if set(parts) != {"values"} or value.dtype != want or tuple(value.shape) != tuple(group.shape):
@@ -269,10 +380,14 @@ def _nbytes(group) -> int:
 
 
 class _HashChecker:
-    """Checks rebuilt values against their content hash on a background thread, one value in flight."""
+    """Checks rebuilt values against their content hash on a background thread, one value in flight.
 
-    def __init__(self, file: str):
+    A single dense group that checks out is bound in the store (LfsStore.bind) so that a later checkout in
+    "frames" mode may trust its frame checksums."""
+
+    def __init__(self, file: str, store: LfsStore | None = None):
         self.file = file
+        self.store = store
         self.pending = None
 
     def submit(self, group, value: np.ndarray) -> None:
@@ -285,6 +400,10 @@ class _HashChecker:
         group, fut = self.pending
         self.pending = None
         digest = fut.result()
-        if digest != group.hash and raise_errors:
-            raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob "
-                                   f"{group.steps[-1].blob.oid} does not match its content hash")
+        oid = group.steps[-1].blob.oid
+        if digest == group.hash:
+            if self.store is not None and _single_dense(group):
+                self.store.bind(oid, digest)
+        elif raise_errors:
+            raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob {oid} does not match its "
+                                   f"content hash {group.hash}", file=self.file, group=group.name, oid=oid)

@@ -17,12 +17,27 @@ from .info import TensorInfo, TensorSource
 from .sniff import sniff
 
 __all__ = [
-    "load", "save", "sniff", "LazyCheckpoint", "TensorInfo", "TensorSource", "ZipsliceError",
+    "__version__", "load", "save", "sniff", "LazyCheckpoint", "TensorInfo", "TensorSource", "ZipsliceError",
     "UnsafeCheckpointError", "CorruptCheckpointError", "NotACheckpointError", "UnsupportedCheckpointError",
 ]
 
-def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None) -> LazyCheckpoint:
+def __getattr__(name: str):
+    if name == "__version__":  # read from the package metadata on first use, not at import
+        from .version import package_version
+
+        return package_version()
+    raise AttributeError(f"module 'zipslice' has no attribute {name!r}")
+
+
+def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | None = None, isolate: bool = False,
+         timeout: float | None = None) -> LazyCheckpoint:
     """Open a checkpoint lazily; the format is sniffed from its bytes.
+
+    ``isolate=True``: formats parsed by native code (HDF5, through libhdf5) are parsed in a child process
+    with a time limit (``timeout`` seconds to open, default :data:`zipslice.hdf5_isolated.DEFAULT_TIMEOUT`),
+    so a malformed file that hangs or crashes the library becomes a CorruptCheckpointError instead of taking
+    this process down (:mod:`zipslice.hdf5_isolated`). The other readers are zipslice's own Python code and
+    run in-process either way; a sharded index passes ``isolate`` on to its shards.
 
     ``mmap=True`` (torch formats only): each tensor is a private copy-on-write mapping of just its pages
     instead of a positioned read into fresh memory -- no copy, but the file must not be truncated or
@@ -30,10 +45,24 @@ def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | Non
 
     ``drop_behind``: let each positioned read's pages go from the page cache once copied out. Default
     (None): only for checkpoints too big to stay cached (see :mod:`zipslice.pagecache`).
+
+    A name that is not a file may be opened by a format plugin (e.g. theta's ``REV:PATH`` in a git repository).
     """
+    if not os.path.exists(path) and not mmap:
+        lsd = formats.open_plugin(os.fspath(path))
+        if lsd is not None:
+            if drop_behind is not None:
+                lsd.drop_behind = drop_behind
+            return lsd
     fmt = _sniff_any(path)
     spec = formats.get(fmt)
-    if not mmap:
+    if isolate and fmt == "hdf5":
+        from .hdf5_isolated import IsolatedHDF5Checkpoint
+
+        if mmap:
+            raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
+        lsd = IsolatedHDF5Checkpoint(path, timeout=timeout)
+    elif not mmap:
         lsd = spec.reader_class()(path)
     elif not spec.mmap:
         raise ValueError(f"{os.fspath(path)}: mmap=True is supported for torch checkpoints, not {fmt}")
@@ -41,6 +70,8 @@ def load(path: str | os.PathLike, *, mmap: bool = False, drop_behind: bool | Non
         lsd = spec.reader_class()(path, mmap=True)
     if drop_behind is not None:
         lsd.drop_behind = drop_behind
+    if isolate and fmt == "sharded":
+        lsd.isolate, lsd.isolate_timeout = True, timeout
     return lsd
 
 

@@ -50,6 +50,7 @@ class LazyCheckpoint(Mapping):
     - ``numpy(key)``: a numpy array (``raw=True`` gives the bits in an unsigned carrier type, for dtypes
       numpy lacks such as bfloat16 and float8).
     - ``read_bytes(key)``: contiguous C-order little-endian bytes of the values.
+    - ``get_slice(key)[index]``: part of a tensor, reading only the bytes it needs (see :mod:`zipslice.slicing`).
     - ``extras``: non-tensor leaves (ints, strings, ...) by flattened name.
     - ``structure``: the nested container tree (see :mod:`zipslice.structure`), or None for flat formats.
     - ``metadata``: free-form string metadata of the file (safetensors ``__metadata__``), if any.
@@ -152,6 +153,25 @@ class LazyCheckpoint(Mapping):
     def read_bytes(self, key: str) -> memoryview:
         arr = self.numpy(key, raw=True)
         return memoryview(arr.reshape(-1)).cast("B")
+
+    def get_slice(self, key: str, framework: str = "pt"):
+        """Shape and dtype of ``key`` now; ``[index]`` reads only the part asked for (safetensors' get_slice).
+
+        ``framework="pt"`` returns torch tensors like ``lsd[key]``; ``"np"`` numpy arrays. See
+        :class:`zipslice.slicing.TensorSlice`.
+        """
+        from .slicing import TensorSlice
+
+        return TensorSlice(self, key, framework)
+
+    def _read_selection(self, info: TensorInfo, sel) -> np.ndarray:
+        """Carrier values of a :class:`zipslice.slicing.Selection` of ``info``. Addressable tensors read only
+        the runs the selection touches; formats with other layouts override this (or read whole, here)."""
+        from .slicing import read_selection
+
+        if info.offset is not None:
+            return read_selection(self._fd(info.file), info, sel, on_read=self._read_done)
+        return np.ascontiguousarray(restride(self._read_span(info), info)[sel.numpy_index()]).reshape(sel.shape)
 
     def tensor(self, key: str):
         """A torch tensor with the stored dtype, shape and strides. Formats with tied storages override."""

@@ -1,85 +1,148 @@
-"""The ``zipslice`` command: ls, show, convert, diff.
+"""The ``zipslice`` command: ls, show, info, convert, diff, completion.
 
-Errors (zipslice's own, a missing file, a missing key, a bad option value) print one line on stderr and
-exit with status 2; ``diff`` exits 1 when the checkpoints differ (like diff(1)), 0 when they do not.
-Progress bars appear on stderr only when stderr is a terminal.
+Style (shared with ``git theta``, see :mod:`zipslice.clistyle`): ``-h`` everywhere, ``--version``, ``--json``
+on every listing, ``-q`` for scripts; names are printed whole, last on their line, in natural order where
+sorted. Errors (zipslice's own, a missing file or tensor, a bad option) print one line on stderr and exit
+with status 2; ``diff`` exits 1 when the checkpoints differ (like diff(1)), 0 when they do not. Progress
+bars appear on stderr only when stderr is a terminal.
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import numpy as np
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from . import dtypes
-from .progress import Bar, human_bytes as human
+from . import clistyle, dtypes
+from .clistyle import JSON_OPTION, QUIET_OPTION, columns, emit_json, natural_key, note, one_of, set_quiet
 from .errors import ZipsliceError
+from .progress import Bar, human_bytes as human
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="Inspect, compare and convert checkpoints (torch zip, safetensors, HDF5) without loading "
-                       "them whole.")
 EXIT_ERROR = 2
+WRITE_FORMATS = ("torch", "safetensors", "hdf5", "sharded")
+CAST_DTYPES = ("bfloat16", "float16", "float32")
+SORT_ORDERS = ("file", "name", "size")
 
 
-class Format(str, Enum):
-    torch = "torch"
-    safetensors = "safetensors"
-    hdf5 = "hdf5"
+def _version() -> str:
+    from .version import package_version
+
+    return package_version()
 
 
-class CastDType(str, Enum):
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
-
-
-def _out() -> Console:
-    # a pipe or file gets wide rows (a table is only as wide as its content) rather than folded names
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+app = clistyle.make_app(
+    "zipslice", "Inspect, compare, slice and convert checkpoints (torch zip, safetensors, HDF5, sharded) "
+                "without loading them whole.", version=_version)
 
 
 def _shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _heading(line: str) -> None:
+    """A table's header line: bold on a terminal, and left out with -q (scripts want the rows only)."""
+    if not clistyle.is_quiet():
+        clistyle.out_console().print(line, style="bold", markup=False)
+
+
+def _line(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+PATH_ARG = typer.Argument(..., metavar="PATH", help="A checkpoint: .pt/.bin, .safetensors, .h5, or a *.index.json.")
+
+
 # -- ls --------------------------------------------------------------------------------------------
 
 @app.command("ls")
-def ls_cmd(path: Path = typer.Argument(..., help="checkpoint file"),
-           as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """List tensors: name, dtype, shape, size, file offset (reads only the index)."""
+def ls_cmd(path: Path = PATH_ARG,
+           sort: str = typer.Option("file", "--sort", metavar="ORDER",
+                                    help="Row order: file (as stored), name (natural: layer.2 before layer.10) "
+                                         "or size (largest first).", **one_of(SORT_ORDERS, "sort order")),
+           as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
+    """List tensors: dtype, shape, size, file offset and name. Reads only the index.
+
+    The name comes last on each line and is never cut, so it can be copied into `zipslice show`.
+    """
     import zipslice
 
+    set_quiet(quiet)
     with zipslice.load(path) as lsd:
         infos = lsd.infos()
         views = {(i.file, i.storage, i.storage_offset, i.shape, i.stride): i.nbytes for i in infos}
         total, tied = sum(views.values()), len(infos) - len(views)  # tied weights counted once
+        if sort == "name":
+            infos.sort(key=lambda i: natural_key(i.name))
+        elif sort == "size":
+            infos.sort(key=lambda i: (-i.nbytes, natural_key(i.name)))
         if as_json:
             rows = [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "stride": list(i.stride),
-                     "nbytes": i.nbytes, "offset": i.offset, "storage": i.storage,
+                     "nbytes": i.nbytes, "offset": i.offset, "file": i.file, "storage": i.storage,
                      "is_parameter": i.is_parameter, "requires_grad": i.requires_grad} for i in infos]
-            print(json.dumps({"path": lsd.path, "format": lsd.format, "tensors": rows,
-                              "total": {"tensors": len(infos), "nbytes": total, "tied": tied,
-                                        "params": sum(i.numel for i in infos)}}, indent=1))
+            emit_json({"path": lsd.path, "format": lsd.format, "tensors": rows,
+                       "total": {"tensors": len(infos), "nbytes": total, "tied": tied,
+                                 "params": sum(i.numel for i in infos)}})
             return
-        table = Table(title=f"{lsd.path} ({lsd.format})", show_footer=True)
-        table.add_column("name", footer=f"{len(infos)} tensors" + (f" ({tied} tied)" if tied else ""),
-                         overflow="fold")
-        table.add_column("dtype")
-        table.add_column("shape", footer=f"{sum(i.numel for i in infos):,} elements")
-        table.add_column("size", justify="right", footer=human(total))
-        table.add_column("offset", justify="right")
+        table = [["dtype", "shape", "size", "offset", "name"]]
+        table += [[i.dtype, _shape(i.shape), human(i.nbytes), "-" if i.offset is None else str(i.offset),
+                   clistyle.printable(i.name)] for i in infos]
+        lines = columns(table, right=(2, 3))
+        _heading(lines[0])
+        for line in lines[1:]:
+            _line(line)
+        if not clistyle.is_quiet():
+            _line(f"{len(infos)} tensors" + (f" ({tied} tied)" if tied else "") +
+                  f", {sum(i.numel for i in infos):,} elements, {human(total)} ({lsd.format}: {lsd.path})")
+
+
+# -- info ------------------------------------------------------------------------------------------
+
+@app.command("info")
+def info_cmd(path: Path = PATH_ARG, as_json: bool = JSON_OPTION) -> None:
+    """Summary of a checkpoint: format, files, tensor count and size by dtype, metadata, non-tensor values."""
+    import zipslice
+
+    with zipslice.load(path) as lsd:
+        infos = lsd.infos()
+        by_dtype: dict[str, list[int]] = {}
         for i in infos:
-            table.add_row(i.name, i.dtype, _shape(i.shape), human(i.nbytes), "-" if i.offset is None else str(i.offset))
-        _out().print(table)
+            n = by_dtype.setdefault(i.dtype, [0, 0, 0])
+            n[0] += 1
+            n[1] += i.numel
+            n[2] += i.nbytes
+        files = sorted({i.file for i in infos}, key=natural_key) or [lsd.path]
+        extras = {k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+                  for k, v in lsd.extras.items()}
+        data = {"path": lsd.path, "format": lsd.format, "files": files,
+                "bytes_on_disk": sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
+                "tensors": len(infos), "elements": sum(i.numel for i in infos),
+                "nbytes": sum(i.nbytes for i in infos),
+                "dtypes": {d: {"tensors": n[0], "elements": n[1], "nbytes": n[2]}
+                           for d, n in sorted(by_dtype.items(), key=lambda kv: -kv[1][2])},
+                "metadata": dict(lsd.metadata or {}), "values": extras,
+                "nested": lsd.structure is not None}
+        if as_json:
+            emit_json(data)
+            return
+    rows = [["format", data["format"]], ["files", str(len(files))],
+            ["on disk", human(data["bytes_on_disk"])], ["tensors", f"{data['tensors']:,}"],
+            ["elements", f"{data['elements']:,}"], ["tensor bytes", human(data["nbytes"])]]
+    rows += [[f"  {d}", f"{v['tensors']} tensors, {v['elements']:,} elements, {human(v['nbytes'])}"]
+             for d, v in data["dtypes"].items()]
+    rows += [[f"metadata {clistyle.printable(k)}", _clip(v)] for k, v in data["metadata"].items()]
+    rows += [[f"value {clistyle.printable(k)}", _clip(repr(v))] for k, v in data["values"].items()]
+    _heading(data["path"])
+    for line in columns(rows):
+        _line(line)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    text = clistyle.printable(str(text))
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters; --json has all)"
 
 
 # -- show ------------------------------------------------------------------------------------------
@@ -131,99 +194,219 @@ class RunningStats:
                 "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf}
 
 
+def _stat_values(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Carrier values as numbers statistics can use (|z| for complex, float32 for ml_dtypes floats)."""
+    from .diff import as_values
+
+    dt = dtypes.get(dtype)
+    v = as_values(raw, dtype)
+    if dt.kind == "complex":
+        return np.abs(v.astype(np.complex128))
+    if dt.kind == "float" and v.dtype.kind != "f":
+        return v.astype(np.float32)  # ml_dtypes floats (bfloat16, float8): widen, exactly, to a numpy float
+    if dt.kind == "bool":
+        return v.view(np.uint8)
+    return v
+
+
 def tensor_stats(lsd, key: str) -> tuple[dict, str]:
     """Streamed statistics of one tensor and what they describe ("values" or "|z|" for complex)."""
-    from .diff import as_values, iter_chunks
+    from .diff import iter_chunks
 
     info = lsd.info(key)
-    dt = dtypes.get(info.dtype)
     stats = RunningStats()
     for raw in iter_chunks(lsd, key):
-        v = as_values(raw, info.dtype)
-        if dt.kind == "complex":
-            v = np.abs(v.astype(np.complex128))
-        elif dt.kind == "float" and v.dtype.kind != "f":
-            v = v.astype(np.float32)  # ml_dtypes floats (bfloat16, float8): widen, exactly, to a numpy float
-        elif dt.kind == "bool":
-            v = v.view(np.uint8)
-        stats.add(v)
-    return stats.as_dict(), "|z|" if dt.kind == "complex" else "values"
+        stats.add(_stat_values(raw, info.dtype))
+    return stats.as_dict(), "|z|" if dtypes.get(info.dtype).kind == "complex" else "values"
 
 
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.6g}"
     return str(v)
 
 
-@app.command("show")
-def show_cmd(path: Path = typer.Argument(..., help="checkpoint file"),
-             key: str = typer.Argument(..., help="tensor name (as listed by `zipslice ls`)"),
-             as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """Metadata of one tensor and statistics of its values, streamed in chunks."""
-    import zipslice
+def _values_as_json(arr: np.ndarray, dtype: str) -> Any:
+    dt = dtypes.get(dtype)
+    if dt.kind == "complex":
+        c = arr.astype(np.complex128)
+        return np.stack([c.real, c.imag], axis=-1).tolist()
+    if dt.kind == "float":
+        return arr.astype(np.float64).tolist()  # exact for every float dtype up to float64
+    return arr.tolist()
 
+
+@app.command("show")
+def show_cmd(path: Path = PATH_ARG,
+             key: str = typer.Argument(..., metavar="NAME", help="Tensor name, as `zipslice ls` prints it."),
+             rows: Optional[str] = typer.Option(None, "--rows", metavar="A:B",
+                                                help="Print the values of rows A to B-1 (first dimension)."),
+             index: Optional[str] = typer.Option(None, "--slice", metavar="INDEX",
+                                                 help="Print the values of a slice, numpy style: '0:10, ::2' or "
+                                                      "'..., 3'. Reads only the bytes the slice needs."),
+             as_json: bool = JSON_OPTION) -> None:
+    """Metadata of one tensor and statistics of its values (streamed), or the values of a slice of it.
+
+    Statistics are streamed in chunks of 2^20 elements: min, max, mean and std over the finite values (std with
+    correction 1, like torch.std), and the NaN / +Inf / -Inf counts; integer min and max are exact; complex
+    tensors report |z|. With --rows or --slice, only the slice is read (see the guide, "Reading part of a
+    tensor"), its values are printed after the table and the statistics describe the slice.
+    """
+    import zipslice
+    from .slicing import parse_index
+
+    if rows is not None and index is not None:
+        raise typer.BadParameter("give --rows or --slice, not both", param_hint="'--rows' / '--slice'")
+    spec = None
+    if rows is not None or index is not None:
+        text = rows if rows is not None else index
+        try:
+            spec = parse_index(text)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--rows'" if rows is not None else "'--slice'") from None
+        if rows is not None and (len(spec) != 1 or not isinstance(spec[0], slice)):
+            raise typer.BadParameter(f"{rows!r} is not a row range; write A:B", param_hint="'--rows'")
     with zipslice.load(path) as lsd:
         info = lsd.info(key)
-        stats, over = tensor_stats(lsd, key)
         meta = {"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "stride": list(info.stride),
                 "storage_offset": info.storage_offset, "offset": info.offset, "nbytes": info.nbytes,
-                "storage": info.storage, "is_parameter": info.is_parameter, "requires_grad": info.requires_grad}
-        if as_json:
-            clean = {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
-            print(json.dumps({**meta, "stats_of": over, "stats": clean}, indent=1))
-            return
-        table = Table(show_header=False, title=f"{lsd.path} [{key}]")
-        table.add_column("field", style="bold")
-        table.add_column("value", overflow="fold")
-        for k, v in meta.items():
-            table.add_row(k, _shape(v) if isinstance(v, list) else ("-" if v is None else str(v)))
-        for k in ("min", "max", "mean", "std"):
-            table.add_row(f"{k} of {over}" if over != "values" else k, "-" if stats[k] is None else _fmt(stats[k]))
-        table.add_row("NaN / +Inf / -Inf", f"{stats['nan']} / {stats['posinf']} / {stats['neginf']}")
-        _out().print(table)
+                "file": info.file, "storage": info.storage, "is_parameter": info.is_parameter,
+                "requires_grad": info.requires_grad}
+        values = None
+        if spec is not None:
+            try:
+                raw = lsd.get_slice(key).raw(spec)
+            except IndexError as e:
+                raise typer.BadParameter(f"{e}", param_hint="'--rows'" if rows is not None else "'--slice'") from None
+            values = raw
+            stats = RunningStats()
+            if raw.size:
+                stats.add(_stat_values(raw.reshape(-1), info.dtype))
+            stats_d, over = stats.as_dict(), "|z|" if dtypes.get(info.dtype).kind == "complex" else "values"
+        else:
+            stats_d, over = tensor_stats(lsd, key)
+    if as_json:
+        doc = {**meta, "stats_of": over, "stats": stats_d}
+        if values is not None:
+            doc["slice"] = rows if rows is not None else index
+            doc["slice_shape"] = list(values.shape)
+            doc["values"] = _values_as_json(values.view(dtypes.get(info.dtype).to_numpy())
+                                            if dtypes.get(info.dtype).numpy else values, info.dtype)
+        emit_json(doc)
+        return
+    table = [[k, _shape(v) if isinstance(v, list) else _fmt(v)] for k, v in meta.items() if k != "name"]
+    label = (lambda k: k) if over == "values" else (lambda k: f"{k} of {over}")
+    if values is not None:
+        table.append(["slice", f"{rows if rows is not None else index} -> {_shape(values.shape)}"])
+        label = (lambda k: f"{k} of slice") if over == "values" else (lambda k: f"{k} of slice |z|")
+    table += [[label(k), _fmt(stats_d[k])] for k in ("min", "max", "mean", "std")]
+    table.append(["NaN / +Inf / -Inf", f"{stats_d['nan']} / {stats_d['posinf']} / {stats_d['neginf']}"])
+    _heading(clistyle.printable(info.name))
+    for line in columns(table):
+        _line(line)
+    if values is not None:
+        dt = dtypes.get(info.dtype)
+        shown = values.view(dt.to_numpy()) if dt.numpy else values
+        width = os.get_terminal_size().columns if sys.stdout.isatty() else 120
+        _line(np.array2string(shown, max_line_width=width, threshold=1000, edgeitems=4))
 
 
 # -- convert ---------------------------------------------------------------------------------------
 
+def _parse_size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    t = text.strip().upper().replace(" ", "")
+    num = t.rstrip("KMGTIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or not value > 0:
+        raise typer.BadParameter(f"{text!r} is not a size; write e.g. 5GB, 500MiB or 1000000",
+                                 param_hint="'--shard-size'")
+    return int(value * units[unit])
+
+
 @app.command("convert")
-def convert_cmd(src: Path = typer.Argument(..., help="checkpoint to read (any supported format)"),
-                dst: Path = typer.Argument(..., help="file to write (replaced atomically)"),
-                to: Optional[Format] = typer.Option(None, "--to", help="output format (default: from DST's extension)"),
-                dtype: Optional[CastDType] = typer.Option(None, "--dtype", help="cast floating tensors to this dtype"),
+def convert_cmd(src: Path = typer.Argument(..., metavar="SRC", help="Checkpoint to read (any supported format)."),
+                dst: Path = typer.Argument(..., metavar="DST",
+                                           help="File to write, replaced atomically; a sharded checkpoint is "
+                                                "written through its index, e.g. model.safetensors.index.json."),
+                to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
+                                                 help="Output format: torch, safetensors, hdf5 or sharded "
+                                                      "(default: from DST's name).", **one_of(WRITE_FORMATS, "format")),
+                dtype: Optional[str] = typer.Option(None, "--dtype", metavar="DTYPE",
+                                                    help="Cast floating tensors to bfloat16, float16 or float32.",
+                                                    **one_of(CAST_DTYPES, "dtype to cast to")),
+                shard_size: Optional[str] = typer.Option(None, "--shard-size", metavar="SIZE",
+                                                         help="Largest shard of a sharded output (default 5GB)."),
                 no_layout: bool = typer.Option(False, "--no-layout",
-                                               help="write a flat dict; drop nesting, ties and non-tensor values")) -> None:
-    """Convert one tensor at a time; nesting, ties and non-tensor values survive (see docs)."""
+                                               help="Write a flat dict: drop nesting, ties and non-tensor values."),
+                quiet: bool = QUIET_OPTION) -> None:
+    """Convert a checkpoint one tensor at a time; nesting, ties and non-tensor values survive (see the docs).
+
+    DST is written beside its final name and renamed over it once complete. Casting rounds to nearest even,
+    like torch. A flat format gets a zipslice.layout metadata entry only when the torch file holds more than
+    a plain dict of tensors (see the formats reference).
+    """
+    import zipslice
     from .convert import convert
 
-    with Bar(f"{src.name} → {dst.name}") as bar:
+    set_quiet(quiet)
+    fmt = to
+    if fmt is None:
+        try:
+            fmt = zipslice.format_for_path(dst)
+        except ValueError:
+            raise typer.BadParameter(f"cannot tell the output format from the name {str(dst)!r}; "
+                                     f"pass --to {'|'.join(WRITE_FORMATS)}", param_hint="'DST'") from None
+    max_shard = _parse_size(shard_size)
+    if max_shard is not None and fmt != "sharded":
+        raise typer.BadParameter("only for a sharded output (DST named *.index.json, or --to sharded)",
+                                 param_hint="'--shard-size'")
+    if fmt == "sharded" and not str(dst).endswith(".index.json"):
+        raise typer.BadParameter(f"a sharded checkpoint is written through its index: name DST like "
+                                 f"model.safetensors.index.json, not {str(dst)!r}", param_hint="'DST'")
+    with Bar(f"{src.name} → {dst.name}", enabled=not clistyle.is_quiet()) as bar:
         progress = bar.advance if bar.active else None
-        r = convert(src, dst, to=to.value if to else None, dtype=dtype.value if dtype else None,
-                    progress=progress, keep_layout=not no_layout)
-    cast = f", {r.cast} cast to {dtype.value}" if dtype else ""
-    print(f"wrote {r.dst} ({r.format}, {r.tensors} tensors, {human(r.nbytes)}{cast})")
+        r = convert(src, dst, to=fmt, dtype=dtype, progress=progress, keep_layout=not no_layout,
+                    max_shard_bytes=max_shard)
+    cast = f", {r.cast} cast to {dtype}" if dtype else ""
+    note(f"wrote {r.dst} ({r.format}, {r.tensors} tensors, {human(r.nbytes)}{cast})")
 
 
 # -- diff ------------------------------------------------------------------------------------------
 
 @app.command("diff")
-def diff_cmd(a: Path = typer.Argument(..., help="first checkpoint"),
-             b: Path = typer.Argument(..., help="second checkpoint (any format)"),
-             as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
-             show_all: bool = typer.Option(False, "--all", help="list unchanged tensors too")) -> None:
-    """Per tensor: added / removed / changed (dtype, shape, elements changed, max abs diff). Exit 1 if they differ."""
+def diff_cmd(a: Path = typer.Argument(..., metavar="A", help="First checkpoint."),
+             b: Path = typer.Argument(..., metavar="B", help="Second checkpoint (any format)."),
+             show_all: bool = typer.Option(False, "--all", help="List unchanged tensors too."),
+             as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
+    """Per tensor, in natural name order: added, removed or changed (dtype, shape, elements changed, max |a-b|).
+
+    The two files may be of any formats; values are compared in chunks, so a huge tensor is never in memory
+    twice. A dtype change counts as changed even when every value converts exactly. Non-tensor values
+    (epoch counters, ...) are compared too. Exit status 0 when the checkpoints hold the same values, 1 when
+    they differ.
+    """
     from .diff import diff
 
-    with Bar(f"{a.name} ↔ {b.name}") as bar:
+    set_quiet(quiet)
+    with Bar(f"{a.name} ↔ {b.name}", enabled=not clistyle.is_quiet()) as bar:
         progress = bar.advance if bar.active else None
         report = diff(a, b, progress=progress)
+    report.tensors.sort(key=lambda t: natural_key(t.name))
+    report.extras.sort(key=lambda e: natural_key(e.name))
     if as_json:
-        print(json.dumps(report.to_json(), indent=1))
+        emit_json(report.to_json())
     else:
-        table = Table(title=f"{report.a} → {report.b}")
-        for col in ("status", "name", "dtype", "shape", "changed", "max |a-b|"):
-            numeric = col in ("changed", "max |a-b|")
-            table.add_column(col, overflow="fold", justify="right" if numeric else "left", no_wrap=numeric)
+        table = [["status", "dtype", "shape", "changed", "max |a-b|", "name"]]
         for t in report.tensors:
             if t.status == "same" and not show_all:
                 continue
@@ -232,54 +415,39 @@ def diff_cmd(a: Path = typer.Argument(..., help="first checkpoint"),
             dtype_txt = da or db if da == db or None in (da, db) else f"{da} → {db}"
             shape_txt = sa or sb if sa == sb or None in (sa, sb) else f"{sa} → {sb}"
             changed = "-" if t.n_changed is None else f"{t.n_changed:,}/{t.numel:,}"
-            mad = "-" if t.max_abs_diff is None else _fmt(t.max_abs_diff)
-            table.add_row(t.status, t.name, dtype_txt, shape_txt, changed, mad)
+            table.append([t.status, dtype_txt, shape_txt, changed, _fmt(t.max_abs_diff), clistyle.printable(t.name)])
         for e in report.extras:
             if e.status != "same" or show_all:
-                table.add_row(e.status, e.name, "(value)", "", "", f"{e.a!r} → {e.b!r}" if e.status == "changed" else "")
-        console = _out()
-        if table.rows:
-            console.print(table)
+                change = f"{e.a!r} → {e.b!r}" if e.status == "changed" else ""
+                table.append([e.status, "(value)", "", "", clistyle.printable(change), clistyle.printable(e.name)])
+        lines = columns(table, right=(3, 4))
+        if len(lines) > 1:
+            _heading(lines[0])
+            for line in lines[1:]:
+                _line(line)
         c = report.counts()
-        console.print(f"{c['changed']} changed, {c['added']} added, {c['removed']} removed, {c['same']} same; "
-                      f"{sum(e.status != 'same' for e in report.extras)} non-tensor value(s) differ")
+        if not clistyle.is_quiet():
+            _line(f"{c['changed']} changed, {c['added']} added, {c['removed']} removed, {c['same']} same; "
+                  f"{sum(e.status != 'same' for e in report.extras)} non-tensor value(s) differ")
     if not report.identical:
         raise typer.Exit(1)
 
 
+# -- completion ------------------------------------------------------------------------------------
+
+@app.command("completion")
+def completion_cmd(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish.",
+                                               **one_of(clistyle.SHELLS, "shell"))) -> None:
+    """Print the shell completion script; e.g. `zipslice completion bash >> ~/.bashrc` (see the docs)."""
+    sys.stdout.write(clistyle.completion_script("zipslice", shell))
+
+
 # -- entry point -----------------------------------------------------------------------------------
 
-def _one_line(e: BaseException) -> str:
-    if isinstance(e, KeyError) and e.args:
-        return str(e.args[0])
-    if isinstance(e, OSError) and e.filename is not None:
-        return f"{e.filename}: {e.strerror or e}"
-    return str(e) or type(e).__name__
-
-
-# typer >= 0.2x vendors its own click; catch both its classes and click's
-_ABORTS = tuple({click.exceptions.Abort, getattr(typer, "Abort", click.exceptions.Abort)})
-_EXITS = tuple({click.exceptions.Exit, getattr(typer, "Exit", click.exceptions.Exit)})
-_USAGE_ERRORS = tuple({click.ClickException, getattr(typer, "TyperException", click.ClickException)})
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the app and turn expected failures into one line on stderr."""
-    command = typer.main.get_command(app)
-    try:
-        rv = command.main(args=argv, prog_name="zipslice", standalone_mode=False)
-    except _ABORTS:
-        print("zipslice: aborted", file=sys.stderr)
-        sys.exit(130)
-    except _EXITS as e:
-        sys.exit(e.exit_code)
-    except _USAGE_ERRORS as e:  # bad arguments: click's usage message and status 2
-        e.show()
-        sys.exit(getattr(e, "exit_code", EXIT_ERROR))
-    except (ZipsliceError, OSError, KeyError, ValueError) as e:
-        print(f"zipslice: error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    """Console entry point: run the app; expected failures become one line on stderr (status 2)."""
+    sys.exit(clistyle.run(app, "zipslice", argv, user_errors=(ZipsliceError, OSError, KeyError, ValueError),
+                          error_status=EXIT_ERROR))
 
 
 if __name__ == "__main__":

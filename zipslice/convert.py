@@ -4,12 +4,19 @@ Peak memory is about the largest tensor twice (its bytes as read, and the cast r
 given) plus the interpreter: nothing else of the checkpoint is held.
 
 Flat formats (safetensors, HDF5) cannot hold what a torch file has beyond named tensors. ``convert``
-keeps it in the file's string metadata under one key, :data:`LAYOUT_KEY`, a JSON object::
+keeps it in the file's string metadata under one key, :data:`LAYOUT_KEY`, a compact JSON object, and only
+when it is needed::
 
-    {"version": 1,
-     "structure": <zipslice.structure tree>,   # containers, order, non-tensor leaves
+    {"version": 2,
+     "structure": <zipslice.structure tree>,   # containers, order, non-tensor leaves; a tensor leaf named
+                                               # by its own path is written null ({"tensor": "a/b"} at a/b)
      "ties": [["embed.weight", "lm_head.weight"], ...],   # names that shared one storage
-     "parameters": [...], "requires_grad": [...]}          # nn.Parameter-ness and requires_grad
+     "parameters": [...] | true, "requires_grad": [...] | true}   # nn.Parameter-ness; true = every tensor
+
+Keys with nothing to say are left out, and the whole entry is left out when the flat file alone rebuilds
+the same object: a plain ``dict`` of tensors, keyed by their names, in the order the flat format reads
+back (so safetensors -> torch -> safetensors gives the same header). Version 1 (every tensor leaf spelled
+out, every key present) is still read.
 
 Tied tensors are written once per name in flat formats (every name is a full tensor, which is what
 safetensors' own loaders expect). Converting back to torch restores the structure and re-ties a group
@@ -32,7 +39,7 @@ from .info import TensorInfo, TensorSource
 
 LAYOUT_KEY = "zipslice.layout"
 CAST_TARGETS = ("bfloat16", "float16", "float32")
-FORMATS = ("torch", "safetensors", "hdf5")
+FORMATS = ("torch", "safetensors", "hdf5", "sharded")
 _CAST_CHUNK = 1 << 22  # elements converted at a time: bounds the float32 intermediate to 16 MiB
 
 
@@ -45,21 +52,99 @@ class Layout:
     parameters: list[str] = field(default_factory=list)
     requires_grad: list[str] = field(default_factory=list)
 
-    def to_json(self) -> str:
-        return json.dumps({"version": 1, "structure": self.structure, "ties": self.ties,
-                           "parameters": self.parameters, "requires_grad": self.requires_grad},
-                          separators=(",", ":"), ensure_ascii=False)
+    @property
+    def needed(self) -> bool:
+        return bool(self.structure is not None or self.ties or self.parameters or self.requires_grad)
+
+    def to_json(self, names: Sequence[str] = ()) -> str:
+        """The compact (version 2) form; ``names``: every tensor name (lets "all of them" be written true)."""
+        doc: dict = {"version": 2}
+        if self.structure is not None:
+            doc["structure"] = _compact(self.structure, "")
+        if self.ties:
+            doc["ties"] = self.ties
+        for key in ("parameters", "requires_grad"):
+            listed = getattr(self, key)
+            if listed:
+                doc[key] = True if names and list(listed) == list(names) else listed
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str, path: str) -> "Layout":
+    def from_json(cls, text: str, path: str, names: Sequence[str] = ()) -> "Layout":
         try:
             raw = json.loads(text)
-            if raw.get("version") != 1:
-                raise ValueError(f"version {raw.get('version')!r}")
-            return cls(structure=raw.get("structure"), ties=[list(g) for g in raw.get("ties", [])],
-                       parameters=list(raw.get("parameters", [])), requires_grad=list(raw.get("requires_grad", [])))
+            version = raw.get("version")
+            if version not in (1, 2):
+                raise ValueError(f"version {version!r}")
+            structure = raw.get("structure")
+            if version == 2 and structure is not None:
+                structure = _expand(structure, "")
+
+            def listed(key: str) -> list[str]:
+                v = raw.get(key, [])
+                return list(names) if v is True else list(v)
+            return cls(structure=structure, ties=[list(g) for g in raw.get("ties", [])],
+                       parameters=listed("parameters"), requires_grad=listed("requires_grad"))
         except (ValueError, TypeError, AttributeError) as e:
             raise ZipsliceError(path, f"metadata {LAYOUT_KEY!r} is not a layout zipslice can read ({e})") from None
+
+
+def _compact(node: dict, path: str):
+    """A structure tree with each tensor leaf that is named by its own path replaced by null."""
+    if "tensor" in node:
+        return None if node["tensor"] == path else node
+    for kind in ("dict", "odict"):
+        if kind in node:
+            out = {kind: [[k, _compact(child, st.join(path, k))] for k, child in node[kind]]}
+            if "metadata" in node:
+                out["metadata"] = node["metadata"]
+            return out
+    for kind in ("list", "tuple"):
+        if kind in node:
+            return {kind: [_compact(child, st.join(path, i)) for i, child in enumerate(node[kind])]}
+    return node
+
+
+def _expand(node, path: str) -> dict:
+    """The inverse of :func:`_compact`."""
+    if node is None:
+        return {"tensor": path}
+    if not isinstance(node, dict):
+        raise ValueError(f"structure node at {path!r} is {type(node).__name__}, not an object")
+    for kind in ("dict", "odict"):
+        if kind in node:
+            out = {kind: [[k, _expand(child, st.join(path, k))] for k, child in node[kind]]}
+            if "metadata" in node:
+                out["metadata"] = node["metadata"]
+            return out
+    for kind in ("list", "tuple"):
+        if kind in node:
+            return {kind: [_expand(child, st.join(path, i)) for i, child in enumerate(node[kind])]}
+    return node
+
+
+def readback_order(fmt: str, sources: Sequence[TensorSource]) -> list[str] | None:
+    """The order in which a flat format gives the names of ``sources`` back when read, or None if unknown."""
+    names = [s.name for s in sources]
+    if fmt == "safetensors":
+        from .safetensors_format import library_order
+
+        return [s.name for s in library_order(sources)]
+    if fmt == "sharded":
+        return sorted(names)  # zipslice.sharded.write sorts the weight_map
+    if fmt == "hdf5":
+        return names if not any("/" in n for n in names) else None  # "/" makes groups, read group by group
+    return None
+
+
+def is_plain_dict(structure: dict | None, order: Sequence[str] | None) -> bool:
+    """Whether ``structure`` is a plain dict of tensors keyed by their own names, in ``order``."""
+    if structure is None:
+        return True
+    if order is None or set(structure) != {"dict"}:
+        return False
+    items = structure["dict"]
+    return [k for k, _ in items] == list(order) and all(child == {"tensor": k} for k, child in items)
 
 
 @dataclass
@@ -211,7 +296,8 @@ def plan_write(lsd, fmt: str, dtype: str | None = None, keep_layout: bool = True
     stored = metadata.pop(LAYOUT_KEY, None)
     structure = lsd.structure
     if keep_layout and stored is not None and structure is None:
-        sources, structure = apply_layout(sources, Layout.from_json(stored, lsd.path), lsd.path)
+        layout = Layout.from_json(stored, lsd.path, [s.name for s in sources])
+        sources, structure = apply_layout(sources, layout, lsd.path)
     if not keep_layout:
         structure = None
     n_cast = 0
@@ -221,8 +307,10 @@ def plan_write(lsd, fmt: str, dtype: str | None = None, keep_layout: bool = True
         sources = casted
     if fmt != "torch" and keep_layout:
         layout = layout_of(sources, structure)
-        if layout.structure is not None or layout.ties or layout.parameters or layout.requires_grad:
-            metadata[LAYOUT_KEY] = layout.to_json()
+        if layout.structure is not None and is_plain_dict(layout.structure, readback_order(fmt, sources)):
+            layout.structure = None  # the flat file alone rebuilds the same dict: nothing to keep
+        if layout.needed:
+            metadata[LAYOUT_KEY] = layout.to_json([s.name for s in sources])
     return WritePlan(sources=sources, structure=structure if fmt == "torch" else None, metadata=metadata,
                      cast=n_cast)
 
@@ -249,11 +337,14 @@ def bytes_to_write(sources: Sequence[TensorSource], shares_storage: bool) -> int
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = None, dtype: str | None = None,
-            progress: Callable[[int, int], None] | None = None, *, keep_layout: bool = True) -> ConvertResult:
+            progress: Callable[[int, int], None] | None = None, *, keep_layout: bool = True,
+            max_shard_bytes: int | None = None) -> ConvertResult:
     """Convert ``src`` (any format zipslice reads) to ``dst`` in format ``to`` (default: from dst's name).
 
     ``dtype`` (bfloat16, float16, float32) casts real floating tensors; others are copied bit for bit.
     ``progress(nbytes, total)`` is called after each tensor is read. Returns what was written.
+    ``to="sharded"`` (or ``dst`` named ``*.index.json``) writes shards of at most ``max_shard_bytes``
+    (default: :data:`zipslice.sharded.DEFAULT_MAX_SHARD_BYTES`) in the format named before ``.index.json``.
     """
     import zipslice
 
@@ -271,7 +362,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
         if progress is not None:
             total = bytes_to_write(plan.sources, shares_storage=fmt == "torch")
             written = [_reporting(s, progress, total) for s in plan.sources]
-        options = {"structure": plan.structure} if fmt == "torch" else {}
+        options: dict = {"structure": plan.structure} if fmt == "torch" else {}
+        if fmt == "sharded" and max_shard_bytes is not None:
+            options["max_shard_bytes"] = max_shard_bytes
         writer = formats.get(fmt).writer_function()
         writer(dst, written, metadata=plan.metadata or None, **options)
     sources, n_cast = plan.sources, plan.cast

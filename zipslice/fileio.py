@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -64,7 +65,13 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
     """Yield the path of a temp file beside ``dest`` for a writer that opens files by name (h5py);
     on success fsync it and rename it over ``dest``. On any exception ``dest`` is untouched."""
     dest = Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
+    except OSError as e:  # name the file the caller asked for, not the temp file (no such directory, ...)
+        if not dest.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, f"cannot write it: no directory {str(dest.parent)!r}",
+                                    str(dest)) from None
+        raise type(e)(e.errno, e.strerror, str(dest)) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a published file gets the usual mode
         os.close(fd)

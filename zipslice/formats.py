@@ -2,10 +2,12 @@
 
 The built-ins register through the same entry points (pyproject.toml) that a third-party format would use.
 A plugin format that zipslice's own sniffing does not know gives a ``detect(head: bytes) -> bool`` function.
+A plugin may also open names that are not files (``opens``), e.g. theta's ``REV:PATH`` inside a git repository.
 """
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -25,6 +27,7 @@ class FormatSpec:
     extensions: tuple[str, ...] = ()  # output names that choose this format in zipslice.save
     detect: str | None = None         # "module:function" for formats zipslice's sniffing does not know
     mmap: bool = False                # the reader accepts mmap=True
+    opens: str | None = None          # "module:function": name -> LazyCheckpoint | None, for names that are no file
 
     def reader_class(self):
         return _resolve(self.reader)
@@ -47,7 +50,12 @@ SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.
 def registry() -> dict[str, FormatSpec]:
     found: dict[str, FormatSpec] = {}
     for ep in entry_points(group="zipslice.formats"):
-        spec = ep.load()
+        try:
+            spec = ep.load()
+        except Exception as e:  # one broken plugin must not take every format down: skip it, say why
+            warnings.warn(f"zipslice: format plugin {ep.name} ({ep.value}) cannot be loaded and is skipped: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+            continue
         if not isinstance(spec, FormatSpec):
             raise TypeError(f"entry point zipslice.formats:{ep.name} must name a zipslice.formats.FormatSpec")
         found[spec.name] = spec
@@ -69,4 +77,14 @@ def detect_plugin(head: bytes) -> str | None:
     for spec in registry().values():
         if spec.detect and _resolve(spec.detect)(head):
             return spec.name
+    return None
+
+
+def open_plugin(name: str):
+    """The first plugin's LazyCheckpoint for a name that is not a file (e.g. ``REV:PATH``), or None."""
+    for spec in registry().values():
+        if spec.opens:
+            lsd = _resolve(spec.opens)(name)
+            if lsd is not None:
+                return lsd
     return None

@@ -5,9 +5,11 @@ numpy type are read by one positioned read of their bytes (``info.offset``); any
 (chunked, compressed, compact, never written, non-native type) has ``offset=None`` and is read
 through h5py, one dataset at a time.
 
-dtypes HDF5 lacks (bfloat16, float8) are stored by the writer as unsigned integers of the same width
-with the dataset attribute ``zipslice_dtype`` naming the real dtype; the reader honours that attribute
-and Keras 3's convention (opaque 2-byte data with attribute ``dtype="bfloat16"``).
+dtypes HDF5 lacks (bfloat16, float8) follow Keras 3's convention: opaque data of the dtype's width with
+the dataset attribute ``dtype`` naming it (``dtype="bfloat16"``). Keras 3 reads such a bfloat16 dataset
+back as bfloat16 (``np.array(dset, dtype=ml_dtypes.bfloat16)``); h5py alone shows opaque ``|V2`` values
+whose bits are the bfloat16 bits, never numbers that look valid. The reader also honours the attribute
+``zipslice_dtype`` on unsigned integers of the same width (files written by zipslice before 0.2).
 See docs/reference/formats.md ("Keras naming") for the naming rules.
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ from .errors import CorruptCheckpointError, UnsupportedCheckpointError, Zipslice
 from .fileio import atomic_path
 from .info import TensorInfo, TensorSource, contiguous_stride
 
-DTYPE_ATTR = "zipslice_dtype"        # written by zipslice on uint carriers of bfloat16 / float8
-KERAS3_DTYPE_ATTR = "dtype"          # Keras 3 .weights.h5 marks bfloat16 datasets with dtype="bfloat16"
+DTYPE_ATTR = "zipslice_dtype"        # read only: older zipslice wrote bfloat16 / float8 as uint carriers marked so
+KERAS3_DTYPE_ATTR = "dtype"          # Keras 3 (and zipslice's writer) mark opaque bfloat16 data with dtype="bfloat16"
 SMALL_EXTRA_BYTES = 1 << 20          # non-numeric datasets up to this size are read into ``extras``
 
 _KERAS3_VAR = re.compile(r"(?:^|/)vars/\d+$")
@@ -100,8 +102,11 @@ def _tensor_dtype(dset: h5py.Dataset, path: str, file: str) -> tuple[str, str] |
     """(canonical dtype, byteorder) of a numeric dataset, or None if it is not a tensor."""
     np_dt = dset.dtype
     marked = _attr_str(dset, DTYPE_ATTR)
-    if marked is None and _attr_str(dset, KERAS3_DTYPE_ATTR) == "bfloat16":
-        marked = "bfloat16"
+    if marked is None and np_dt.kind in "uV":
+        named = _attr_str(dset, KERAS3_DTYPE_ATTR)
+        known = dtypes.BY_NAME.get(named or "")
+        if known is not None and (known.numpy is None or known.numpy.startswith("ml:")):
+            marked = named
     if marked is not None:
         dt = dtypes.BY_NAME.get(marked)
         if dt is None or np_dt.itemsize != dt.itemsize or np_dt.kind not in "uV":
@@ -294,6 +299,23 @@ class HDF5Checkpoint(LazyCheckpoint):
             dset.read_direct(arr)
         return memoryview(arr.reshape(-1).view(np.uint8))
 
+    def _read_selection(self, info: TensorInfo, sel):
+        """Chunked / compressed datasets: h5py's own slicing, which reads only the chunks it touches."""
+        if info.offset is not None:
+            return super()._read_selection(info, sel)
+        if self._closed:
+            raise ZipsliceError(self.path, "checkpoint is closed")
+        carrier = dtypes.get(info.dtype).carrier
+        if sel.numel == 0:
+            return np.empty(sel.shape, dtype=carrier)
+        dset = self._dsets[info.name]
+        with _h5_errors(self.path, info.name):
+            arr = dset[sel.numpy_index()] if sel.dims else dset[()]
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        return arr.view(carrier).reshape(sel.shape)
+
     def close(self) -> None:
         if getattr(self, "_h5", None) is not None:
             self._dsets.clear()
@@ -332,10 +354,10 @@ def _check_names(sources: list[TensorSource], path: str) -> None:
 
 
 def _storage_dtype(dtype: str) -> tuple[np.dtype, bool]:
-    """The numpy dtype to store and whether it is a carrier marked with ``zipslice_dtype``."""
+    """The numpy dtype to store and whether it is opaque data marked with ``dtype=<name>`` (Keras 3's way)."""
     dt = dtypes.get(dtype)
     if dt.numpy is None or dt.numpy.startswith("ml:"):
-        return dt.carrier, True
+        return np.dtype(f"V{dt.itemsize}"), True
     return dt.to_numpy(), False
 
 
@@ -375,7 +397,7 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
                 store, marked = _storage_dtype(s.dtype)
                 dset = group.create_dataset(leaf, shape=s.shape, dtype=store)
                 if marked:
-                    dset.attrs[DTYPE_ATTR] = s.dtype
+                    dset.attrs[KERAS3_DTYPE_ATTR] = s.dtype
                 if s.nbytes:
                     data = s.read()
                     got = memoryview(data).nbytes

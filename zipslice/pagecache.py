@@ -10,64 +10,8 @@ from __future__ import annotations
 
 import os
 
-# cgroup v1 reports "no limit" as a huge number (2**63 rounded down to a page)
-_NO_LIMIT = 1 << 60
-
-
-def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
-    """The memory limit of this process's cgroup and its ancestors (page cache included), or None."""
-    try:
-        with open(proc_cgroup) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if "memory" in controllers.split(","):  # v1: the limit file already covers the ancestors
-            return _v1_limit(os.path.join(root, "memory"), path)
-    for line in lines:
-        if line.startswith("0::"):
-            return _v2_limit(root, line[3:])
-    return None
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max" (v2) is no limit
-
-
-def _v1_limit(base: str, path: str) -> int | None:
-    # inside a container the path names the host's hierarchy while base is already the container's own
-    for d in (os.path.join(base, path.lstrip("/")), base):
-        try:
-            with open(os.path.join(d, "memory.stat")) as f:
-                for line in f:
-                    if line.startswith("hierarchical_memory_limit "):
-                        limit = int(line.split()[1])
-                        return limit if limit < _NO_LIMIT else None
-        except (OSError, ValueError):
-            pass
-        limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
-        if limit is not None:
-            return limit if limit < _NO_LIMIT else None
-    return None
-
-
-def _v2_limit(root: str, path: str) -> int | None:
-    limits = []
-    d = os.path.join(root, path.lstrip("/"))
-    while True:
-        limit = _read_int(os.path.join(d, "memory.max"))
-        if limit is not None:
-            limits.append(limit)
-        if os.path.normpath(d) == os.path.normpath(root):
-            break
-        d = os.path.dirname(d)
-    return min(limits) if limits else None
+from . import memory
+from .memory import cgroup_memory_limit  # noqa: F401  (its home is zipslice.memory; kept importable here)
 
 
 def cache_budget() -> int:
@@ -75,7 +19,7 @@ def cache_budget() -> int:
     import psutil
 
     available = psutil.virtual_memory().available
-    limit = cgroup_memory_limit()
+    limit = memory.cgroup_memory_limit()
     return min(available, limit) if limit else available
 
 

@@ -199,6 +199,8 @@ def build_header(sources: list[TensorSource], metadata: dict[str, str] | None) -
         pos += s.nbytes
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the library pads with spaces so the buffer starts 8-aligned
+    if len(raw) > MAX_HEADER_BYTES:  # the reader (and the safetensors library) would refuse the file
+        raise ValueError(f"the safetensors header would be {len(raw)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     return struct.pack("<Q", len(raw)) + raw
 
 

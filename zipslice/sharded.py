@@ -25,10 +25,13 @@ class ShardedCheckpoint(LazyCheckpoint):
     - ``shard_files``: the shards' paths, in order of first appearance in the index.
     - ``shard_of(name)``: the shard path holding ``name`` (no shard is opened).
     - ``index_metadata``: the index's ``metadata`` object (e.g. ``total_size``).
-    ``info(name).file`` is the shard's path. ``metadata`` stays empty: the index has no string metadata.
+    ``info(name).file`` is the shard's path. ``metadata``: the string entries of the index's ``metadata``
+    object (where zipslice's writer keeps the checkpoint's ``zipslice.layout``; see :mod:`zipslice.convert`).
     """
 
     format = "sharded"
+    isolate = False                      # zipslice.load(isolate=True): shards parsed by native code in a child
+    isolate_timeout: float | None = None
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
@@ -50,6 +53,7 @@ class ShardedCheckpoint(LazyCheckpoint):
             raise CorruptCheckpointError(self.path, "index has no \"weight_map\" object (name -> shard file)")
         meta = index.get("metadata", {})
         self.index_metadata: dict[str, Any] = meta if isinstance(meta, dict) else {}
+        self.metadata = {k: v for k, v in self.index_metadata.items() if isinstance(v, str)}
 
         base = os.path.dirname(os.path.abspath(self.path))
         self._shard_of: dict[str, str] = {}
@@ -95,7 +99,7 @@ class ShardedCheckpoint(LazyCheckpoint):
 
         if sniff(shard) == "sharded":
             raise CorruptCheckpointError(self.path, f"shard {shard} is itself an index, not a checkpoint", key)
-        ckpt = self._shards[shard] = load(shard)
+        ckpt = self._shards[shard] = load(shard, isolate=self.isolate, timeout=self.isolate_timeout)
         ckpt.drop_behind = self.dropping_behind()  # decided for all shards together, not one by one
         return ckpt
 
@@ -119,6 +123,9 @@ class ShardedCheckpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo):
         return self._shard(info.name)._read_span(info)
+
+    def _read_selection(self, info: TensorInfo, sel):
+        return self._shard(info.name)._read_selection(info, sel)
 
     def tensor(self, key: str):
         return self._shard(key).tensor(key)
@@ -196,10 +203,17 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     stem, ext = os.path.splitext(base)
     fmt = _SHARD_FORMATS.get(ext)
     if fmt is None:
-        raise ValueError(f"{path!r}: cannot tell the shard format from {ext!r}; use one of {', '.join(_SHARD_FORMATS)}")
+        raise ValueError(f"{path!r}: cannot tell the shard format from {ext or 'the name'!r}; name the index "
+                         f"NAME<ext>.index.json with <ext> one of {', '.join(_SHARD_FORMATS)} "
+                         f"(e.g. model.safetensors.index.json)")
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
     writer = formats.get(fmt).writer_function()
+    from .convert import LAYOUT_KEY
+
+    # the layout describes the whole checkpoint, not one shard: it goes into the index
+    metadata = dict(metadata or {})
+    layout = metadata.pop(LAYOUT_KEY, None)
 
     shards = plan_shards(list(sources), max_shard_bytes)
     n = max(len(shards), 1)
@@ -207,7 +221,7 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     total = 0
     for i, part in enumerate(shards or [[]]):
         shard_name = f"{os.path.basename(stem)}-{i + 1:05d}-of-{n:05d}{ext}"
-        kwargs = dict(options, metadata=metadata)
+        kwargs = dict(options, metadata=metadata or None)
         if fmt == "torch":
             kwargs["structure"] = None  # a flat state dict per shard, as transformers writes
         writer(os.path.join(os.path.dirname(path), shard_name), part, **kwargs)
@@ -217,6 +231,9 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
             if s.tie is None or s.tie not in ties:
                 total += s.nbytes
                 ties.add(s.tie)
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    index_meta: dict[str, Any] = {"total_size": total}
+    if layout is not None:
+        index_meta[LAYOUT_KEY] = layout
+    index = {"metadata": index_meta, "weight_map": dict(sorted(weight_map.items()))}
     with atomic_output(path) as f:
         f.write(json.dumps(index, indent=2).encode("utf-8") + b"\n")

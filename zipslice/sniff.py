@@ -9,6 +9,7 @@ from .errors import NotACheckpointError, UnsupportedCheckpointError
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+THETA_METADATA = b"theta-metadata "  # a git-theta placeholder (theta registers a plugin that reads it)
 # torch.save before 1.6 (and later with _use_new_zipfile_serialization=False) writes a bare pickle
 # stream starting with its magic number 0x1950a86a20f9469cfc6c as a pickled long. Its opcodes depend
 # on the pickle protocol: LONG1 after PROTO (2, 3) or after PROTO + FRAME (4, 5); text LONG for 0 and 1.
@@ -53,6 +54,11 @@ def sniff(path: str | os.PathLike) -> str:
         raise NotACheckpointError(
             path, "this is a Git LFS pointer file, not the checkpoint; run `git lfs pull` (or `git lfs install`) "
                   "to fetch its content")
+    if head.startswith(THETA_METADATA):
+        raise NotACheckpointError(
+            path, "this is a git-theta placeholder (the metadata of a checkpoint versioned with git-theta), not "
+                  "the checkpoint; in its repository run `git theta checkout PATH` (or `git theta pull` in a clone "
+                  "made without theta); zipslice reads it in place when theta is installed")
     if is_legacy_torch(head):
         return "torch-legacy"
     if len(head) >= 9:

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import dtypes, structure
 from .base import LazyCheckpoint
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from .errors import CorruptCheckpointError, NotACheckpointError, UnsupportedCheckpointError
 from .info import TensorInfo, span_elements
 from .unpickler import (PickledOrderedDict, RestrictedUnpickler, StorageRef, StorageType, TensorRef, TorchDevice,
                         TorchDType, TorchSize, PickleFault)
@@ -351,7 +351,7 @@ class TorchCheckpoint(LazyCheckpoint):
         if len(found) == 1:
             return found[0]
         if not found:
-            raise CorruptCheckpointError(self.path, "the zip archive has no data.pkl record; not a torch checkpoint")
+            raise NotACheckpointError(self.path, "the zip archive has no data.pkl record; not a torch checkpoint")
         raise CorruptCheckpointError(self.path, f"the zip archive has several data.pkl records: {found}")
 
     def _zip_record(self, ref: StorageRef, tensor_name: str) -> StorageRecord:

@@ -24,6 +24,7 @@ from .errors import ZipsliceError
 from .fileio import atomic_output
 from .info import TensorSource, contiguous_stride
 from .pickler import TensorRef, dumps
+from .torch_reader import MAX_DEPTH, MAX_METADATA_BYTES, MAX_PICKLE_BYTES
 from .zipwrite import ZipWriter
 
 CHUNK = 64 << 20  # bytes handed to the file (and to the progress callback) at a time
@@ -105,6 +106,38 @@ def write(path: str | os.PathLike, sources: Sequence[TensorSource], *, structure
                  force_zip64=force_zip64, progress=progress, path=path)
 
 
+def _metadata_record(metadata: dict[str, str]) -> bytes:
+    return json.dumps(metadata, sort_keys=True).encode()
+
+
+def _check_readable(structure: dict, metadata: dict[str, str] | None, path: str | None) -> None:
+    """Refuse, before writing anything, what zipslice's own reader would refuse to read back: a structure
+    nested deeper than its MAX_DEPTH, file metadata over MAX_METADATA_BYTES (the writer and the reader
+    agree on every limit)."""
+    stack = [(structure, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ZipsliceError(path, f"the structure nests containers deeper than {MAX_DEPTH} levels, which "
+                                      "zipslice would not read back")
+        if not isinstance(node, dict):
+            continue
+        for kind in ("dict", "odict"):
+            if isinstance(node.get(kind), list):
+                stack.extend((pair[1], depth + 1) for pair in node[kind] if isinstance(pair, (list, tuple))
+                             and len(pair) == 2)
+        for kind in ("list", "tuple"):
+            if isinstance(node.get(kind), list):
+                stack.extend((child, depth + 1) for child in node[kind])
+        if "odict" in node and "metadata" in node:
+            stack.append((node["metadata"], depth + 1))
+    if metadata:
+        size = len(_metadata_record(metadata))
+        if size > MAX_METADATA_BYTES:
+            raise ZipsliceError(path, f"the file metadata would be {size} bytes, over the {MAX_METADATA_BYTES} "
+                                      "zipslice reads back")
+
+
 def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str = "archive",
              structure: dict | None = None, metadata: dict[str, str] | None = None, force_zip64: bool = False,
              progress: Callable[[int], None] | None = None, path: str | None = None) -> None:
@@ -116,8 +149,11 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
     sources = list(sources)
     if structure is None:
         structure = st.flat([s.name for s in sources])
+    _check_readable(structure, metadata, path)
     plan = _Plan(sources, path)
     pkl = dumps(structure, plan.ref)
+    if len(pkl) > MAX_PICKLE_BYTES:
+        raise ZipsliceError(path, f"data.pkl would be {len(pkl)} bytes, over the {MAX_PICKLE_BYTES} zipslice reads")
     unused = [s.name for s in sources if s.name not in plan.used]
     if unused:
         raise ZipsliceError(path, f"{len(unused)} source(s) do not appear in the structure, e.g. {unused[0]!r}")
@@ -134,7 +170,7 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
         ident.update(f"{key}:{data.nbytes}:{crc};".encode())
         del data  # drop this tensor's bytes before reading the next
     if metadata:
-        z.write_record(f"{prefix}/{METADATA_RECORD}", json.dumps(metadata, sort_keys=True).encode())
+        z.write_record(f"{prefix}/{METADATA_RECORD}", _metadata_record(metadata))
     z.write_record(f"{prefix}/version", _VERSION)
     # torch writes a 40-digit decimal id; ours is derived from the content so equal input gives equal bytes
     serial = str(int.from_bytes(ident.digest(), "big") % 10 ** 40).zfill(40)

@@ -90,11 +90,15 @@ def test_metadata_passes_through_clean_unchanged(repo):
     assert again == repo.out("rev-parse", "HEAD:model.pt")
 
 
-@pytest.mark.parametrize("content", [b"PK\x03\x04 this is no zip at all" * 10, b"", b"\x00" * 100])
+# a damaged checkpoint is refused; a file that is no checkpoint at all (empty, zeros, text) is stored as one
+# opaque blob instead (tests/hostile/test_opaque_files.py)
+@pytest.mark.parametrize("content", [b"PK\x03\x04 this is no zip at all" * 10, "truncated"])
 def test_corrupt_checkpoint_is_refused_and_index_untouched(repo, content):
     save_pt(repo / "model.pt", make_state(4))
     repo.commit("v1", ".gitattributes", "model.pt")
     index = (repo.git_common_dir() / "index").read_bytes()
+    if content == "truncated":
+        content = (repo / "model.pt").read_bytes()[:-100]
     (repo / "model.pt").write_bytes(content)
     proc = repo.git("add", "model.pt", check=False)
     assert proc.returncode != 0
@@ -190,9 +194,9 @@ def test_ls_files_and_theta_add_options(repo):
     repo.theta("add", "model.pt", "--option", "level=1")
     repo.git("add", ".gitattributes")
     out = repo.theta("ls-files").stdout.decode()
-    line = [ln for ln in out.splitlines() if ln.startswith("model.pt")][0]
-    n_groups = len(sd)
-    assert f" {n_groups} " in line and " torch " in line and line.endswith("yes")
+    line = [ln for ln in out.splitlines() if ln.endswith("  model.pt")][0]  # the path last, never cut
+    fields = line.split()
+    assert fields[0] == "torch" and fields[1] == str(len(sd)) and fields[-2:] == ["yes", "model.pt"]
     save_pt(repo / "model.pt", make_state(7))  # new content, so git runs the filter again
     proc = repo.theta("add", "model.pt", "--option", "level=notanumber", check=False)
     assert proc.returncode != 0 and b"GIT_THETA_LEVEL" in proc.stderr
@@ -209,6 +213,9 @@ def test_single_file_filter_fallbacks(repo):
     repo.git("checkout", "--", "model.pt")
     assert_same_checkpoint(repo / "model.pt", sd)
     assert repo.status() == ""
-    (repo / "model.pt").write_bytes(b"not a checkpoint")
+    (repo / "model.pt").write_bytes(b"not a checkpoint")  # not one at all: one opaque blob, with a warning
+    proc = repo.git("add", "model.pt")
+    assert b"stored as one opaque blob" in proc.stderr
+    (repo / "model.pt").write_bytes(b"PK\x03\x04 a damaged zip" * 10)  # a damaged checkpoint: refused
     proc = repo.git("add", "model.pt", check=False)
     assert proc.returncode != 0 and b"error: " in proc.stderr

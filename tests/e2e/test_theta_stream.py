@@ -1,5 +1,6 @@
 """Smudge streamed straight to git (no temp file): same bytes as the file path, pkt-line framing, and a
 group that fails its content hash after content was sent still makes git refuse the checkout."""
+import dataclasses
 import io
 import os
 import threading
@@ -81,7 +82,9 @@ def test_bad_group_after_content_started_fails_the_checkout(tmp_path):
     meta = loads(repo.show("HEAD:model.pt"))
     # the LAST group's recorded hash is wrong: everything before it has streamed to git when it is found
     last = meta.order[-1]
-    meta.groups[meta.group_for(last).name].hash = "0" * 64
+    group = meta.groups[meta.group_for(last).name]
+    group.hash = "0" * 64  # the group and its last step agree (as the schema requires) and both are wrong
+    group.steps[-1] = dataclasses.replace(group.steps[-1], hash="0" * 64)
     (repo / "model.pt").write_text(dumps(meta))  # metadata passes through clean unchanged
     repo.commit("bad", "model.pt")
     (repo / "model.pt").unlink()

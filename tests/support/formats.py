@@ -48,7 +48,10 @@ def _flatten(obj, prefix: str, out: dict) -> None:
 
 def _h5_tensor(dset: h5py.Dataset) -> torch.Tensor:
     arr = np.array(dset[()])  # a copy, 0-d stays 0-d
-    marked = dset.attrs.get("zipslice_dtype")  # bfloat16/float8 kept as same-width unsigned ints
+    marked = dset.attrs.get("zipslice_dtype")  # older zipslice: bfloat16/float8 as same-width unsigned ints
+    if arr.dtype.kind == "V":  # Keras 3's convention (zipslice's now): opaque bytes, attribute dtype=<name>
+        marked = dset.attrs.get("dtype")
+        arr = arr.view(f"u{arr.dtype.itemsize}")
     t = torch.from_numpy(arr)
     if marked is not None:
         marked = marked.decode() if isinstance(marked, bytes) else str(marked)

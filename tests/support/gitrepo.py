@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +33,8 @@ def _theta_bin_dir() -> str:
 class GitEnv:
     home: Path
     env: dict
+    # run in each child before exec, e.g. support.memcg.MemoryCgroup.join: every command in a memory cgroup
+    preexec: Callable[[], None] | None = None
 
     @classmethod
     def create(cls, base: Path) -> "GitEnv":
@@ -55,7 +58,8 @@ class GitEnv:
     def run(self, args, cwd, input: bytes | None = None, check: bool = True,
             extra_env: dict | None = None) -> subprocess.CompletedProcess:
         env = {**self.env, **(extra_env or {})}
-        proc = subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, timeout=600)
+        proc = subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, timeout=600,
+                              preexec_fn=self.preexec)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}) in {cwd}:\n"
                                  f"stdout: {proc.stdout.decode(errors='replace')}\n"

@@ -22,7 +22,7 @@ def make(order=("b", "a", "t")):
     return CheckpointMeta(format="torch", order=list(order), groups=groups,
                           structure={"dict": [["b", {"tensor": "b"}], ["a", {"tensor": "a"}],
                                               ["t", {"tensor": "t"}], ["n", {"value": 3}]]},
-                          aliases={"t": Alias("t", "a", True, False)}, metadata={"k": "v"}, lsh={"k": 16})
+                          aliases={"t": Alias("t", "a", True, False)}, metadata={"k": "v"}, lsh={"k": 3})
 
 
 def test_round_trip_and_determinism():
@@ -66,7 +66,7 @@ def test_is_metadata():
     (lambda t: "hello\n" + t, "not theta metadata"),
     (lambda t: t.replace("theta-metadata 1", "theta-metadata 9"), "version 9 is not supported"),
     (lambda t: t.replace('{"dtype":"float32"', '{"dtype":"float32",'), "line"),
-    (lambda t: t + "[1,2]\n", "not a JSON object"),
+    (lambda t: t + "[1,2]\n", "must be a JSON object"),
     (lambda t: "\n".join(l for l in t.splitlines() if not l.startswith('{"order"')), "order"),
     (lambda t: t.replace('"of":"a"', '"of":"zz"'), "unknown group"),
     (lambda t: t + t.splitlines()[-1] + "\n", "appears twice"),

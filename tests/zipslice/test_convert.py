@@ -282,3 +282,88 @@ def test_diff_progress_covers_common_tensors(tmp_path):
     seen = []
     diff(tmp_path / "x.pt", tmp_path / "y.pt", progress=lambda n, total: seen.append((n, total)))
     assert seen == [(40, 40)]
+
+
+# -- round trips add nothing the source did not need -------------------------------------------------
+
+def _header(path) -> bytes:
+    raw = open(path, "rb").read()
+    return raw[8:8 + int.from_bytes(raw[:8], "little")]
+
+
+def test_flat_dict_round_trip_adds_no_metadata(tmp_path):
+    """safetensors -> torch -> safetensors gives the same file; a flat dict needs no layout entry anywhere."""
+    g = torch.Generator().manual_seed(0)
+    sd = {f"layers.{i}.weight": torch.randn(4, 4, generator=g) for i in (0, 1, 2, 10, 11)}
+    sd["embed"] = torch.randn(3, generator=g).to(torch.bfloat16)
+    save_file(sd, tmp_path / "a.safetensors")
+    convert(tmp_path / "a.safetensors", tmp_path / "a.pt")
+    assert isinstance(torch.load(tmp_path / "a.pt", weights_only=True), dict)
+    convert(tmp_path / "a.pt", tmp_path / "b.safetensors")
+    assert _header(tmp_path / "b.safetensors") == _header(tmp_path / "a.safetensors")
+    assert (tmp_path / "b.safetensors").read_bytes() == (tmp_path / "a.safetensors").read_bytes()
+    # torch -> h5 -> torch: no attribute added, the same dict back in the same order
+    import h5py
+
+    convert(tmp_path / "a.pt", tmp_path / "a.h5")
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert dict(f.attrs) == {}
+    convert(tmp_path / "a.h5", tmp_path / "c.pt")
+    got = torch.load(tmp_path / "c.pt", weights_only=True)
+    want = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert list(got) == list(want) and all(_bits(got[k]) == _bits(want[k]) for k in want)
+
+
+def test_torch_order_that_safetensors_cannot_keep_is_kept_in_the_layout(tmp_path):
+    """A flat torch dict in an order safetensors would not read back still round-trips in its order."""
+    sd = OrderedDict([("z", torch.ones(2)), ("a", torch.zeros(2))])
+    torch.save(dict(sd), tmp_path / "o.pt")
+    convert(tmp_path / "o.pt", tmp_path / "o.safetensors")
+    with safe_open(tmp_path / "o.safetensors", "pt") as f:
+        assert LAYOUT_KEY in f.metadata()
+    convert(tmp_path / "o.safetensors", tmp_path / "o2.pt")
+    assert list(torch.load(tmp_path / "o2.pt", weights_only=True)) == ["z", "a"]
+
+
+def test_nested_layout_is_compact_and_reads_back(tmp_path):
+    sd = {"model": OrderedDict((f"layer.{i}.weight", torch.full((2,), float(i))) for i in range(40)), "epoch": 3}
+    torch.save(sd, tmp_path / "n.pt")
+    convert(tmp_path / "n.pt", tmp_path / "n.safetensors")
+    with safe_open(tmp_path / "n.safetensors", "pt") as f:
+        text = f.metadata()[LAYOUT_KEY]
+    layout = json.loads(text)
+    assert layout["version"] == 2 and set(layout) == {"version", "structure"}  # nothing else to say
+    leaves = layout["structure"]["dict"][0][1]["odict"]
+    assert all(node is None for _, node in leaves)  # each tensor named by its own path: null
+    assert len(text) < 40 * len('["layer.10.weight",null],') + 200
+    convert(tmp_path / "n.safetensors", tmp_path / "n2.pt")
+    got = torch.load(tmp_path / "n2.pt", weights_only=True)
+    assert got["epoch"] == 3 and type(got["model"]) is OrderedDict and list(got["model"]) == list(sd["model"])
+    assert all(torch.equal(got["model"][k], v) for k, v in sd["model"].items())
+
+
+def test_version_1_layouts_still_read(tmp_path):
+    layout = {"version": 1, "structure": {"dict": [["m", {"dict": [["w", {"tensor": "m/w"}]]}]]}, "ties": [],
+              "parameters": ["m/w"], "requires_grad": ["m/w"]}
+    save_file({"m/w": torch.ones(2)}, tmp_path / "v1.safetensors", metadata={LAYOUT_KEY: json.dumps(layout)})
+    convert(tmp_path / "v1.safetensors", tmp_path / "v1.pt")
+    got = torch.load(tmp_path / "v1.pt", weights_only=True)
+    assert isinstance(got["m"]["w"], torch.nn.Parameter) and got["m"]["w"].requires_grad
+
+
+def test_nested_checkpoint_round_trips_through_shards(tmp_path):
+    """The layout of a sharded output lives in its index (a shard alone stays a plain flat file)."""
+    ck = _checkpoint()
+    torch.save(ck, tmp_path / "m.pt")
+    convert(tmp_path / "m.pt", tmp_path / "s.safetensors.index.json", max_shard_bytes=600)
+    index = json.loads((tmp_path / "s.safetensors.index.json").read_text())
+    assert LAYOUT_KEY in index["metadata"] and index["metadata"]["total_size"] > 0
+    shards = sorted(tmp_path.glob("s-*.safetensors"))
+    assert len(shards) > 1
+    for shard in shards:
+        with safe_open(shard, "pt") as f:
+            assert LAYOUT_KEY not in (f.metadata() or {})
+        convert(shard, tmp_path / "one.pt")  # a single shard converts on its own
+    convert(tmp_path / "s.safetensors.index.json", tmp_path / "back.pt")
+    got = torch.load(tmp_path / "back.pt", weights_only=True)
+    _same_checkpoint(got, ck)

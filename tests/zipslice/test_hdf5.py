@@ -265,10 +265,10 @@ def test_writer_output_reads_back_in_h5py_bit_for_bit(tmp_path):
             ds = f[name]
             assert ds.shape == tuple(t.shape), name
             assert ds.id.get_create_plist().get_layout() == h5py.h5d.CONTIGUOUS
-            marked = ds.attrs.get(DTYPE_ATTR)
+            marked = ds.attrs.get("dtype")  # Keras 3's convention for dtypes HDF5 lacks (bfloat16, float8)
             if marked is not None:
                 assert marked == dtypes.from_torch(t.dtype).name
-                assert ds.dtype.kind == "u"
+                assert ds.dtype.kind == "V" and ds.id.get_type().get_class() == h5py.h5t.OPAQUE
             else:
                 assert ds.dtype == dtypes.from_torch(t.dtype).to_numpy(), name
             assert ds[()].tobytes() == _bits(t), name
@@ -392,3 +392,29 @@ def test_damaged_object_header_is_corrupt_naming_the_dataset(tmp_path):
     with pytest.raises(CorruptCheckpointError, match="damaged") as exc:
         zipslice.load(p)
     assert exc.value.entry == "bad/w"
+
+
+def test_bfloat16_follows_keras3_convention(tmp_path):
+    """bfloat16 / float8 are written as Keras 3 writes bfloat16: opaque data with attribute dtype=<name>,
+    so Keras 3's reading (np.array(dset, dtype=ml_dtypes.bfloat16)) gives the values; h5py never shows them
+    as plausible uint16 numbers."""
+    bf = torch.tensor([1.5, -2.25, 3.0, float("inf")], dtype=torch.bfloat16)
+    f8 = torch.tensor([0.5, -1.0], dtype=torch.float8_e4m3fn)
+    zipslice.save(tmp_path / "k.h5", {"w": bf, "q": f8})
+    with h5py.File(tmp_path / "k.h5", "r") as f:
+        assert f["w"].attrs["dtype"] == "bfloat16" and f["w"].dtype == np.dtype("V2")
+        as_keras = np.array(f["w"], dtype=ml_dtypes.bfloat16)  # what Keras 3's H5IOStore does
+        assert as_keras.view(np.uint16).tobytes() == _bits(bf)
+        assert f["q"].attrs["dtype"] == "float8_e4m3fn" and f["q"].dtype == np.dtype("V1")
+    with zipslice.load(tmp_path / "k.h5") as lsd:
+        assert lsd["w"].dtype == torch.bfloat16 and _bits(lsd["w"]) == _bits(bf)
+        assert lsd["q"].dtype == torch.float8_e4m3fn and _bits(lsd["q"]) == _bits(f8)
+        assert lsd.info("w").offset is not None  # still one positioned read
+
+
+def test_files_marked_the_old_way_still_read(tmp_path):
+    bits = torch.tensor([1.0, -2.0], dtype=torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f.create_dataset("w", data=bits).attrs[DTYPE_ATTR] = "bfloat16"
+    with zipslice.load(tmp_path / "old.h5") as lsd:
+        assert lsd["w"].tolist() == [1.0, -2.0] and lsd["w"].dtype == torch.bfloat16

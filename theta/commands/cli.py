@@ -1,4 +1,9 @@
-"""`git theta ...`: the command line (typer). Every ThetaError becomes `error: <message>` and exit status 1."""
+"""`git theta ...`: the command line, in the style every project command shares (:mod:`zipslice.clistyle`).
+
+User commands are listed by ``git theta -h``; the ones git runs (filter-process, clean, smudge, merge-driver,
+diff-driver, diff-textconv, pre-push) are hidden. Every ThetaError becomes ``git theta: error: <message>``
+on one line and exit status 1; a usage error names the flag and exits with status 2.
+"""
 from __future__ import annotations
 
 import os
@@ -10,83 +15,80 @@ import typer
 
 from theta.errors import ThetaError
 from theta.git import repo as gitutil
+from zipslice import clistyle
+from zipslice.clistyle import JSON_OPTION, QUIET_OPTION, emit_json, natural_key, note, say, set_quiet
 
-app = typer.Typer(name="git-theta", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
-                  help="Version ML checkpoints in git, parameter group by parameter group, with groups in Git LFS.")
+PROG = "git theta"           # how users type it (help, usage and error lines)
+SCRIPT = "git-theta"         # the console script git runs (shell completion asks it)
 
 
 def version() -> str:
     """This installation's version (package metadata; the source tree's pyproject when not installed)."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from zipslice.version import package_version
 
-    try:
-        return dist_version("zipslice-theta")
-    except PackageNotFoundError:
-        return "0+source"  # running from a source tree that was never installed
+    return package_version()
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        print(f"git-theta {version()}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                            help="Print the version and exit.")) -> None:
-    """Version ML checkpoints in git, parameter group by parameter group, with groups in Git LFS."""
-
-
-def _err(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
+app = clistyle.make_app(
+    SCRIPT, "Version ML checkpoints in git, parameter group by parameter group, with the groups stored in "
+            "Git LFS. Run `git theta install` once, `git theta track '*.pt'` per repository, then use git as usual.",
+    version=version)
 
 
 @app.command()
-def install(local: bool = typer.Option(False, "--local", help="Configure this repository only.")) -> None:
+def install(local: bool = typer.Option(False, "--local", help="Configure this repository only."),
+            quiet: bool = QUIET_OPTION) -> None:
     """Configure git for theta (global by default) and install this repository's hooks."""
     from theta.commands.install import install as do_install
 
+    set_quiet(quiet)
     report = do_install(local=local)
     for line in report.changed:
-        print(line)
+        say(line)
     for line in report.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if not report.changed:
-        print("git-theta is already installed")
+        say("git-theta is already installed")
 
 
 @app.command()
-def track(patterns: Optional[List[str]] = typer.Argument(None, help="gitattributes patterns, e.g. '*.pt'")) -> None:
+def track(patterns: Optional[List[str]] = typer.Argument(None, metavar="PATTERN",
+                                                          help="gitattributes patterns, e.g. '*.pt'."),
+          quiet: bool = QUIET_OPTION) -> None:
     """Mark paths as theta checkpoints in .gitattributes (filter=theta diff=theta merge=theta).
 
     Without a pattern: list the patterns tracked now (like `git lfs track`)."""
     from theta.commands.track import track as do_track, tracked_patterns
 
+    set_quiet(quiet)
     if not patterns:
         listed = tracked_patterns()
-        print("Listing tracked patterns" if listed else "no patterns are tracked by theta", file=sys.stderr)
+        note("Listing tracked patterns" if listed else "no patterns are tracked by theta")
         for p in listed:
             print(f"    {p}")
         return
     changed = set(do_track(patterns))
     for p in patterns:
-        print(f"{'Tracking' if p in changed else 'Already tracking'} {p}")
+        say(f"{'Tracking' if p in changed else 'Already tracking'} {p}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def add(ctx: typer.Context,
-        paths: List[str] = typer.Argument(..., help="Paths to add (and any `git add` options)."),
-        update_type: Optional[str] = typer.Option(None, "--update-type", help="dense, sparse, low-rank, ia3, delta or auto."),
-        update_data: Optional[Path] = typer.Option(None, "--update-data", "--update-path",
+        paths: List[str] = typer.Argument(..., metavar="PATH", help="Paths to add (and any `git add` options)."),
+        update_type: Optional[str] = typer.Option(None, "--update-type", metavar="TYPE",
+                                                  help="dense, sparse, low-rank, ia3, delta, rows or auto."),
+        update_data: Optional[Path] = typer.Option(None, "--update-data", "--update-path", metavar="FILE",
                                                    help="A file holding the update (side-loaded; Git-Theta's "
                                                         "README spells it --update-path)."),
-        option: List[str] = typer.Option([], "--option", "-o", help="KEY=VALUE clean option (GIT_THETA_KEY)."),
+        option: List[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE",
+                                         help="A clean option, passed to the filter as GIT_THETA_KEY."),
         checkpoint_type: Optional[str] = typer.Option(None, "--checkpoint-type", hidden=True,
                                                       help="Git-Theta's option: theta reads the format from the "
                                                            "file's bytes; use --format to change the committed one."),
-        format: Optional[str] = typer.Option(None, "--format", help="Change the committed format to torch, "
-                                             "safetensors or hdf5 (whatever format the work-tree file has)."),
+        format: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                             help="Change the committed format to torch, safetensors or hdf5 "
+                                                  "(whatever format the work-tree file has).",
+                                             **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
         ) -> None:
     """`git add` with clean options; they reach the filter as GIT_THETA_* environment variables.
 
@@ -95,14 +97,14 @@ def add(ctx: typer.Context,
     """
     env = dict(os.environ)
     if checkpoint_type:
-        print(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
-              f"from the file (use --format to change the committed format)", file=sys.stderr)
+        note(f"note: --checkpoint-type {checkpoint_type} is not needed: theta detects the checkpoint format "
+             f"from the file (use --format to change the committed format)")
     if update_type and update_data:
         # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
         from theta.commands.sideload_add import prepare
 
-        for note in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
-            print(note, file=sys.stderr)
+        for message in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
+            note(message)
     if update_type:
         env["GIT_THETA_UPDATE_TYPE"] = update_type
     if update_data:
@@ -110,7 +112,7 @@ def add(ctx: typer.Context,
     for kv in option:
         key, sep, value = kv.partition("=")
         if not sep or not key:
-            raise ThetaError(f"--option expects KEY=VALUE, got {kv!r}")
+            raise typer.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="'--option'")
         env["GIT_THETA_" + key.upper().replace("-", "_")] = value
     if format is not None:
         from theta.settings import FORMATS
@@ -126,65 +128,99 @@ def add(ctx: typer.Context,
 
 
 @app.command()
-def migrate(paths: Optional[List[str]] = typer.Argument(None, help="Files to migrate (default: every "
-                                                                   "Git-Theta-format tracked file).")) -> None:
+def migrate(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH",
+                                                        help="Files to migrate (default: every Git-Theta-format "
+                                                             "tracked file)."),
+            quiet: bool = QUIET_OPTION) -> None:
     """Rewrite the staged version of Git-Theta-format checkpoints in theta's format (then `git commit`)."""
     from theta.commands.migrate import migrate as do_migrate
 
+    set_quiet(quiet)
     done = do_migrate(paths or [])
     if not done:
-        print("nothing to migrate: no staged file is in Git-Theta's format", file=sys.stderr)
+        note("nothing to migrate: no staged file is in Git-Theta's format")
         return
     head = gitutil.run_text(["rev-parse", "--short", "HEAD"], check=False) or "HEAD"
     for m in done:
-        print(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
-    print(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish", file=sys.stderr)
+        say(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
+    note(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish")
 
 
 @app.command("ls-files")
-def ls_files(rev: Optional[str] = typer.Argument(None, help="A revision (default: the index)."),
-             as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
-             ) -> None:
-    """Theta-tracked checkpoints with group count, size and stored size."""
+def ls_files(rev: Optional[str] = typer.Argument(None, metavar="REV", help="A revision (default: the index)."),
+             as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
+    """Theta-tracked checkpoints with format, group count, size, stored size and whether every blob is local."""
     import dataclasses
-    import json
 
     from theta.commands.lsfiles import list_tracked
     from zipslice.progress import human_bytes as human
 
-    files = list_tracked(rev)
-    if as_json:
-        sys.stdout.write(json.dumps({"rev": rev, "files": [dataclasses.asdict(f) for f in files]}, indent=2,
-                                    sort_keys=True) + "\n")
+    set_quiet(quiet)
+    files = sorted(list_tracked(rev), key=lambda f: natural_key(f.path))
+    if as_json:  # size: bytes of the groups' values; stored: bytes of the distinct blobs that rebuild it
+        emit_json({"rev": rev, "files": [dataclasses.asdict(f) for f in files]})
         return
     if not files:
-        print("no theta-tracked checkpoints", file=sys.stderr)
+        note("no theta-tracked checkpoints")
         return
-    width = max(len(f.path) for f in files)
-    print(f"{'path':<{width}}  {'format':<11} {'groups':>6} {'size':>10} {'blobs':>10}  local")
-    for f in files:
-        print(f"{f.path:<{width}}  {f.format:<11} {f.groups:>6} {human(f.size):>10} {human(f.stored):>10}  "
-              f"{'yes' if f.local else 'no'}")
+    rows = [["format", "groups", "size", "blobs", "local", "path"]]
+    rows += [[f.format, str(f.groups), human(f.size), human(f.stored), "yes" if f.local else "no",
+              clistyle.printable(f.path)] for f in files]
+    lines = clistyle.columns(rows, right=(1, 2, 3))
+    if not clistyle.is_quiet():
+        clistyle.out_console().print(lines[0], style="bold", markup=False)
+    for line in lines[1:]:
+        print(line)
 
 
 @app.command()
-def export(spec: str = typer.Argument(..., help="REV:PATH, e.g. HEAD~2:model.pt"),
-           out: Path = typer.Argument(..., help="Output file."),
-           to: Optional[str] = typer.Option(None, "--to", help="torch, safetensors or hdf5 (default: as committed)."),
-           ) -> None:
+def export(spec: str = typer.Argument(..., metavar="REV:PATH", help="A committed checkpoint, e.g. HEAD~2:model.pt."),
+           out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
+           to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
+                                            help="torch, safetensors or hdf5 (default: as committed).",
+                                            **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+           quiet: bool = QUIET_OPTION) -> None:
     """Write a committed version of a checkpoint to OUT without touching the working tree."""
     from theta.commands.export import export as do_export
 
+    set_quiet(quiet)
     fmt = do_export(spec, out, to)
-    print(f"wrote {out} ({fmt})", file=sys.stderr)
+    note(f"wrote {out} ({fmt})")
 
 
-@app.command("filter-process")
+def help_cmd(ctx: typer.Context,
+             command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
+                                                           help="The command to explain (default: all).")) -> None:
+    """Show the help of a command: `git theta help diff` is `git theta diff -h`."""
+    root = ctx.find_root()
+    group = root.command
+    if not command:
+        print(root.get_help())
+        return
+    name = command[0]
+    sub = group.get_command(root, name)
+    if sub is None or sub.hidden and name not in _INTERNAL:
+        raise typer.BadParameter(f"no command {name!r}; `git theta -h` lists them", param_hint="'COMMAND'")
+    sub_ctx = sub.make_context(name, [], parent=root, resilient_parsing=True)
+    print(sub_ctx.get_help())
+
+
+def completion_cmd(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish.",
+                                               **clistyle.one_of(clistyle.SHELLS, "shell"))) -> None:
+    """Print the shell completion script (bash: for both `git theta` and `git-theta`); see the docs."""
+    sys.stdout.write(clistyle.completion_script(SCRIPT, shell))
+
+
+# -- what git runs (hidden) -----------------------------------------------------------------------
+
+_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-commit", "merge-driver", "diff-driver",
+             "diff-textconv")
+
+
+@app.command("filter-process", hidden=True)
 def filter_process() -> None:
-    """git's long-running filter (filter.theta.process)."""
-    from theta.commands.filter_process import serve
-
-    raise typer.Exit(serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd()))
+    """git's long-running filter (filter.theta.process); see `git-theta-filter -h`."""
+    raise typer.Exit(filter_main([]))
 
 
 def _stdin_chunks(bufsize: int = 1 << 20):
@@ -192,18 +228,22 @@ def _stdin_chunks(bufsize: int = 1 << 20):
         yield chunk
 
 
-@app.command()
-def clean(path: str = typer.Argument("", help="The path git passes as %f.")) -> None:
+@app.command(hidden=True)
+def clean(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file clean filter (fallback): checkpoint on stdin, metadata on stdout."""
     from theta.commands.filter_process import Filter
 
-    data = Filter(os.getcwd()).clean(path, _stdin_chunks())
+    filt = Filter(os.getcwd())
+    try:
+        data = filt.clean(path, _stdin_chunks())
+    finally:
+        filt.close()
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 
 
-@app.command()
-def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) -> None:
+@app.command(hidden=True)
+def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file smudge filter (fallback): metadata on stdin, checkpoint on stdout."""
     from theta.commands.filter_process import Filter
 
@@ -212,7 +252,11 @@ def smudge(path: str = typer.Argument("", help="The path git passes as %f.")) ->
             sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
 
-    Filter(os.getcwd()).smudge(path, _stdin_chunks(), send)
+    filt = Filter(os.getcwd())
+    try:
+        filt.smudge(path, _stdin_chunks(), send)
+    finally:
+        filt.close()
 
 
 @app.command("post-commit", hidden=True)
@@ -224,47 +268,93 @@ def post_commit() -> None:
 
 
 @app.command("pre-push", hidden=True)
-def pre_push(remote: str, url: str = typer.Argument("")) -> None:
+def pre_push(remote: str = typer.Argument(..., metavar="REMOTE"), url: str = typer.Argument("", metavar="URL")) -> None:
     """The pre-push hook: upload blobs referenced by pushed commits, then run the chained hook."""
     from theta.commands.hooks import run_pre_push
 
     raise typer.Exit(run_pre_push(remote, url, sys.stdin.buffer.read()))
 
 
+_registered = False
+
+
 def _register_areas() -> None:
+    """Add every command area to the app, once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
     from theta.commands import care as cli_care
+    from theta.commands import checkout as cli_checkout
     from theta.commands import merge as cli_merge
     from theta.commands import squash as cli_updates
 
     cli_updates.register(app)
     cli_merge.register(app)
     cli_care.register(app)
+    cli_checkout.register(app)
+    # last in `git theta -h`: about the command line itself
+    app.command("help")(help_cmd)
+    app.command("completion")(completion_cmd)
+
+
+def _app() -> typer.Typer:
+    """The app with every area's commands (registered once)."""
+    _register_areas()
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    """The `git-theta` entry point; returns the exit status."""
+    args = sys.argv[1:] if argv is None else list(argv)
     if args == ["filter-process"]:  # the hot path git starts for every add/checkout: skip building the CLI
-        return filter_main()
-    _register_areas()
-    try:
-        app(args=argv, standalone_mode=True)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except ThetaError as e:
-        _err(str(e))
-        return 1
-    return 0
+        return filter_main([])
+    return clistyle.run(_app(), PROG, args, user_errors=(ThetaError,), error_status=1, complete_var="_GIT_THETA_COMPLETE")
 
 
-def filter_main() -> int:
-    """The `git-theta-filter` entry point: the long-running filter process."""
+FILTER_HELP = """\
+Usage: git-theta-filter
+
+  git's long-running filter process for theta-tracked checkpoints (the pkt-line protocol of
+  gitattributes(5), "Long Running Filter Process"). git starts it; it is not meant to be run by hand.
+  `git theta install` configures git to start it (filter.theta.process = git-theta filter-process).
+
+Options:
+  --version   Print the version and exit.
+  -h, --help  Show this message and exit.
+"""
+
+
+def filter_main(argv: list[str] | None = None) -> int:
+    """The `git-theta-filter` entry point: the long-running filter process (or its help)."""
     from theta.commands.filter_process import serve
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write(FILTER_HELP)
+        return 0
+    if args and args[0] == "--version":
+        print(f"git-theta-filter {version()}")
+        return 0
+    if args:
+        print(f"git-theta-filter: error: unexpected argument {args[0]!r}; git starts this filter without "
+              f"arguments (see git-theta-filter -h)", file=sys.stderr)
+        return clistyle.EXIT_USAGE
+    if sys.stdin.isatty():
+        print("git-theta-filter: error: this is git's filter process and speaks git's protocol on stdin; "
+              "run `git theta install` and use git (see git-theta-filter -h)", file=sys.stderr)
+        return clistyle.EXIT_USAGE
     try:
         return serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd())
     except ThetaError as e:
-        _err(str(e))
+        print(f"git-theta: error: {clistyle.one_line(e)}", file=sys.stderr)
         return 1
+    except EOFError:
+        print("git-theta-filter: error: stdin ended before git's filter handshake; git starts this filter "
+              "(see git-theta-filter -h)", file=sys.stderr)
+        return clistyle.EXIT_USAGE
+    except KeyboardInterrupt:
+        return clistyle.EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -7,21 +7,25 @@ an added or removed file. Output goes to stdout, coloured (rich) when stdout is 
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
 from theta import settings
 from theta.git import repo as gitutil
-from theta.diff import CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, Side, diff_sides
+from theta.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
+                        checkpoint_or_opaque, diff_sides)
 from theta.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.store import LfsStore
+from zipslice.clistyle import jsonable
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -37,7 +41,7 @@ def _num(x: float) -> str:
 def group_line(g: GroupDiff) -> str:
     """One group of the report, as rich markup."""
     style = STYLE[g.status]
-    head = f"[{style}]{g.status:<9}[/] {escape(g.name)}"
+    head = f"[{style}]{g.status:<9}[/] {printable(g.name)}"
     if g.status == "added":
         return f"{head}  {_shape(g.new)}"
     if g.status == "removed":
@@ -67,6 +71,15 @@ def summary_line(fd: FileDiff) -> str:
     return text
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` for the terminal: rich markup escaped, control characters (a name from a checkpoint someone
+    else wrote could carry terminal escape sequences) shown as \\xNN."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+
+
 def render(fd: FileDiff, console: Console, stat: bool = False) -> None:
     fmt = fd.new_format or fd.old_format
     if fd.old_format and fd.new_format and fd.old_format != fd.new_format:
@@ -77,7 +90,7 @@ def render(fd: FileDiff, console: Console, stat: bool = False) -> None:
         return
     console.print(f"[bold]theta diff {escape(fd.path)}[/] ({fmt}){state}", highlight=False)
     for note in fd.notes:
-        console.print(f"  [cyan]note[/]      {escape(note)}", highlight=False, soft_wrap=True)
+        console.print(f"  [cyan]note[/]      {printable(note)}", highlight=False, soft_wrap=True)
     for g in fd.groups:
         console.print("  " + group_line(g), highlight=False, soft_wrap=True)
     console.print(f"  [bold]{summary_line(fd)}[/]", highlight=False, soft_wrap=True)
@@ -99,10 +112,21 @@ def side_from_file(file: str, label: str, repo_dir: str | os.PathLike) -> Side |
     with open(file, "rb") as f:
         head = f.read(64)
     if is_metadata(head):
-        return MetaSide(loads(Path(file).read_bytes()), label, repo_dir)
+        return meta_side(loads(Path(file).read_bytes(), file=label), label, repo_dir)
     if not head:
         return None
-    return CheckpointSide(file, label)
+    return checkpoint_or_opaque(file, label)
+
+
+def meta_side(meta, label: str, repo_dir) -> Side:
+    """A side for committed metadata: a checkpoint's, or one opaque blob's. Metadata declaring more than
+    theta.maxCheckoutBytes is refused before any value is rebuilt (it came with a clone: untrusted)."""
+    from theta.updates.bounds import check_output
+
+    if meta.is_opaque:
+        return OpaqueSide(meta.opaque, label)
+    check_output(meta, label, settings.max_checkout_bytes(repo_dir))
+    return MetaSide(meta, label, repo_dir)
 
 
 def driver_main(argv: Sequence[str], out: TextIO | None = None) -> int:
@@ -146,12 +170,12 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
             path = spec.split(":", 1)[1]
             return GitThetaSide(GitThetaFile(data, path, repo, LfsStore.for_repo(repo), label=spec), label)
         raise ThetaError(f"{spec} is not theta metadata (committed without the theta filter?)")
-    return MetaSide(loads(data), label, repo)
+    return meta_side(loads(data, file=spec), label, repo)
 
 
-def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat: bool = False,
-                 out: TextIO | None = None, color: bool | None = None, cwd: str | os.PathLike = ".") -> int:
-    """Print the model diff of the theta-tracked paths; returns how many files differ."""
+def file_diffs(revs: list[str], paths: list[str], estimate: bool = False,
+               cwd: str | os.PathLike = ".") -> Iterator[FileDiff]:
+    """The model diff of each theta-tracked path that differs (see :func:`diff_command` for the sides)."""
     if len(revs) > 2:
         raise ThetaError("git theta diff takes at most two revisions")
     repo = gitutil.toplevel(cwd)
@@ -164,8 +188,6 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
         changed = _names(["diff-index", "-z", "--name-only", "--no-renames", revs[0], *spec], repo)
     else:  # index vs working tree, by stat (plumbing: never runs the clean filter)
         changed = _names(["diff-files", "-z", "--name-only", *spec], repo)
-    console = make_console(out, color)
-    count = 0
     for path in theta_paths(changed, repo):
         if len(revs) == 2:
             old = _meta_at(f"{revs[0]}:{path}", repo, path)
@@ -185,9 +207,50 @@ def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat
                 if isinstance(side, CheckpointSide):
                     side.close()
         if fd.groups or fd.notes or fd.old_format is None or fd.new_format is None:
-            render(fd, console, stat=stat)
-            count += 1
+            yield fd
+
+
+def diff_command(revs: list[str], paths: list[str], estimate: bool = False, stat: bool = False,
+                 out: TextIO | None = None, color: bool | None = None, cwd: str | os.PathLike = ".",
+                 as_json: bool = False) -> int:
+    """Print the model diff of the theta-tracked paths; returns how many files differ.
+
+    No revision: the index against the working tree; one: that revision against the working tree; two: the
+    two revisions. ``as_json``: one JSON document (see :func:`file_diff_json`) instead of the report.
+    """
+    if as_json:
+        docs = [file_diff_json(fd) for fd in file_diffs(revs, paths, estimate, cwd)]
+        (out or sys.stdout).write(json.dumps(jsonable({"revs": revs, "files": docs}), indent=1,
+                                             ensure_ascii=False, allow_nan=False) + "\n")
+        return len(docs)
+    console = make_console(out, color)
+    count = 0
+    for fd in file_diffs(revs, paths, estimate, cwd):
+        render(fd, console, stat=stat)
+        count += 1
     return count
+
+
+def file_diff_json(fd: FileDiff) -> dict:
+    """A file's model diff as JSON-able data: per group status, dtype/shape/update on each side, statistics."""
+    def side(i: GroupInfo | None):
+        return None if i is None else {"dtype": i.dtype, "shape": list(i.shape), "update": i.update,
+                                       "chain": i.chain}
+
+    groups = []
+    for g in fd.groups:
+        doc = {"name": g.name, "status": g.status, "old": side(g.old), "new": side(g.new)}
+        if g.stats is not None:
+            s = g.stats
+            doc["stats"] = {"numel": s.numel, "changed": s.changed, "l2": s.l2, "relative": s.relative,
+                            "max_abs": s.max_abs, "old_l2": s.old_l2}
+        if g.estimate is not None:
+            doc["estimate_l2"] = g.estimate
+        groups.append(doc)
+    counts = {s: fd.count(s) for s in ("modified", "added", "removed", "reshaped", "retyped")}
+    counts["unchanged"] = fd.unchanged
+    return {"path": fd.path, "old_format": fd.old_format, "new_format": fd.new_format, "estimated": fd.estimated,
+            "notes": fd.notes, "counts": counts, "groups": groups}
 
 
 # ---------- textconv: a line per group, for `git log -p` / `git show` without --ext-diff ----------------------
@@ -200,6 +263,8 @@ def textconv_lines(file: str) -> list[str]:
     side = side_from_file(file, file, ".")
     if side is None:
         return []
+    if isinstance(side, OpaqueSide):
+        return [f"opaque file (not a checkpoint): {side.ref.size} bytes, sha256 {side.ref.oid}"]
     try:
         lines = [f"theta checkpoint ({side.format})"]
         for name in side.names():

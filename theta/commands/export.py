@@ -22,7 +22,7 @@ def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, 
         raise ThetaError(f"{spec}: no such file in git")
     if not is_metadata(data):
         raise ThetaError(f"{spec} is not a theta-tracked checkpoint (no theta metadata)")
-    meta = loads(data)
+    meta = loads(data, file=spec)
     store = LfsStore.for_repo(cwd or ".")
     fetch_missing(cwd or ".", meta.blob_refs(), store=store)
     smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt,

@@ -25,6 +25,7 @@ leaves the index and the working tree file untouched (``filter.theta.required=tr
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 import tempfile
@@ -33,12 +34,19 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from theta import settings
+from theta import faults, settings
 from theta.git import repo as gitutil
 from theta.errors import ThetaError
 from theta.errors import ProtocolError
 from theta.git.pktline import PktReader, PktWriter
 
+
+
+# files git (or theta) reads from the repository itself: a `* filter=theta` pattern must not turn them into
+# metadata, or a clone would read its attributes from a metadata text
+GIT_OWN_FILES = frozenset({".gitattributes", ".gitignore", ".gitmodules", ".mailmap", ".thetamerge"})
+# git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
+CONTENT_WANTED = frozenset({"archive", "cat-file"})
 
 
 def log(msg: str) -> None:
@@ -135,10 +143,15 @@ class Filter:
 
         self.cwd = Path(cwd).resolve()
         self.store = LfsStore.for_repo(self.cwd)
-        self.spool_dir = gitutil.theta_dir(self.cwd)
+        self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
+        self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self._verify: str | None = None
+        self._max_output: int | None = None
+        self._checkout = None
+        self._invoker: str | None = None  # the git subcommand that started this process, once asked
+        self._hash: str | None = None     # the repository's object format, once asked
 
     def previous_text(self, path: str) -> bytes | None:
         """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -159,10 +172,11 @@ class Filter:
         if data is None:
             return None
         try:
-            return loads(data)
+            meta = loads(data, file=path)
         except MetadataError as e:
             log(f"warning: {path}: previous metadata unreadable ({e}); storing every group anew")
             return None
+        return None if meta.is_opaque else meta
 
     def git_theta_committed(self, path: str):
         """``(text, GitThetaFile)`` when the index (else HEAD) holds Git-Theta metadata for ``path``, else None."""
@@ -183,12 +197,15 @@ class Filter:
         A file whose committed version Git-Theta wrote: if the content holds exactly the values that
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
         otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
+        from theta.clean import CleanStats, store_opaque
+        from theta.errors import NotCheckpointError
         from theta.gittheta_files import is_git_theta, to_theta_metadata
         from theta.storage.metadata import dumps, is_metadata, same_content
         from theta.views import clean_as_committed
 
         worktree = self.cwd / path if path else None
         got = receive(chunks, self.spool_dir, worktree)
+        faults.point("clean:received")
         try:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
@@ -196,8 +213,11 @@ class Filter:
                 data = got.path.read_bytes()
                 if is_git_theta(data):
                     return data  # Git-Theta's own metadata text: already clean
+            if Path(path).name in GIT_OWN_FILES:
+                return got.path.read_bytes()  # git reads these itself (a `*` pattern catches them): never stored
             before = _stat_key(got.path) if not got.owned else None
             t0 = time.perf_counter()
+            stats = CleanStats()
             previous_text = self.previous_text(path)
             previous = self.previous(path, previous_text)
             committed = self.git_theta_committed(path) if previous is None and path else None
@@ -209,15 +229,24 @@ class Filter:
                 previous = to_theta_metadata(gtf, self.spool_dir)
             try:
                 meta = clean_as_committed(got.path, self.store, previous, settings.clean_options(self.cwd),
-                                          settings.commit_format(), name=path)
+                                          settings.commit_format(), stats=stats, name=path)
+            except NotCheckpointError as e:
+                # not a checkpoint (a README under `* filter=theta`, a zip, a damaged file): keep its bytes as
+                # one blob, as git-lfs would, and say so on one line
+                reason = " ".join(e.reason.replace(str(got.path), path).split())[:200]
+                log(f"warning: {path} is not a checkpoint theta can read ({reason}); stored as one opaque blob")
+                meta = store_opaque(got.path, self.store)
             except ThetaError as e:
                 raise ThetaError(str(e).replace(str(got.path), path)) from None
+            for w in stats.warnings:
+                log(f"warning: {path}: {w}")
             if before is not None and _stat_key(got.path) != before:
                 raise ThetaError(f"{path}: the file changed while git was adding it; run `git add` again")
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'})")
-            text = dumps(meta).encode("utf-8")
+            text = dumps(meta, file=path).encode("utf-8")
+            faults.point("clean:done")
             if previous_text is not None and previous_text != text and same_content(previous_text, text):
                 return previous_text  # the same checkpoint committed by an older theta: keep its bytes
             return text
@@ -225,8 +254,12 @@ class Filter:
             got.cleanup()
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
-               stream: "callable | None" = None) -> bool:
+               stream: "callable | None" = None, blob: str | None = None) -> bool:
         """Rebuild the checkpoint of the metadata in ``chunks`` and hand its file to ``out(file)``.
+
+        A checkpoint larger than ``settings.checkout_settings().materialize_above`` is not rebuilt: git gets
+        the metadata text itself (a placeholder), which :meth:`finish` replaces with the checkpoint once git
+        is done (``blob``: the blob id git named in the request, else computed).
 
         With ``stream`` (a callable returning a writable stream, called at most once, just before the first
         byte), formats that can be written without seeking go straight to that stream, with no temp file.
@@ -237,7 +270,8 @@ class Filter:
         from theta.errors import TransferError
         from theta.storage.transfer import fetch_missing
         from theta.storage.metadata import is_metadata, loads
-        from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+        from theta.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
+        from theta.updates.bounds import check_output
 
         if path in self.ready:  # a delayed file git asks for again (its content section is empty)
             for _ in chunks:
@@ -255,7 +289,23 @@ class Filter:
                 return False
             if got is not None:
                 text = got.path.read_bytes()
-            meta = loads(text)
+            meta = loads(text, file=path)
+            if self._as_placeholder(meta):
+                from theta.commands.materialize import Placeholder
+
+                if not self.checkout_settings().skip:
+                    oid = blob or gitutil.blob_id(text, self._hash_name())
+                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns())
+                out(io.BytesIO(text))
+                return False
+            # everything the metadata alone can refuse is refused before any download or byte of output
+            fmt = settings.checkout_format(path, self.cwd)
+            limit = self.max_output()
+            if meta.is_opaque:
+                check_output(meta, path, limit)
+            else:
+                check_rebuildable(meta, path, fmt, limit)
+            check_space(meta, (self.cwd / path).parent, path)
             if can_delay and self.store.missing(meta.blob_refs()):
                 self.delayed[path] = text
                 return True
@@ -263,18 +313,24 @@ class Filter:
                 fetch_missing(self.cwd, meta.blob_refs(), store=self.store)
             except TransferError as e:
                 raise TransferError(f"{path}: {_first_missing_group(meta, self.store)}{e}") from None
-            fmt = settings.checkout_format(path, self.cwd)
             verify = self.verify()
+            faults.point("smudge:fetched")
             if stream is not None and streams(meta, fmt, Path(path).name):
-                smudge_to_stream(meta, self.store, _Lazy(stream), Path(path).name, fmt=fmt,
-                                 progress=settings.stderr_is_terminal(), verify=verify)
+                lazy = _Lazy(stream)
+                smudge_to_stream(meta, self.store, lazy, Path(path).name, fmt=fmt,
+                                 progress=settings.stderr_is_terminal(), verify=verify, max_output=limit)
+                if lazy.out is None:
+                    lazy.out = stream()  # an empty file: success with empty content
+                faults.point("smudge:done")
                 return False
             fd, tmp = tempfile.mkstemp(prefix="smudge-", dir=self.spool_dir)
             os.close(fd)
             try:
-                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify)
+                smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify,
+                                  max_output=limit)
                 with open(tmp, "rb") as f:
                     out(f)
+                faults.point("smudge:done")
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -309,6 +365,63 @@ class Filter:
                 os.unlink(tmp)
         return True
 
+    def close(self) -> None:
+        """Remove this process's scratch directory (a killed process's is swept by the next one)."""
+        import shutil
+
+        shutil.rmtree(self.spool_dir, ignore_errors=True)
+
+    def max_output(self) -> int:
+        """theta.maxCheckoutBytes (read once per process)."""
+        if self._max_output is None:
+            self._max_output = settings.max_checkout_bytes(self.cwd)
+        return self._max_output
+
+    def _hash_name(self) -> str:
+        if self._hash is None:
+            self._hash = gitutil.object_format(self.cwd)
+        return self._hash
+
+    def checkout_settings(self):
+        """How checkout writes theta files (read once per process: theta.settings.checkout_settings)."""
+        if self._checkout is None:
+            self._checkout = settings.checkout_settings(self.cwd)
+        return self._checkout
+
+    def _as_placeholder(self, meta) -> bool:
+        from theta.commands.materialize import data_bytes
+
+        cs = self.checkout_settings()
+        if cs.skip:
+            return True
+        if data_bytes(meta) <= cs.materialize_above:
+            return False
+        if self._invoker is None:
+            self._invoker = gitutil.invoking_subcommand() or ""
+        # git archive and `git cat-file --filters` want the content itself: nothing writes it afterwards
+        return self._invoker not in CONTENT_WANTED
+
+    def finish(self) -> None:
+        """git has closed the request stream: it has written the work tree and the index and waits for this
+        process to exit. Replace the placeholders handed out with their checkpoints (see
+        theta.commands.materialize); say what is left and how to finish it."""
+        from theta.commands.materialize import Outcome, materialize, report
+
+        if not self.placeholders:
+            return
+        pending = list(self.placeholders.values())
+        self.placeholders.clear()
+        t0 = time.perf_counter()
+        try:
+            outcome = materialize(self.cwd, pending, store=self.store, verify=self.verify(),
+                                  hash_name=self._hash_name())
+        except Exception as e:  # never leave git without a word: every file is still a (clean) placeholder
+            _report("", "checkout", e)
+            outcome = Outcome(left=[(p.path, "materialization failed") for p in pending])
+        if settings.env("TIMING"):
+            log(f"materialized {len(outcome.done)} file(s) in {time.perf_counter() - t0:.2f}s")
+        report(outcome)
+
     def verify(self) -> str:
         """How checkout verifies rebuilt groups (read once per process: theta.settings.verify_mode)."""
         if self._verify is None:
@@ -327,7 +440,7 @@ class Filter:
 
         if not self.delayed:
             return []
-        refs = [r for text in self.delayed.values() for r in loads(text).blob_refs()]
+        refs = [r for path, text in self.delayed.items() for r in loads(text, file=path).blob_refs()]
         t0 = time.perf_counter()
         try:
             n = fetch_missing(self.cwd, refs, store=self.store)
@@ -411,6 +524,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         try:
             header = r.read_pairs()
         except EOFError:
+            filt.finish()
+            filt.close()
             if stdin is getattr(sys.stdin, "buffer", None):
                 _exit_now()
             return 0
@@ -444,7 +559,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                     content = w.content()
                     return content
                 if filt.smudge(path, chunks, send, can_delay=header.get("can-delay") == "1",
-                               stream=open_content):
+                               stream=open_content, blob=header.get("blob")):
                     w.text_list(["status=delayed"])
                     continue
                 if content is not None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from theta.git import repo as gitutil
-from theta.errors import ThetaError
+from theta.errors import MetadataError, ThetaError
 from theta.storage.metadata import MAX_METADATA_BYTES  # larger blobs are never read as metadata
 from theta.storage.store import BlobRef
 
@@ -160,7 +160,12 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]]) -> l
                 continue
             _, data = cat.read(info.sha)
             if is_metadata(data):
-                for ref in loads(data.decode("utf-8")).blob_refs():
+                try:
+                    meta = loads(data, file=f"blob {info.sha}")
+                except MetadataError as e:  # someone else's broken metadata: its blobs cannot be named
+                    print(f"git-theta: warning: {e}; its blobs are not uploaded", file=sys.stderr)
+                    continue
+                for ref in meta.blob_refs():
                     refs[ref.oid] = ref
     return list(refs.values())
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from theta.git import repo as gitutil
+from zipslice.clistyle import JSON_OPTION, QUIET_OPTION, note, set_quiet
 
 
 def _split_revs_paths(args: list[str]) -> tuple[list[str], list[str]]:
@@ -30,8 +31,10 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the `git theta` app."""
 
     @app.command("merge-driver", hidden=True)
-    def merge_driver(ancestor: str, ours: str, theirs: str, marker_size: str = typer.Argument("7"),
-                     path: str = typer.Argument("checkpoint")) -> None:
+    def merge_driver(ancestor: str = typer.Argument(..., metavar="%O"), ours: str = typer.Argument(..., metavar="%A"),
+                     theirs: str = typer.Argument(..., metavar="%B"),
+                     marker_size: str = typer.Argument("7", metavar="%L"),
+                     path: str = typer.Argument("checkpoint", metavar="%P")) -> None:
         """git's merge driver: `git-theta merge-driver %O %A %B %L %P` (result written over %A)."""
         from theta.commands.merge_driver import main
 
@@ -46,18 +49,20 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(driver_main(list(ctx.args)))
 
     @app.command("diff-textconv", hidden=True)
-    def diff_textconv(file: str) -> None:
+    def diff_textconv(file: str = typer.Argument(..., metavar="FILE")) -> None:
         """git textconv (diff.theta.textconv): one line per group, for `git log -p` without --ext-diff."""
         from theta.commands.diff_driver import textconv_main
 
         raise typer.Exit(textconv_main(file))
 
     @app.command("diff", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
-    def diff(args: Optional[List[str]] = typer.Argument(None, help="[REV [REV]] [-- PATH...]"),
+    def diff(args: Optional[List[str]] = typer.Argument(None, metavar="[REV [REV]] [-- PATH...]",
+                                                        help="Revisions, then paths (after `--` if ambiguous)."),
              estimate: bool = typer.Option(False, "--estimate",
                                            help="Estimate distances from LSH signatures; read no tensor data."),
              stat: bool = typer.Option(False, "--stat", help="One summary line per checkpoint."),
              color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
+             as_json: bool = JSON_OPTION,
              ) -> None:
         """Per-group model diff (added/removed/modified, norms of the change) without writing any checkpoint.
 
@@ -66,12 +71,14 @@ def register(app: typer.Typer) -> None:
         from theta.commands.diff_driver import diff_command
 
         revs, paths = _split_revs_paths(list(args or []))
-        diff_command(revs, paths, estimate=estimate, stat=stat, color=color)
+        diff_command(revs, paths, estimate=estimate, stat=stat, color=color, as_json=as_json)
 
     @app.command("merge-manual")
-    def merge_manual(path: str = typer.Argument(..., help="A checkpoint left in conflict by `git merge`."),
-                     to: Optional[str] = typer.Option(None, "--to", help="Write in this format instead."),
-                     ) -> None:
+    def merge_manual(path: str = typer.Argument(..., metavar="PATH",
+                                                help="A checkpoint left in conflict by `git merge`."),
+                     to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
+                                                      help="Write torch, safetensors or hdf5 instead."),
+                     quiet: bool = QUIET_OPTION) -> None:
         """Write the ours/theirs/ancestor versions of a conflicted checkpoint beside it to merge by hand.
 
         Merge them with any tool, write the result to PATH, then `git add PATH` and commit.
@@ -79,6 +86,7 @@ def register(app: typer.Typer) -> None:
         from theta.errors import ThetaError
         from theta.commands.export import export
 
+        set_quiet(quiet)
         p = Path(path)
         stem, suffix = (p.name[:-len("".join(p.suffixes))], "".join(p.suffixes)) if p.suffixes else (p.name, "")
         repo_path = gitutil.run_text(["ls-files", "--full-name", "--", path], check=False).splitlines()
@@ -95,36 +103,46 @@ def register(app: typer.Typer) -> None:
             written.append(str(out))
         for w in written:
             print(w)
-        print(f"Merge them into {path}, then `git add {path}` and commit.", file=sys.stderr)
+        note(f"Merge them into {path}, then `git add {path}` and commit.")
 
     @app.command("merge-resolve")
-    def merge_resolve(path: str = typer.Argument(..., help="A checkpoint left in conflict by `git merge`."),
-                      strategy: str = typer.Option(..., "--strategy", "-s", help="e.g. average, ties, ours."),
-                      param: List[str] = typer.Option([], "--param", "-p", help="NAME=VALUE, e.g. density=0.3."),
-                      ) -> None:
+    def merge_resolve(path: str = typer.Argument(..., metavar="PATH",
+                                                 help="A checkpoint left in conflict by `git merge`."),
+                      strategy: str = typer.Option(..., "--strategy", "-s", metavar="NAME",
+                                                   help="A merge strategy: average, ties, ours, ... "
+                                                        "(`git theta merge-strategies` lists them)."),
+                      param: List[str] = typer.Option([], "--param", "-p", metavar="NAME=VALUE",
+                                                      help="A strategy parameter, e.g. density=0.3."),
+                      quiet: bool = QUIET_OPTION) -> None:
         """Resolve a conflicted checkpoint with a merge strategy: write the result and stage it (then commit)."""
         from theta.errors import ThetaError
         from theta.commands.merge_driver import resolve_conflicted
         from theta.errors import MergeConflict
 
+        set_quiet(quiet)
         params = {}
         for kv in param:
             key, sep, value = kv.partition("=")
-            if not sep:
-                raise ThetaError(f"--param {kv!r}: expected NAME=VALUE")
+            if not sep or not key.strip():
+                raise typer.BadParameter(f"expected NAME=VALUE, got {kv!r}", param_hint="'--param'")
             params[key.strip().replace("-", "_")] = value
         try:
             resolve_conflicted(path, strategy, params)
         except MergeConflict as e:
             raise ThetaError(str(e)) from None
-        print(f"Resolved {path} with {strategy}; staged. Commit to conclude the merge.", file=sys.stderr)
+        note(f"Resolved {path} with {strategy}; staged. Commit to conclude the merge.")
 
     @app.command("merge-strategies")
-    def merge_strategies() -> None:
+    def merge_strategies(as_json: bool = JSON_OPTION) -> None:
         """List the installed merge strategies and their parameters."""
         from theta.merges import get, names
+        from zipslice.clistyle import emit_json
 
-        for name in names():
-            s = get(name)
+        found = [get(name) for name in names()]
+        if as_json:
+            emit_json({"strategies": [{"name": s.name, "summary": s.summary, "parameters": dict(s.defaults),
+                                       "needs_ancestor": s.needs_ancestor} for s in found]})
+            return
+        for name, s in zip(names(), found):
             params = ", ".join(f"{k}={v:g}" for k, v in s.defaults.items())
             print(f"{name:<16} {s.summary}" + (f"  [{params}]" if params else ""))

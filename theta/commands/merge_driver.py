@@ -16,6 +16,7 @@ once, and %A is replaced atomically only after every group is merged.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -84,6 +85,25 @@ def choose_strategies(plan: MergePlan, config: MergeConfig, stdin: TextIO | None
             else:
                 known = strategy.defaults
                 p.params = {k: v for k, v in p.params.items() if k in known}
+                problem = check_params(strategy, p.params)
+                if problem:
+                    plan.conflicts.append(f"{p.name}: {problem} (from {p.source})")
+
+
+def check_params(strategy, params: dict) -> str | None:
+    """What is wrong with a strategy's parameters (any source), before any tensor is read; None if fine."""
+    from theta.errors import MergeError
+
+    bad = [f"{k}={v!r}" for k, v in params.items() if not (isinstance(v, (int, float)) and math.isfinite(v))]
+    if bad:
+        return f"merge parameter {', '.join(bad)} is not a finite number"
+    validate = getattr(strategy, "params", None)
+    if callable(validate):
+        try:
+            validate(params)
+        except MergeError as e:
+            return str(e)
+    return None
 
 
 def _applicable(p: Pending) -> list[str]:
@@ -99,20 +119,24 @@ def read_meta(path: str | os.PathLike, role: str, checkpoint: str, optional: boo
     if not is_metadata(data):
         raise ThetaError(f"{checkpoint}: the {role} version is not theta metadata (was it committed without the "
                          f"theta filter? run `git theta install` and `git theta track`)")
-    return loads(data)
+    return loads(data, file=f"{checkpoint} ({role})")
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename; the temp file has no name until then (a kill leaves
+    nothing behind, see theta.scratch)."""
+    from theta import scratch
+
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, tmp = scratch.anonymous(path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n", closefd=False) as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.fchmod(fd, 0o644)
+        scratch.publish(fd, tmp, path, replace=True)
+        tmp = None
+    finally:
+        scratch.discard(fd, tmp)
 
 
 def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
@@ -126,6 +150,15 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     ancestor = read_meta(ancestor_file, "ancestor", path, optional=True)
     ours = read_meta(ours_file, "our", path)
     theirs = read_meta(theirs_file, "their", path)
+    if any(m is not None and m.is_opaque for m in (ancestor, ours, theirs)):
+        return merge_opaque(ancestor, ours, theirs, path, ours_file, err)
+    from theta import settings
+    from theta.updates.bounds import check_output
+
+    limit = settings.max_checkout_bytes(repo_dir)
+    for role, m in (("ancestor", ancestor), ("ours", ours), ("theirs", theirs)):
+        if m is not None:  # metadata from a clone: refused before any value is rebuilt
+            check_output(m, f"{path} ({role})", limit)
     config = config or MergeConfig.load(repo_dir)
     config.check_parameters({k for n in strategy_names() for k in get_strategy(n).defaults})
     plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
@@ -141,6 +174,25 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     err.write(f"theta: merged {path}: {len(meta.groups)} groups ({c['unchanged']} unchanged, {c['ours']} from ours, "
               f"{c['theirs']} from theirs, {len(plan.pending)} merged by strategy)\n")
     return meta
+
+
+def merge_opaque(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: CheckpointMeta, path: str,
+                 ours_file: str, err: TextIO) -> CheckpointMeta:
+    """A file stored as one opaque blob (on any side) merges like a binary file: the side that changed wins,
+    a change on both sides is a conflict."""
+    from theta.merges.merge import three_way
+
+    def key(m: CheckpointMeta | None):
+        return None if m is None else (m.opaque if m.is_opaque else dumps(m))
+
+    side, value = three_way(ancestor, ours, theirs, key)
+    if side == "both":
+        raise MergeConflict(path, ["(file) not a checkpoint (stored as one opaque blob) and changed on both "
+                                   "sides; keep one with `git checkout --ours` or `--theirs`"])
+    if side == "theirs":
+        write_atomically(ours_file, dumps(value))
+    err.write(f"theta: merged {path}: not a checkpoint, took {'ours' if side == 'same' else side}\n")
+    return value
 
 
 def main(ancestor_file: str, ours_file: str, theirs_file: str, marker_size: str, path: str) -> int:
@@ -178,13 +230,13 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
     if stages[2] is None or stages[3] is None:
         raise ThetaError(f"{rel}: no ours/theirs stages in the index; is the file in conflict?")
     config = MergeConfig.load(repo)
-    config.env_strategy, config.interactive = strategy, False
+    config.cli_strategy, config.interactive = strategy, False
     for key, value in (params or {}).items():
         try:
-            config.env_params[key] = float(value)
+            config.cli_params[key] = float(value)
         except (TypeError, ValueError):
-            raise ThetaError(f"merge parameter {key}={value!r} is not a number") from None
-    with tempfile.TemporaryDirectory(dir=gitutil.theta_dir(repo)) as d:
+            raise ThetaError(f"--param {key}={value}: {value!r} is not a number") from None
+    with tempfile.TemporaryDirectory(dir=gitutil.scratch_dir(repo)) as d:
         files = []
         for n, role in ((1, "ancestor"), (2, "ours"), (3, "theirs")):
             f = Path(d) / role

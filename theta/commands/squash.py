@@ -29,12 +29,14 @@ def squash_path(path: str, cwd: str | os.PathLike = ".") -> SquashReport:
     if not is_metadata(data):
         raise ThetaError(f"{path}: the staged version is not theta metadata (is the path tracked with "
                          f"`git theta track`?)")
-    meta = loads(data)
+    meta = loads(data, file=rel)
+    if meta.is_opaque:
+        raise ThetaError(f"{path}: not a checkpoint (stored as one opaque blob); nothing to squash")
     store = LfsStore.for_repo(top)
     fetch_missing(top, meta.blob_refs(), store=store)
     squashed, report = squash_meta(meta, store, file=rel)
     if report.rewritten:
-        text = dumps(squashed).encode("utf-8")  # stored as is: it already is the clean form
+        text = dumps(squashed, file=rel).encode("utf-8")  # stored as is: it already is the clean form
         oid = gitutil.run(["hash-object", "-w", "--no-filters", "--stdin"], top, input=text).decode().strip()
         mode = gitutil.run_text(["ls-files", "-s", "--", rel], top).split()[0]
         gitutil.run(["update-index", "--cacheinfo", f"{mode},{oid},{rel}"], top)
@@ -46,16 +48,20 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the `git theta` app."""
 
     @app.command()
-    def squash(paths: List[str] = typer.Argument(..., help="Theta-tracked checkpoints to squash.")) -> None:
+    def squash(paths: List[str] = typer.Argument(..., metavar="PATH", help="Theta-tracked checkpoints to squash."),
+               quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")) -> None:
         """Make the staged version of each PATH self-contained: every group becomes one dense step.
 
         Update chains (sparse/low-rank/ia3/delta/rows steps on earlier values) are rebuilt and stored as
         plain values, so the next commit no longer needs the older blobs. The working tree is unchanged.
         """
+        from zipslice.clistyle import say, set_quiet
+
+        set_quiet(quiet)
         for p in paths:
             r = squash_path(p)
             if r.rewritten:
-                print(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
+                say(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
                       f"({r.new_blob_bytes / 2**20:.1f} MiB stored); the result is staged")
             else:
-                print(f"{r.path}: already self-contained ({r.groups} groups)")
+                say(f"{r.path}: already self-contained ({r.groups} groups)")

@@ -70,7 +70,7 @@ def fetch_objects(repo_dir: str | os.PathLike, remote: str, objects: Iterable[tu
     real_objects = Path(gitutil.run_text(["rev-parse", "--git-path", "objects"], repo_dir))
     if not real_objects.is_absolute():
         real_objects = (Path(repo_dir) / real_objects).resolve()
-    with tempfile.TemporaryDirectory(prefix="fetch-", dir=gitutil.theta_dir(repo_dir)) as tmp:
+    with tempfile.TemporaryDirectory(prefix="fetch-", dir=gitutil.scratch_dir(repo_dir)) as tmp:
         env = dict(os.environ)
         alternates = [str(real_objects)] + [a for a in env.get("GIT_ALTERNATE_OBJECT_DIRECTORIES", "").split(":") if a]
         env["GIT_OBJECT_DIRECTORY"] = tmp

@@ -56,11 +56,85 @@ def hooks_dir(cwd=None) -> Path:
     return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
 
 
+def git_path(name: str, cwd=None) -> Path:
+    """``git rev-parse --git-path NAME`` made absolute (honours GIT_INDEX_FILE for "index", worktrees...)."""
+    d = Path(run_text(["rev-parse", "--git-path", name], cwd))
+    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+
+
+def object_format(cwd=None) -> str:
+    """The repository's hash algorithm: "sha1" or "sha256"."""
+    return run_text(["rev-parse", "--show-object-format"], cwd, check=False) or "sha1"
+
+
+def blob_id(data: bytes, hash_name: str = "sha1") -> str:
+    """The id git gives a blob of these bytes (what `git hash-object` prints, without running git)."""
+    import hashlib
+
+    h = hashlib.new(hash_name)
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+# git's options that take their value as the next argument (git(1): before the subcommand)
+_GIT_OPTIONS_WITH_VALUE = {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env", "--super-prefix",
+                           "--attr-source"}
+
+
+def git_subcommand(argv: list[str]) -> str | None:
+    """``checkout`` for ``git -C x -c a=b checkout main``; ``archive`` for ``git-archive ...``; else None."""
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if name.startswith("git-") and name not in ("git-theta", "git-theta-filter", "git-lfs"):
+        return name[4:]
+    if name != "git":
+        return None
+    args = iter(argv[1:])
+    for a in args:
+        if a in _GIT_OPTIONS_WITH_VALUE:
+            next(args, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def invoking_subcommand() -> str | None:
+    """The subcommand of the git process that started this one (through the shell git runs filters with),
+    e.g. "checkout" or "archive"; None when no git process is found."""
+    try:
+        import psutil
+
+        p = psutil.Process(os.getppid())
+        for _ in range(4):
+            if p is None:
+                return None
+            cmd = git_subcommand(p.cmdline())
+            if cmd is not None:
+                return cmd
+            p = p.parent()
+    except Exception:  # psutil missing, a process gone, no permission: unknown
+        return None
+    return None
+
+
 def theta_dir(cwd=None) -> Path:
     """<git-common-dir>/theta: scratch space on the repository's file system (spool files)."""
     d = common_dir(cwd) / "theta"
     d.mkdir(exist_ok=True)
     return d
+
+
+def scratch_dir(cwd=None) -> Path:
+    """This process's own temp directory, ``<git-common-dir>/theta/tmp/<pid>-<start time>``, after removing
+    what killed theta processes left there (:mod:`theta.scratch`)."""
+    from theta import scratch
+
+    parent = theta_dir(cwd) / "tmp"
+    parent.mkdir(exist_ok=True)
+    scratch.sweep(parent)
+    return scratch.owned_dir(parent)
 
 
 # -- config -------------------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+import numpy as np
+
+from zipslice import dtypes
+
+from theta.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
@@ -211,9 +216,41 @@ def fetch_for(plan: MergePlan, store: LfsStore, repo_dir: str | os.PathLike) -> 
         fetch_missing(repo_dir, refs, store=store)
 
 
+def new_non_finite(merged: np.ndarray, inputs: list[np.ndarray]) -> int:
+    """How many elements of ``merged`` are NaN/inf where every input is finite (chunk by chunk)."""
+    if merged.dtype.kind not in "fc" and not dtypes.from_numpy(merged.dtype).is_float:
+        return 0
+    flat = merged.reshape(-1)
+    ins = [a.reshape(-1) for a in inputs]
+    count = 0
+    for start in range(0, flat.size, _CHECK_CHUNK):
+        sl = slice(start, start + _CHECK_CHUNK)
+        bad = ~_finite(flat[sl])
+        if not bad.any():
+            continue
+        for a in ins:
+            bad &= _finite(a[sl])
+        count += int(np.count_nonzero(bad))
+    return count
+
+
+_CHECK_CHUNK = 1 << 20
+
+
+def _finite(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "fc":  # ml_dtypes (bfloat16, float8): widen a chunk to test it
+        a = a.astype(np.float32)
+    return np.isfinite(a)
+
+
 def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> CheckpointMeta:
-    """Merge the pending groups one at a time (memory: three inputs and one result) and build the metadata."""
+    """Merge the pending groups one at a time (memory: three inputs and one result) and build the metadata.
+
+    A strategy that turns finite inputs into NaN or inf (an overflowing alpha, an extreme t) makes that
+    group a conflict: MergeConflict naming every such group, raised once all groups were tried; nothing
+    is written for the file."""
     groups = dict(plan.kept)
+    poisoned: list[str] = []
     for i, p in enumerate(plan.pending, 1):
         strategy = get_strategy(p.strategy)
         if strategy.picks is not None:
@@ -225,14 +262,24 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
             o = reconstruct(p.ancestor, store, cache, file=plan.path) if strategy.needs_ancestor else None
             a = reconstruct(p.ours, store, cache, file=plan.path)
             b = reconstruct(p.theirs, store, cache, file=plan.path)
-            merged = strategy.merge(p.name, a, b, o, **p.params)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
+                merged = strategy.merge(p.name, a, b, o, **p.params)
+            bad = new_non_finite(merged, [x for x in (a, b, o) if x is not None])
             del a, b, o, cache
+            if bad:
+                params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
+                poisoned.append(f"{p.name}: strategy {p.strategy!r}" + (f" ({params})" if params else "")
+                                + f" turned finite values into {bad} NaN/inf (from {p.source}); choose other "
+                                  "parameters or another strategy")
+                continue
             groups[p.name] = dense_group(p.ours, merged, store)
             del merged
         if log is not None:
             params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
             log.write(f"theta: {plan.path}: [{i}/{len(plan.pending)}] {p.name}: {p.strategy}"
                       + (f" ({params})" if params else "") + f"  [{p.source}]\n")
+    if poisoned:
+        raise MergeConflict(plan.path, poisoned)
     h = plan.header
     meta = CheckpointMeta(format=h["format"], order=list(h["order"]), groups=groups, structure=h["structure"],
                           aliases=dict(plan.aliases), metadata=dict(h["metadata"] or {}), lsh=dict(h["lsh"] or {}))

@@ -44,6 +44,9 @@ class Strategy:
     needs_ancestor: ClassVar[bool] = False
     picks: ClassVar[str | None] = None
     defaults: ClassVar[dict[str, float]] = {}
+    # parameter -> (low, high, low included): values outside are refused before any tensor is read
+    ranges: ClassVar[dict[str, tuple[float, float, bool]]] = {}
+    integers: ClassVar[frozenset[str]] = frozenset()  # parameters that must be whole numbers
 
     def applies(self, dtype: str, has_ancestor: bool) -> bool:
         if self.needs_ancestor and not has_ancestor:
@@ -60,8 +63,17 @@ class Strategy:
         for key, value in given.items():
             try:
                 out[key] = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not a number") from None
+            if not math.isfinite(out[key]):
+                raise MergeError(f"merge strategy {self.name!r}: parameter {key}={value!r} is not finite")
+            if key in self.integers and out[key] != int(out[key]):
+                raise MergeError(f"merge strategy {self.name!r}: {key} must be a whole number, got {value!r}")
+            if key in self.ranges:
+                lo, hi, lo_in = self.ranges[key]
+                if not ((lo <= out[key] if lo_in else lo < out[key]) and out[key] <= hi):
+                    raise MergeError(f"merge strategy {self.name!r}: {key} must be in "
+                                     f"{'[' if lo_in else '('}{lo:g}, {hi:g}], got {value!r}")
         return out
 
     def merge(self, name: str, ours: np.ndarray, theirs: np.ndarray, ancestor: np.ndarray | None,
@@ -182,6 +194,7 @@ class Ties(Strategy):
     summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda": 1.0}
+    ranges = {"density": (0.0, 1.0, False)}
 
     def compute(self, name, A, B, O, p):
         density, lam = p["density"], p["lambda"]
@@ -216,6 +229,8 @@ class Dare(Strategy):
     summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
     needs_ancestor = True
     defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
+    ranges = {"density": (0.0, 1.0, False), "seed": (0.0, float(2 ** 53), True)}
+    integers = frozenset({"seed"})
 
     def compute(self, name, A, B, O, p):
         density = p["density"]
@@ -239,6 +254,7 @@ class Slerp(Strategy):
     name = "slerp"
     summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
     defaults = {"t": 0.5}
+    ranges = {"t": (0.0, 1.0, True)}  # an interpolation: beyond [0, 1] sin((1-t)θ) gives finite garbage
 
     def compute(self, name, A, B, O, p):
         t = p["t"]

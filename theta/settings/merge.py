@@ -29,6 +29,7 @@ ones the chosen strategy knows are passed to it, so ``theta.merge.density`` does
 """
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -72,23 +73,73 @@ def _param_name(key: str) -> str:
     return key.strip().lower().replace("-", "_")
 
 
+# .thetamerge comes with the repository (untrusted): bounded before it is parsed
+MAX_RULES_FILE_BYTES = 1 << 20
+MAX_RULES_DEPTH = 8           # nesting of arrays/inline tables (the format needs 2: [[rule]] + a glob list)
+MAX_RULES = 1000
+MAX_GLOBS = 1000              # per rule
+MAX_GLOB_CHARS = 1024
+
+
 def _number(value: object, where: str) -> float:
+    """A finite float from config, environment or .thetamerge; MergeError naming ``where`` otherwise."""
     if isinstance(value, bool):
         raise MergeError(f"{where}: expected a number, got {value!r}")
     try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise MergeError(f"{where}: expected a number, got {value!r}") from None
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise MergeError(f"{where}: expected a number, got {_short(value)}") from None
+    if not math.isfinite(number):
+        raise MergeError(f"{where}: expected a finite number, got {value!r}")
+    return number
 
 
 def _globs(value: object, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,)
+        value = [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if len(value) > MAX_GLOBS or any(len(v) > MAX_GLOB_CHARS for v in value):
+            raise MergeError(f"{where}: at most {MAX_GLOBS} globs of at most {MAX_GLOB_CHARS} characters")
         return tuple(value)
-    raise MergeError(f"{where}: expected a glob or a list of globs, got {value!r}")
+    raise MergeError(f"{where}: expected a glob or a list of globs, got {_short(value)}")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def toml_depth(text: str) -> int:
+    """The deepest nesting of arrays and inline tables in a TOML text, without parsing it (tomllib recurses
+    once per level). Strings (basic, literal, multi-line) and comments are skipped."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif c in "\"'":
+            triple = text.startswith(c * 3, i)
+            quote = c * 3 if triple else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                if c == '"' and text[i] == "\\":
+                    i += 1
+                elif not triple and text[i] == "\n":
+                    break  # an unterminated one-line string: tomllib reports it
+                i += 1
+            i += len(quote)
+        else:
+            if c in "[{":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif c in "]}":
+                depth -= 1
+            i += 1
+    return deepest
 
 
 def _table(table: Mapping, where: str) -> tuple[str | None, dict[str, float]]:
@@ -112,15 +163,20 @@ class MergeConfig:
     interactive: bool = True
     # non-tensor values (epoch counters, ...) changed differently on both sides: None = conflict, "ours", "theirs"
     values: str | None = None
+    # given on the command line (`git theta merge-resolve --strategy/--param`): above everything else
+    cli_strategy: str | None = None
+    cli_params: dict[str, float] = field(default_factory=dict)
 
     @property
     def configured(self) -> bool:
-        return bool(self.env_strategy or self.git_strategy or self.file_strategy
+        return bool(self.cli_strategy or self.env_strategy or self.git_strategy or self.file_strategy
                     or any(r.strategy for r in self.rules))
 
     def choose(self, path: str, group: str) -> Choice:
         rule = next((r for r in self.rules if r.strategy and r.matches(path, group)), None)
-        if self.env_strategy:
+        if self.cli_strategy:
+            strategy, source = self.cli_strategy, "--strategy"
+        elif self.env_strategy:
             strategy, source = self.env_strategy, "environment GIT_THETA_MERGE_STRATEGY"
         elif rule is not None:
             strategy, source = rule.strategy, rule.label
@@ -137,11 +193,13 @@ class MergeConfig:
         for r in reversed([r for r in self.rules if r.matches(path, group)]):
             params.update(r.params)
         params.update(self.env_params)
+        params.update(self.cli_params)
         return Choice(strategy, params, source)
 
     def check_parameters(self, known: set[str]) -> None:
         """Refuse parameter names no installed strategy knows (a typo must not silently use a default)."""
-        sources = [("environment GIT_THETA_MERGE_", self.env_params), ("git config theta.merge.", self.git_params),
+        sources = [("--param ", self.cli_params), ("environment GIT_THETA_MERGE_", self.env_params),
+                   ("git config theta.merge.", self.git_params),
                    (f"{RULES_FILE} [default] ", self.file_params)]
         sources += [(f"{r.label} ", r.params) for r in self.rules]
         for where, params in sources:
@@ -191,19 +249,35 @@ def _boolean(value: str, where: str) -> bool:
 def _load_file(cfg: MergeConfig, path: Path) -> None:
     if not path.is_file():
         return
+    size = path.stat().st_size
+    if size > MAX_RULES_FILE_BYTES:
+        raise MergeError(f"{path}: {size} bytes, over the limit of {MAX_RULES_FILE_BYTES} for {RULES_FILE}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
         raise MergeError(f"{path}: not valid TOML: {e}") from None
+    depth = toml_depth(text)
+    if depth > MAX_RULES_DEPTH:
+        raise MergeError(f"{path}: arrays or tables nested {depth} deep, over the limit of {MAX_RULES_DEPTH}")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise MergeError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # defence in depth: toml_depth should have refused it
+        raise MergeError(f"{path}: nested too deeply") from None
     unknown = set(data) - {"default", "rule"}
     if unknown:
         raise MergeError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}; expected [default] and [[rule]]")
     cfg.file_strategy, cfg.file_params = _table(data.get("default", {}), f"{path} [default]")
     if "values" in data.get("default", {}):
         cfg.values = _values_policy(data["default"]["values"], f"{path} [default] values")
+    if not isinstance(data.get("default", {}), dict):
+        raise MergeError(f"{path}: 'default' must be a table ([default])")
     rules = data.get("rule", [])
-    if not isinstance(rules, list):
+    if not isinstance(rules, list) or not all(isinstance(t, dict) for t in rules):
         raise MergeError(f"{path}: 'rule' must be an array of tables ([[rule]])")
+    if len(rules) > MAX_RULES:
+        raise MergeError(f"{path}: {len(rules)} rules, over the limit of {MAX_RULES}")
     for i, table in enumerate(rules, 1):
         where = f"{path} rule {i}"
         strategy, params = _table(table, where)

@@ -20,9 +20,12 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
+import math
+import mmap
 import struct
 import threading
-from typing import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator, Union
 
 import msgpack
 import numpy as np
@@ -35,7 +38,18 @@ from theta.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"
-FRAME_BYTES = 8 << 20
+FRAME_BYTES = 4 << 20  # 4 MiB frames: fewer bytes in flight per codec thread (docs/design/performance.md)
+# Limits on what a blob (untrusted: it came from a remote) may claim. zstd cannot expand data more than
+# 32768x: a block holds at most 128 KiB and the smallest block (RLE) costs 4 bytes. A frame claiming more
+# than that from its compressed bytes is refused before anything is allocated. Decoding therefore never
+# allocates more than ZSTD_MAX_RATIO x the blob's size (+ one block per frame).
+ZSTD_MAX_RATIO = 1 << 15
+ZSTD_BLOCK_BYTES = 128 << 10
+MAX_HEADER_BYTES = 64 << 20   # msgpack header of one array blob (a frame list: ~20 bytes per 8 MiB frame)
+MAX_RANK = 64
+MAX_PARTS = 64                # parts of one update blob (theta's update types use at most 4)
+MAX_PART_NAME = 256
+_MAX_HEADER_ITEMS = 1 << 24
 # Level 0 (the default) is theta's preset for byte planes: zstd's "fast" strategy with a tiny match table
 # (hash_log 6, min_match 7). Planes of weights have almost no repeats, so match finding is wasted work; this
 # preset keeps zstd's Huffman coding of literals and is ~4x faster and slightly smaller than level 1
@@ -81,24 +95,73 @@ def _uses_planes(dt: dtypes.DType) -> bool:
     return dt.is_float and dt.itemsize > 1
 
 
-def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
-    """The blob of ``arr`` as byte strings in order, compressed on the codec threads a few frames ahead.
+@dataclass
+class LazyArray:
+    """An array the encoder pulls frame by frame instead of holding it whole (e.g. a delta's code words,
+    computed from the new and previous values as each frame is compressed, on the codec threads).
 
-    Memory: the input plus at most ``2 * parallel.CODEC_THREADS`` compressed frames in flight.
+    ``read(start, stop)`` returns elements ``[start, stop)`` of the C-order flattened array as a contiguous
+    array of ``dtype`` (a fresh or a read-only one: the encoder only reads it); it must be safe to call
+    from several threads at once. ``planes``: byte-plane every frame (see :func:`iter_encode_array`).
+    """
+
+    dtype: np.dtype
+    shape: tuple
+    read: Callable[[int, int], np.ndarray]
+    planes: bool | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def planed(arr: np.ndarray) -> LazyArray:
+    """``arr`` encoded in byte planes whatever its dtype (integer words whose high bytes are mostly zero,
+    such as a delta's zigzag codes, compress far better plane by plane)."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    return LazyArray(arr.dtype, tuple(arr.shape), lambda a, b: flat[a:b], planes=True)
+
+
+ArrayLike = Union[np.ndarray, LazyArray]
+
+
+def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool | None = None) -> Iterator[bytes]:
+    """The blob of ``arr`` (an array or a :class:`LazyArray`) as byte strings in order, compressed on the
+    codec threads a few frames ahead.
+
+    ``planes``: byte-plane each frame (default: floats wider than a byte; a LazyArray may ask for it).
+    Memory: the input (a LazyArray: only the frames in flight) plus at most ``2 * parallel.CODEC_THREADS``
+    compressed frames in flight.
     """
     try:
-        dt = dtypes.from_numpy(arr.dtype)
+        dt = dtypes.from_numpy(np.dtype(arr.dtype))
     except KeyError as e:
         raise CodecError(f"cannot encode an array of dtype {arr.dtype}: {e}") from None
-    arr = dtypes.little_endian(arr)
-    raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
     item = dt.itemsize
-    per_frame = max(1, FRAME_BYTES // item) * item
-    bounds = [(s, min(s + per_frame, raw.size)) for s in range(0, raw.size, per_frame)]
-    planes = _uses_planes(dt)
+    if isinstance(arr, LazyArray):
+        lazy, shape, n = arr, tuple(arr.shape), arr.size
+        if planes is None:
+            planes = arr.planes
+    else:
+        arr = dtypes.little_endian(arr)
+        lazy, shape, n = None, tuple(arr.shape), arr.size
+        raw = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+    if planes is None:
+        planes = _uses_planes(dt)
+    planes = bool(planes) and item > 1
+    per_frame = max(1, FRAME_BYTES // item)  # elements
+    bounds = [(s, min(s + per_frame, n)) for s in range(0, n, per_frame)]
+
+    def frame_bytes(b: tuple[int, int]) -> np.ndarray:
+        if lazy is None:
+            return raw[b[0] * item:b[1] * item]
+        got = dtypes.little_endian(np.ascontiguousarray(lazy.read(b[0], b[1])))
+        if got.dtype.itemsize != item or got.size != b[1] - b[0]:
+            raise CodecError(f"lazy array gave {got.size} elements of {got.dtype} for [{b[0]}, {b[1]}) of {dt.name}")
+        return got.reshape(-1).view(np.uint8)
 
     def work(b: tuple[int, int]) -> list[bytes]:
-        frame = raw[b[0]:b[1]]
+        frame = frame_bytes(b)
         c = _compressor(level, planes)
         if planes:
             grouped = frame.reshape(-1, item).T.copy()  # plane i = byte i of every element
@@ -108,9 +171,9 @@ def iter_encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> Iterator[b
     yield ARRAY_MAGIC
     frames = []
     for b, ps in zip(bounds, _ordered(work, bounds)):
-        frames.append([(b[1] - b[0]) // item, [len(p) for p in ps]])
+        frames.append([b[1] - b[0], [len(p) for p in ps]])
         yield from ps
-    header = {"dtype": dt.name, "shape": list(arr.shape), "enc": "planes" if planes else "zstd", "frames": frames}
+    header = {"dtype": dt.name, "shape": list(shape), "enc": "planes" if planes else "zstd", "frames": frames}
     h = msgpack.packb(header)
     yield h + struct.pack("<I", len(h)) + ARRAY_MAGIC
 
@@ -147,69 +210,188 @@ def _trailer(blob: memoryview, magic: bytes, what: str) -> tuple[dict, int]:
     end = n - 8 - hlen
     if end < 4:
         raise CodecError(f"theta {what} blob truncated: header needs {hlen} bytes, blob has {n}")
+    if hlen > MAX_HEADER_BYTES:
+        raise CodecError(f"theta {what} blob header of {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(blob[end:n - 8])
-    except (msgpack.UnpackException, ValueError) as e:
+        header = msgpack.unpackb(blob[end:n - 8], max_array_len=_MAX_HEADER_ITEMS, max_map_len=16,
+                                 max_str_len=MAX_PART_NAME, max_bin_len=0, max_ext_len=0)
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
         raise CodecError(f"theta {what} blob has a corrupt header: {e}") from None
     if not isinstance(header, dict):
         raise CodecError(f"theta {what} blob header is not a map")
     return header, end
 
 
-def decode_array(blob: "bytes | bytearray | memoryview") -> np.ndarray:
-    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape."""
-    blob = memoryview(blob).cast("B")
+@dataclass(frozen=True)
+class _ArrayLayout:
+    """An array blob's checked header: what it decodes to and where each frame's compressed bytes are."""
+
+    dtype: "dtypes.DType"
+    shape: tuple[int, ...]
+    enc: str
+    frames: list[tuple[int, list[int]]]
+    payload_end: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _nonneg_int(v, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise CodecError(f"theta array blob header is invalid: {what} {v!r:.60} is not a non-negative integer")
+    return v
+
+
+def _array_layout(blob: memoryview) -> _ArrayLayout:
+    """Check an array blob's header against its own bytes, before anything is allocated.
+
+    Every frame must decode to no more than zstd can produce from its compressed bytes (ZSTD_MAX_RATIO), so
+    a header cannot make the decoder allocate more than a fixed multiple of the blob's size.
+    """
     header, payload_end = _trailer(blob, ARRAY_MAGIC, "array")
-    pos = 4
+    if set(header) != {"dtype", "shape", "enc", "frames"}:
+        raise CodecError(f"theta array blob header has fields {sorted(map(str, header))}, "
+                         f"expected dtype, shape, enc, frames")
     try:
         dt = dtypes.get(header["dtype"])
-        shape = tuple(int(s) for s in header["shape"])
-        enc, frames = header["enc"], header["frames"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise CodecError(f"theta array blob header is invalid: {e}") from None
-    if enc not in ("planes", "zstd") or any(s < 0 for s in shape):
-        raise CodecError(f"theta array blob has unknown encoding {enc!r} or bad shape {shape}")
-    item = dt.itemsize
-    n = int(np.prod(shape, dtype=np.int64))
-    if sum(f[0] for f in frames) != n:
-        raise CodecError(f"theta array blob frames hold {sum(f[0] for f in frames)} elements, shape needs {n}")
-    out = np.empty(n * item, dtype=np.uint8)
-    jobs, start, off = [], 0, pos
-    for count, sizes in frames:
+    except (KeyError, TypeError):
+        raise CodecError(f"theta array blob has unknown dtype {header['dtype']!r:.60}") from None
+    raw_shape, enc, raw_frames = header["shape"], header["enc"], header["frames"]
+    if enc not in ("planes", "zstd") or (enc == "planes" and dt.itemsize < 2):
+        raise CodecError(f"theta array blob has encoding {enc!r:.40}, which does not fit dtype {dt.name}")
+    if not isinstance(raw_shape, list) or len(raw_shape) > MAX_RANK:
+        raise CodecError(f"theta array blob shape {raw_shape!r:.80} is not a list of at most {MAX_RANK} dimensions")
+    shape = tuple(_nonneg_int(s, "dimension") for s in raw_shape)
+    if not isinstance(raw_frames, list):
+        raise CodecError("theta array blob header is invalid: frames is not a list")
+    item, frames, count_sum, off = dt.itemsize, [], 0, 4
+    for f in raw_frames:
+        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[1], list)):
+            raise CodecError(f"theta array blob header is invalid: frame {f!r:.60} is not [count, [sizes]]")
+        count = _nonneg_int(f[0], "frame element count")
+        sizes = [_nonneg_int(c, "frame size") for c in f[1]]
+        if len(sizes) != (item if enc == "planes" else 1):
+            raise CodecError(f"theta array blob frame has {len(sizes)} compressed parts, "
+                             f"{dt.name} with encoding {enc} needs {item if enc == 'planes' else 1}")
+        per_part = count if enc == "planes" else count * item
+        for c in sizes:
+            if per_part > ZSTD_MAX_RATIO * c + ZSTD_BLOCK_BYTES:
+                raise CodecError(f"theta array blob frame claims {per_part} bytes from {c} compressed bytes, "
+                                 f"more than zstd can produce (at most {ZSTD_MAX_RATIO}x)")
+        frames.append((count, sizes))
+        count_sum += count
+        off += sum(sizes)
+    n = math.prod(shape)
+    if count_sum != n:
+        raise CodecError(f"theta array blob frames hold {count_sum} elements, shape {list(shape)} needs {n}")
+    if off != payload_end:
+        raise CodecError(f"theta array blob has {payload_end - 4} payload bytes, its frames say {off - 4}")
+    return _ArrayLayout(dt, shape, enc, frames, payload_end)
+
+
+def _forget(blob: memoryview, start: int, stop: int) -> None:
+    """Drop bytes [start, stop) of ``blob`` from this process's resident set when it is a read-only memory map
+    (LfsStore.mapped): they stay in the page cache, but a decoded frame's compressed bytes no longer count
+    toward the process's memory on top of the decoded value."""
+    m = blob.obj
+    if not isinstance(m, mmap.mmap) or stop - start < 2 * mmap.PAGESIZE:
+        return
+    try:
+        base = np.frombuffer(m, np.uint8).ctypes.data
+        here = np.frombuffer(blob, np.uint8).ctypes.data - base  # where blob starts in the map
+        first = -(-(here + start) // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (here + stop) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            m.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except (ValueError, OSError, AttributeError):
+        pass  # closed map or no madvise on this platform: only a memory optimisation
+
+
+def _frame_jobs(layout: "_ArrayLayout") -> list:
+    """(byte start in the decoded array, element count, offset in the blob, compressed sizes) per frame."""
+    item, jobs, start, off = layout.dtype.itemsize, [], 0, 4
+    for count, sizes in layout.frames:
         jobs.append((start, count, off, sizes))
         start += count * item
         off += sum(sizes)
-    if off != payload_end:
-        raise CodecError(f"theta array blob has {payload_end - 4} payload bytes, its frames say {off - 4}")
-
-    def work(job) -> None:
-        s, count, o, sizes = job
-        d = _decompressor()
-        dest = out[s:s + count * item]
-        try:
-            if enc == "planes":
-                if len(sizes) != item:
-                    raise CodecError(f"theta array blob frame has {len(sizes)} planes, dtype needs {item}")
-                grid = dest.reshape(count, item)
-                for i, c in enumerate(sizes):
-                    plane = d.decompress(blob[o:o + c], max_output_size=count)
-                    if len(plane) != count:
-                        raise CodecError(f"theta array blob plane {i} decodes to {len(plane)} bytes, expected {count}")
-                    grid[:, i] = np.frombuffer(plane, np.uint8)
-                    o += c
-            else:
-                data = d.decompress(blob[o:o + sizes[0]], max_output_size=count * item)
-                if len(data) != count * item:
-                    raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {count * item}")
-                dest[:] = np.frombuffer(data, np.uint8)
-        except zstandard.ZstdError as e:
-            raise CodecError(f"theta array blob is corrupt: {e}") from None
-
-    _map(work, jobs)
-    return out.view(dt.to_numpy()).reshape(shape)
+    return jobs
 
 
-def iter_encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
+def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
+    """Decompress one frame into ``dest`` (uint8, count * item bytes); each zstd frame must declare exactly
+    the size the header says (:func:`_decompress`)."""
+    _, count, o, sizes = job
+    forget_after = (o, o + sum(sizes))
+    d = _decompressor()
+    try:
+        if enc == "planes":
+            grid = dest.reshape(count, item)
+            for i, c in enumerate(sizes):
+                grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count), np.uint8)
+                o += c
+        else:
+            dest[:] = np.frombuffer(_decompress(d, blob[o:o + sizes[0]], count * item), np.uint8)
+    except zstandard.ZstdError as e:
+        raise CodecError(f"theta array blob is corrupt: {e}") from None
+    _forget(blob, *forget_after)
+
+
+def decode_array(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> np.ndarray:
+    """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape.
+
+    The header is checked first (see :func:`_array_layout`); ``max_bytes`` additionally refuses a value
+    larger than the caller expects, before anything is allocated. Each zstd frame must declare its content
+    size (theta's encoder always does) equal to what the header says it holds.
+    """
+    blob = memoryview(blob).cast("B")
+    layout = _array_layout(blob)
+    if max_bytes is not None and layout.nbytes > max_bytes:
+        raise CodecError(f"theta array blob decodes to {layout.nbytes} bytes, more than the {max_bytes} expected")
+    item = layout.dtype.itemsize
+    out = np.empty(math.prod(layout.shape) * item, dtype=np.uint8)
+    _map(lambda job: _decode_frame(blob, layout.enc, item, job, out[job[0]:job[0] + job[1] * item]),
+         _frame_jobs(layout))
+    return out.view(layout.dtype.to_numpy()).reshape(layout.shape)
+
+
+def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, expected: int) -> bytes:
+    """One zstd frame that must decode to exactly ``expected`` bytes (its header says so before decoding)."""
+    declared = zstandard.get_frame_parameters(frame).content_size
+    if declared != expected:
+        raise CodecError(f"theta array blob frame declares {declared} bytes, its header {expected}"
+                         if declared != zstandard.CONTENTSIZE_UNKNOWN else
+                         "theta array blob frame does not declare its size")
+    data = d.decompress(frame, max_output_size=expected)
+    if len(data) != expected:
+        raise CodecError(f"theta array blob frame decodes to {len(data)} bytes, expected {expected}")
+    return data
+
+
+def array_info(blob: "bytes | bytearray | memoryview") -> tuple[np.dtype, tuple]:
+    """(dtype, shape) of an array blob, without decoding it."""
+    layout = _array_layout(memoryview(blob).cast("B"))
+    return layout.dtype.to_numpy(), layout.shape
+
+
+def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[int, np.ndarray]]:
+    """The array of an array blob frame by frame, in order: (index of the first element in the flattened
+    array, the frame's elements as a flat array of the real dtype). Frames are decoded on the codec threads a
+    few ahead, so memory stays at a few frames (``FRAME_BYTES`` each) whatever the array's size."""
+    blob = memoryview(blob).cast("B")
+    layout = _array_layout(blob)
+    dt, enc, jobs = layout.dtype, layout.enc, _frame_jobs(layout)
+    item, np_dt = dt.itemsize, dt.to_numpy()
+
+    def work(job) -> tuple[int, np.ndarray]:
+        dest = np.empty(job[1] * item, dtype=np.uint8)
+        _decode_frame(blob, enc, item, job, dest)
+        return job[0] // item, dest.view(np_dt)
+
+    yield from _ordered(work, jobs)
+
+
+def iter_encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
     """Several named arrays in one blob, streamed; names are stored sorted so the blob is deterministic."""
     yield PARTS_MAGIC
     index = []
@@ -223,31 +405,67 @@ def iter_encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) 
     yield h + struct.pack("<I", len(h)) + PARTS_MAGIC
 
 
-def encode_parts_chunks(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> list[bytes]:
+def encode_parts_chunks(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> list[bytes]:
     return list(iter_encode_parts(parts, level))
 
 
-def encode_parts(parts: dict[str, np.ndarray], level: int = DEFAULT_LEVEL) -> bytes:
+def encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> bytes:
     return b"".join(iter_encode_parts(parts, level))
 
 
-def decode_parts(blob: "bytes | bytearray | memoryview") -> dict[str, np.ndarray]:
-    blob = memoryview(blob).cast("B")
+def _parts_index(blob: memoryview) -> list[tuple[str, int, int]]:
+    """(name, start, end) of each part of a parts blob, checked to tile the payload exactly."""
     header, end = _trailer(blob, PARTS_MAGIC, "parts")
-    out: dict[str, np.ndarray] = {}
-    pos = 4
-    try:
-        entries: Iterable = header["parts"]
-        for name, size in entries:
-            if pos + size > end:
-                raise CodecError(f"theta parts blob truncated in part {name!r}")
-            out[name] = decode_array(blob[pos:pos + size])
-            pos += size
-    except (KeyError, TypeError, ValueError) as e:
-        raise CodecError(f"theta parts blob header is invalid: {e}") from None
+    entries = header.get("parts") if set(header) == {"parts"} else None
+    if not isinstance(entries, list) or len(entries) > MAX_PARTS:
+        raise CodecError(f"theta parts blob header is invalid: expected {{'parts': [[name, size], ...]}} "
+                         f"with at most {MAX_PARTS} parts")
+    out, pos, seen = [], 4, set()
+    for e in entries:
+        if not (isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
+                and not isinstance(e[1], bool) and e[1] >= 0):
+            raise CodecError(f"theta parts blob header is invalid: entry {e!r:.60} is not [name, size]")
+        name, size = e
+        if name in seen:
+            raise CodecError(f"theta parts blob names part {name!r:.60} twice")
+        seen.add(name)
+        if pos + size > end:
+            raise CodecError(f"theta parts blob truncated in part {name!r:.60}")
+        out.append((name, pos, pos + size))
+        pos += size
     if pos != end:
         raise CodecError(f"theta parts blob has {end - pos} stray bytes between its parts and its index")
     return out
+
+
+def parts_nbytes(blob: "bytes | bytearray | memoryview") -> int:
+    """The bytes every part of a parts blob decodes to, from its checked headers (nothing is decoded)."""
+    blob = memoryview(blob).cast("B")
+    return sum(_array_layout(blob[a:b]).nbytes for _, a, b in _parts_index(blob))
+
+
+def decode_parts(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """The named arrays of a parts blob. ``max_bytes``: refuse, before decoding anything, parts that would
+    decode to more than this many bytes in all."""
+    blob = memoryview(blob).cast("B")
+    index = _parts_index(blob)
+    if max_bytes is not None:
+        total = sum(_array_layout(blob[a:b]).nbytes for _, a, b in index)
+        if total > max_bytes:
+            raise CodecError(f"theta parts blob decodes to {total} bytes, more than the {max_bytes} this step "
+                             f"can need")
+    return {name: decode_array(blob[a:b]) for name, a, b in index}
+
+
+def part_blobs(blob: "bytes | bytearray | memoryview") -> dict[str, memoryview]:
+    """The array blobs of a parts blob by name (views into ``blob``, nothing decoded; index checked)."""
+    blob = memoryview(blob).cast("B")
+    return {name: blob[a:b] for name, a, b in _parts_index(blob)}
+
+
+def decode_parts_of(blobs: "dict[str, memoryview]") -> dict[str, np.ndarray]:
+    """Every part of :func:`part_blobs`' result, decoded."""
+    return {name: decode_array(b) for name, b in blobs.items()}
 
 
 def frames_checksummed(blob: "bytes | bytearray | memoryview") -> bool:
@@ -259,18 +477,14 @@ def frames_checksummed(blob: "bytes | bytearray | memoryview") -> bool:
     """
     try:
         blob = memoryview(blob).cast("B")
-        header, end = _trailer(blob, PARTS_MAGIC, "parts")
-        pos = 4
-        for _name, size in header["parts"]:
-            part = blob[pos:pos + size]
-            pos += size
-            arr_header, _ = _trailer(part, ARRAY_MAGIC, "array")
+        for _name, a, b in _parts_index(blob):
+            part = blob[a:b]
             off = 4
-            for _count, sizes in arr_header["frames"]:
+            for _count, sizes in _array_layout(part).frames:
                 for c in sizes:
                     if not zstandard.get_frame_parameters(part[off:off + c]).has_checksum:
                         return False
                     off += c
-        return pos == end
-    except (CodecError, KeyError, TypeError, ValueError, zstandard.ZstdError):
+        return True
+    except (CodecError, zstandard.ZstdError):
         return False

@@ -15,9 +15,20 @@ Format (version 1), UTF-8, one JSON value per line, keys sorted, no spaces::
 The text depends only on content: the same checkpoint always gives the same bytes, so `git status` stays
 clean after a checkout, and a change to one group changes one line.
 
-Lines starting with ``#`` are comments: readers skip them (they cost one byte comparison each), so text
-written before the hint existed reads the same, and :func:`same_content` treats two texts that differ only
-in comments as equal (the filter keeps the committed bytes then, so upgrading theta dirties nothing).
+Version 2 adds one kind of file: one that theta tracks but that is not a checkpoint (a README matched by
+``* filter=theta``), stored as ONE opaque blob, like git-lfs would, and checked out bit for bit::
+
+    theta-metadata 2
+    {"checkpoint":{"format":"opaque","lsh":{},"metadata":{}}}
+    {"opaque":{"oid":"<sha256 of the file>","size":123}}
+    {"order":[]}
+
+Checkpoints are still written as version 1 (their text is unchanged); this reader reads both. Lines starting
+with ``#`` are comments: the human hint on the second line, and readers skip them, so text written
+before the hint existed reads the same; :func:`same_content` treats two texts that differ only in comments
+as equal (the filter keeps the committed bytes then, so upgrading theta dirties nothing). Every field is checked against
+:mod:`theta.storage.schema` (types, limits) before use, and :func:`dumps` runs the same checks, so theta
+never writes a text it would refuse to read.
 """
 from __future__ import annotations
 
@@ -26,16 +37,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from theta.errors import MetadataError
+from theta.storage import schema
+from theta.storage.schema import Where
 from theta.storage.store import BlobRef
 
 MAGIC = "theta-metadata"
-VERSION = 1
+VERSION = 1           # checkpoints
+OPAQUE_VERSION = 2    # adds files stored as one opaque blob
+SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION)
 FIRST_LINE = f"{MAGIC} {VERSION}"
-MAX_METADATA_BYTES = 256 << 20  # git blobs larger than this are never read as metadata
+MAX_METADATA_BYTES = schema.MAX_TEXT_BYTES  # git blobs larger than this are never read as metadata
 # The second line: what this file is and how to get the model, for a collaborator without theta (a clone
 # without it leaves this text where the checkpoint should be). Fixed text: the same for every file, stable.
 HINT = ("# git-theta: this file stands for a model checkpoint whose tensors are stored in Git LFS; to get "
         "the model: pip install zipslice-theta && git theta install && git theta pull")
+OPAQUE_FORMAT = "opaque"
 
 
 @dataclass(frozen=True)
@@ -128,9 +144,16 @@ class CheckpointMeta:
     metadata: dict[str, str] = field(default_factory=dict)
     lsh: dict = field(default_factory=dict)   # parameters of the LSH family that made the signatures
     version: int = VERSION
+    opaque: BlobRef | None = None             # a file that is not a checkpoint: its bytes are this blob
+
+    @property
+    def is_opaque(self) -> bool:
+        return self.opaque is not None
 
     def blob_refs(self) -> list[BlobRef]:
         """Every blob needed to rebuild the file, each once, in group order."""
+        if self.opaque is not None:
+            return [self.opaque]
         seen: set[BlobRef] = set()
         out = []
         for name in sorted(self.groups):
@@ -149,31 +172,83 @@ class CheckpointMeta:
         except KeyError:
             raise MetadataError(f"metadata has no group {name!r}") from None
 
-    def validate(self) -> None:
+    def validate(self, file: str | None = None) -> None:
+        """Cross-line consistency (each line was checked on its own by theta.storage.schema)."""
+        where = Where(file)
+        if self.opaque is not None:
+            if self.groups or self.aliases or self.order or self.format != OPAQUE_FORMAT:
+                raise where.fail("opaque", f"a file stored as one opaque blob has format {OPAQUE_FORMAT!r} "
+                                           "and no groups")
+            return
+        if self.format == OPAQUE_FORMAT:
+            raise where.fail("format", f"format {OPAQUE_FORMAT!r} needs an opaque line")
+        if len(self.groups) + len(self.aliases) > schema.MAX_GROUPS:
+            raise where.fail(None, f"{len(self.groups) + len(self.aliases)} groups and aliases exceed the "
+                                   f"limit of {schema.MAX_GROUPS}")
         names = set(self.groups) | set(self.aliases)
         if len(self.order) != len(set(self.order)) or set(self.order) != names:
-            raise MetadataError("metadata 'order' does not list each group and alias exactly once")
+            raise where.fail("order", "metadata 'order' does not list each group and alias exactly once")
         for a in self.aliases.values():
+            if a.name in self.groups:
+                raise where.at(group=a.name).fail("alias", "a name is both a group and an alias")
             if a.of not in self.groups:
-                raise MetadataError(f"alias {a.name!r} refers to unknown group {a.of!r}")
+                raise where.at(group=a.name).fail("of", f"alias refers to unknown group {a.of!r}")
         for g in self.groups.values():
             if not g.steps:
-                raise MetadataError(f"group {g.name!r} has no steps")
+                raise where.at(group=g.name).fail("steps", "group has no steps")
+        k = self.lsh.get("k")
+        if isinstance(k, int):
+            for g in self.groups.values():
+                if g.lsh is not None and len(g.lsh) != k:
+                    raise where.at(group=g.name).fail("lsh", f"signature of {len(g.lsh)} numbers, the "
+                                                             f"checkpoint's LSH family has k={k}")
+        if self.structure is not None:
+            for t in schema.structure_tensors(self.structure):
+                if t not in names:
+                    raise where.fail("structure", f"the structure refers to tensor {t!r:.80}, which is neither "
+                                                  "a group nor an alias")
 
 
 def _line(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps(meta: CheckpointMeta) -> str:
-    """The deterministic text of ``meta`` (ends with a newline)."""
-    lines = [FIRST_LINE, HINT,
-             _line({"checkpoint": {"format": meta.format, "metadata": dict(meta.metadata or {}), "lsh": meta.lsh}}),
-             _line({"structure": meta.structure}),
-             _line({"order": list(meta.order)})]
-    lines += [_line(meta.aliases[n].to_json()) for n in sorted(meta.aliases)]
-    lines += [_line(meta.groups[n].to_json()) for n in sorted(meta.groups)]
-    return "\n".join(lines) + "\n"
+def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
+    """The deterministic text of ``meta`` (ends with a newline).
+
+    Every line passes the same schema checks as :func:`loads` (MetadataError otherwise), so theta never
+    writes metadata that it, or zipslice reading the checked-out file, would refuse.
+    """
+    where = Where(file)
+    header = {"format": meta.format, "metadata": dict(meta.metadata or {}), "lsh": meta.lsh}
+    schema.checkpoint(header, where.at(line=3))
+    if meta.opaque is not None:
+        body = {"oid": meta.opaque.oid, "size": meta.opaque.size}
+        schema.opaque(body, where.at(line=4))
+        lines = [f"{MAGIC} {OPAQUE_VERSION}", HINT, _line({"checkpoint": header}), _line({"opaque": body}),
+                 _line({"order": []})]
+        meta.validate(file)
+        return _finish(lines, where)
+    schema.structure(meta.structure, where.at(line=4))
+    lines = [FIRST_LINE, HINT, _line({"checkpoint": header}), _line({"structure": meta.structure}),
+             _line({"order": schema.order(list(meta.order), where.at(line=5))})]
+    for n in sorted(meta.aliases):
+        obj = meta.aliases[n].to_json()
+        lines.append(_line(schema.alias(obj, where.at(line=len(lines) + 1))))
+    for n in sorted(meta.groups):
+        obj = meta.groups[n].to_json()
+        lines.append(_line(schema.group(obj, where.at(line=len(lines) + 1))))
+    meta.validate(file)
+    return _finish(lines, where)
+
+
+def _finish(lines: list[str], where: Where) -> str:
+    text = "\n".join(lines) + "\n"
+    if len(text) > schema.MAX_TEXT_BYTES:  # characters <= bytes: a cheap first test
+        size = len(text.encode("utf-8"))
+        if size > schema.MAX_TEXT_BYTES:
+            raise where.fail(None, f"metadata of {size} bytes exceeds the limit of {schema.MAX_TEXT_BYTES}")
+    return text
 
 
 def is_metadata(data: "str | bytes | bytearray | memoryview") -> bool:
@@ -192,58 +267,78 @@ def same_content(a: "str | bytes", b: "str | bytes") -> bool:
     return strip(a) == strip(b)
 
 
-def loads(text: "str | bytes") -> CheckpointMeta:
-    """Parse a metadata text; a clear MetadataError (with the line number) on anything unexpected."""
+def loads(text: "str | bytes", file: str | None = None) -> CheckpointMeta:
+    """Parse and check a metadata text; MetadataError naming ``file``, the line, the group and the field on
+    anything unexpected or over a limit (:mod:`theta.storage.schema`)."""
+    where = Where(file)
+    if len(text) > schema.MAX_TEXT_BYTES:
+        raise where.fail(None, f"metadata of {len(text)} bytes exceeds the limit of {schema.MAX_TEXT_BYTES}")
     if isinstance(text, (bytes, bytearray, memoryview)):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise MetadataError(f"metadata is not UTF-8 text: {e}") from None
+            raise where.fail(None, f"metadata is not UTF-8 text: {e}") from None
     lines = text.split("\n")
-    if not lines or not lines[0].startswith(MAGIC + " "):
-        raise MetadataError(f"not theta metadata: first line is {lines[0][:60]!r}, expected {FIRST_LINE!r}")
+    if not lines[0].startswith(MAGIC + " "):
+        raise where.fail(None, f"not theta metadata: first line is {lines[0][:60]!r}, expected {FIRST_LINE!r}")
     try:
         version = int(lines[0].split()[1])
     except (IndexError, ValueError):
-        raise MetadataError(f"bad metadata version line {lines[0][:60]!r}") from None
-    if version != VERSION:
-        raise MetadataError(f"metadata version {version} is not supported (this theta reads {VERSION}); upgrade theta")
+        raise where.fail(None, f"bad metadata version line {lines[0][:60]!r}") from None
+    if version not in SUPPORTED_VERSIONS:
+        raise where.fail(None, f"metadata version {version} is not supported (this theta reads "
+                               f"{', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade theta")
     fmt = None
     file_meta: dict = {}
     lsh: dict = {}
     structure = None
     order: list[str] | None = None
+    opaque: BlobRef | None = None
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
+    seen: set[str] = set()
     for no, line in enumerate(lines[1:], start=2):
         if not line.strip() or line.startswith("#"):
             continue
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-            if "group" in obj:
-                g = GroupMeta.from_json(obj)
-                if g.name in groups:
-                    raise ValueError(f"group {g.name!r} appears twice")
-                groups[g.name] = g
-            elif "alias" in obj:
-                a = Alias.from_json(obj)
-                aliases[a.name] = a
-            elif "checkpoint" in obj:
-                c = obj["checkpoint"]
-                fmt, file_meta, lsh = c["format"], dict(c.get("metadata") or {}), dict(c.get("lsh") or {})
-            elif "structure" in obj:
-                structure = obj["structure"]
-            elif "order" in obj:
-                order = list(obj["order"])
-            else:
-                raise ValueError(f"unknown line kind {sorted(obj)[:3]}")
-        except (ValueError, KeyError, TypeError) as e:
-            raise MetadataError(f"metadata line {no}: {e}: {line[:80]!r}") from None
+        at = where.at(line=no)
+        obj = schema.parse_line(line, at)
+        if not isinstance(obj, dict) or len(obj) == 0:
+            raise at.fail(None, "a line must be a JSON object")
+        kind = next((k for k in ("group", "alias", "checkpoint", "structure", "order", "opaque") if k in obj), None)
+        if kind is None:
+            raise at.fail(None, f"unknown line kind with keys {sorted(obj)[:3]}")
+        if kind in ("checkpoint", "structure", "order", "opaque"):
+            if len(obj) != 1:
+                raise at.fail(kind, f"a {kind} line holds only {kind!r}")
+            if kind in seen:
+                raise at.fail(kind, f"a second {kind} line")
+            seen.add(kind)
+        if kind == "group":
+            g = GroupMeta.from_json(schema.group(obj, at))
+            if g.name in groups:
+                raise at.at(group=g.name).fail("group", "group appears twice")
+            groups[g.name] = g
+        elif kind == "alias":
+            a = Alias.from_json(schema.alias(obj, at))
+            if a.name in aliases:
+                raise at.at(group=a.name).fail("alias", "alias appears twice")
+            aliases[a.name] = a
+        elif kind == "checkpoint":
+            fmt, file_meta, lsh = schema.checkpoint(obj["checkpoint"], at)
+        elif kind == "structure":
+            structure = obj["structure"]
+            schema.structure(structure, at)
+        elif kind == "order":
+            order = schema.order(obj["order"], at)
+        else:
+            if version < OPAQUE_VERSION:
+                raise at.fail("opaque", f"an opaque line needs metadata version {OPAQUE_VERSION}")
+            opaque = BlobRef(*schema.opaque(obj["opaque"], at))
+        if len(groups) + len(aliases) > schema.MAX_GROUPS:
+            raise at.fail(None, f"more than {schema.MAX_GROUPS} groups and aliases")
     if fmt is None or order is None:
-        raise MetadataError("metadata lacks its 'checkpoint' or 'order' line (truncated?)")
+        raise where.fail(None, "metadata lacks its 'checkpoint' or 'order' line (truncated?)")
     meta = CheckpointMeta(format=fmt, order=order, groups=groups, structure=structure, aliases=aliases,
-                          metadata=file_meta, lsh=lsh, version=version)
-    meta.validate()
+                          metadata=file_meta, lsh=lsh, version=version, opaque=opaque)
+    meta.validate(file)
     return meta

@@ -21,15 +21,17 @@ import errno
 import hashlib
 import mmap
 import os
+import re
 import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta import parallel
+from theta import faults, parallel
 from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
 
@@ -38,14 +40,37 @@ KEEP_DIR = "theta-objects"          # <lfs>/theta-objects: theta's own name for 
 QUARANTINE_DIR = "theta-quarantine"  # <lfs>/theta-quarantine: corrupt objects moved aside by fsck --repair
 # link() errors meaning "this file system cannot hard-link here": fall back to a copy
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+EMPTY_OID = hashlib.sha256(b"").hexdigest()
+_OID = re.compile(r"[0-9a-f]{64}")
+MAX_BLOB_SIZE = (1 << 63) - 1
+
+
+def valid_oid(oid: object) -> bool:
+    """True for 64 lowercase hex digits: the only oids that can name a path inside the store."""
+    return isinstance(oid, str) and _OID.fullmatch(oid) is not None
 
 
 @dataclass(frozen=True)
 class BlobRef:
-    """A stored blob: sha256 hex of its bytes and its size in bytes."""
+    """A stored blob: sha256 hex of its bytes and its size in bytes.
+
+    Both are checked on construction (defence in depth: metadata is checked by theta.storage.schema first),
+    so no BlobRef can name a path outside the store.
+    """
 
     oid: str
     size: int
+
+    def __post_init__(self) -> None:
+        if not valid_oid(self.oid):
+            raise StoreError(f"invalid blob oid {self.oid!r:.80}: expected 64 lowercase hex digits")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or not 0 <= self.size <= MAX_BLOB_SIZE:
+            raise StoreError(f"invalid size {self.size!r:.40} for blob {self.oid}")
+
+
+def _corrupt(problem: str, ref: BlobRef, p: Path, group: str | None, file: str | None) -> BlobCorruptError:
+    where = "".join([f"{file}: " if file else "", f"group {group!r}: " if group else ""])
+    return BlobCorruptError(f"{where}blob {ref.oid} at {p} {problem}", file=file, group=group, oid=ref.oid)
 
 
 def sha256_of(chunks: Iterable["bytes | memoryview"]) -> str:
@@ -101,6 +126,8 @@ class LfsStore:
     def path(self, ref: "BlobRef | str") -> Path:
         """Where the object ``ref`` (a BlobRef or an oid) lives: ``objects/<oid[0:2]>/<oid[2:4]>/<oid>``."""
         oid = ref if isinstance(ref, str) else ref.oid
+        if not valid_oid(oid):  # never a path outside the store, whatever the caller passes
+            raise StoreError(f"invalid blob oid {oid!r:.80}: expected 64 lowercase hex digits")
         return self.objects_dir / oid[0:2] / oid[2:4] / oid
 
     def keep_path(self, ref: "BlobRef | str") -> Path | None:
@@ -114,6 +141,8 @@ class LfsStore:
         """True when the blob is stored with its size. Also repairs its two names: a blob only git-lfs's
         name holds (written by git-lfs, or by a theta without protection) gets theta's; a blob `git lfs
         prune` unlinked gets git-lfs's name back, so `git lfs push` finds it."""
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            return True  # the empty blob needs no file (git-lfs neither uploads nor downloads it)
         st = _stat(self.path(ref))
         if st is not None and st.st_size == ref.size:
             if self.keep_dir is not None:
@@ -252,28 +281,16 @@ class LfsStore:
         """Store the concatenation of ``chunks`` (avoids joining a large blob in memory first).
 
         Like git-lfs, the bytes go to a temp file under ``lfs/tmp`` while a second thread hashes them
-        (hashlib and file writes release the GIL); the temp file is then renamed to its oid path, or
-        dropped when that object already exists.
+        (hashlib and file writes release the GIL); the temp file is then linked under its oid path, or
+        dropped when that object already exists. The temp file has no name (O_TMPFILE) until it is
+        complete, so a process killed midway leaves nothing behind (see :mod:`theta.scratch`).
         """
         size = sum(memoryview(c).nbytes for c in chunks)
-        tmp_dir = self.objects_dir.parent / "tmp"
         hashing = parallel.pool("hash").submit(sha256_of, chunks)
-        tmp = None
         try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
-            with os.fdopen(fd, "wb") as f:
-                for c in chunks:
-                    f.write(c)
-            ref = BlobRef(hashing.result(), size)
-            tmp = self._publish(tmp, ref)
-        except OSError as e:
-            raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
+            return self._write(lambda f: [f.write(c) for c in chunks], lambda: BlobRef(hashing.result(), size))
         finally:
             hashing.cancel() or hashing.exception()  # never leave the hasher reading freed buffers
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
 
     def _publish(self, tmp: str, ref: BlobRef) -> str | None:
         """Move a fully written temp file to its content address; returns the temp path still to remove
@@ -292,6 +309,7 @@ class LfsStore:
         os.replace(tmp, dest)
         self.written_objects += 1
         self.written_bytes += ref.size
+        faults.point("store:published")
         return None
 
     def put_stream(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> BlobRef:
@@ -299,28 +317,63 @@ class LfsStore:
         each is hashed and written, then dropped, so the whole blob is never in memory."""
         h = hashlib.sha256()
         size = 0
+
+        def write(f) -> None:
+            nonlocal size
+            for c in chunks:
+                h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                f.write(c)
+                size += memoryview(c).nbytes
+
+        return self._write(write, lambda: BlobRef(h.hexdigest(), size))
+
+    def _write(self, fill, ref_of) -> BlobRef:
+        """Write a temp file with ``fill(f)``, then publish it under the oid ``ref_of()`` names."""
+        from theta import scratch
+
         tmp_dir = self.objects_dir.parent / "tmp"
-        tmp = None
+        fd = name = None
         try:
             tmp_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="theta-", suffix=".tmp", dir=tmp_dir)
-            with os.fdopen(fd, "wb") as f:
-                for c in chunks:
-                    h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
-                    f.write(c)
-                    size += memoryview(c).nbytes
-            ref = BlobRef(h.hexdigest(), size)
-            tmp = self._publish(tmp, ref)
+            scratch.sweep(tmp_dir)  # named temp files of killed theta processes (file systems without O_TMPFILE)
+            fd, name = scratch.anonymous(tmp_dir)
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                fill(f)
+            faults.point("store:written")
+            ref = ref_of()
+            if self.has(ref):
+                # stored already: mark it used now, so a concurrent `git theta prune` that planned before
+                # this reuse leaves it (it deletes only blobs unmodified since its plan)
+                with contextlib.suppress(OSError):
+                    os.utime(self.path(ref))
+            else:
+                dest = self.path(ref)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.fchmod(fd, 0o644)
+                if scratch.publish(fd, name, dest, replace=dest.exists()):
+                    name = None  # now the object itself
+                    if self.keep_dir is not None:
+                        self._link(dest, self.keep_path(ref))  # theta's protected name (git lfs prune)
+                    self.written_objects += 1
+                    self.written_bytes += ref.size
+                    faults.point("store:published")
+            return ref
         except OSError as e:
             raise StoreError(f"cannot write a blob to {self.objects_dir}: {e}") from e
         finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-        return ref
+            scratch.discard(fd, name)
+
+    def stage(self, chunks: "Iterable[bytes | bytearray | memoryview]") -> "Staged":
+        """Write the concatenation of ``chunks`` to a temp file (hashed as it is written) without publishing it:
+        a candidate blob that costs disk, not memory. :meth:`Staged.publish` stores it, :meth:`Staged.discard`
+        (or dropping it) removes it."""
+        return stage_chunks(chunks, self.objects_dir.parent / "tmp", self)
 
     def get(self, ref: BlobRef, group: str | None = None, file: str | None = None) -> bytes:
         """The blob's bytes. BlobMissingError (naming ``group`` and ``file``) when it is not local,
         BlobCorruptError when its size (or, with ``verify``, its sha256) differs from ``ref``."""
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            return b""
         p = self.path(ref)
         try:
             with self._open(ref) as f:
@@ -330,11 +383,9 @@ class LfsStore:
         except OSError as e:
             raise StoreError(f"cannot read blob {ref.oid} at {p}: {e}") from e
         if len(data) != ref.size:
-            raise BlobCorruptError(f"blob {ref.oid} at {p} has {len(data)} bytes, expected {ref.size}"
-                                   + (f" (group {group!r})" if group else ""))
+            raise _corrupt(f"has {len(data)} bytes, expected {ref.size}", ref, p, group, file)
         if self.verify and hashlib.sha256(data).hexdigest() != ref.oid:
-            raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
-                                   + (f" (group {group!r})" if group else ""))
+            raise _corrupt("does not match its sha256 (corrupt object)", ref, p, group, file)
         return data
 
     @contextlib.contextmanager
@@ -343,6 +394,9 @@ class LfsStore:
 
         Nothing derived from the view may outlive the ``with`` block (decoders copy what they keep).
         """
+        if ref.size == 0 and ref.oid == EMPTY_OID:
+            yield memoryview(b"")
+            return
         p = self.path(ref)
         try:
             f = self._open(ref)
@@ -353,8 +407,7 @@ class LfsStore:
         with f:
             size = os.fstat(f.fileno()).st_size
             if size != ref.size:
-                raise BlobCorruptError(f"blob {ref.oid} at {p} has {size} bytes, expected {ref.size}"
-                                       + (f" (group {group!r})" if group else ""))
+                raise _corrupt(f"has {size} bytes, expected {ref.size}", ref, p, group, file)
             if size == 0:
                 yield memoryview(b"")
                 return
@@ -362,8 +415,7 @@ class LfsStore:
             view = memoryview(m)
             try:
                 if self.verify and hashlib.sha256(view).hexdigest() != ref.oid:
-                    raise BlobCorruptError(f"blob {ref.oid} at {p} does not match its sha256 (corrupt object)"
-                                           + (f" (group {group!r})" if group else ""))
+                    raise _corrupt("does not match its sha256 (corrupt object)", ref, p, group, file)
                 yield view
             finally:
                 try:
@@ -371,6 +423,29 @@ class LfsStore:
                     m.close()
                 except BufferError:
                     pass  # a traceback still holds a slice (error path): the map closes when it is collected
+
+    # -- bindings: "blob OID decodes to the value whose content hash is HASH", as proven on this machine ----
+    # Written when theta itself encoded the value (clean, merge) or hashed what the blob decodes to (a
+    # checkout in "hash" mode). A checkout in "frames" mode trusts a blob's frame checksums only for a
+    # binding found here, so metadata whose hash disagrees with its blob is always caught at checkout.
+    # One empty file per binding, beside the objects (a binding is a fact about an object's content).
+    def _binding(self, oid: str, value_hash: str) -> Path:
+        if not (valid_oid(oid) and valid_oid(value_hash)):
+            raise StoreError(f"invalid binding {oid!r:.80} -> {value_hash!r:.80}")
+        return self.objects_dir.parent / "theta-verified" / oid[0:2] / f"{oid}-{value_hash}"
+
+    def bound(self, oid: str, value_hash: str) -> bool:
+        """True when this store has proven that blob ``oid`` decodes to a value of content hash ``value_hash``."""
+        return self._binding(oid, value_hash).exists()
+
+    def bind(self, oid: str, value_hash: str) -> None:
+        """Record that blob ``oid`` decodes to the value of content hash ``value_hash`` (best effort)."""
+        p = self._binding(oid, value_hash)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError:
+            pass  # a read-only store: checkouts keep hashing, nothing is wrong
 
     def missing(self, refs: Iterable[BlobRef]) -> list[BlobRef]:
         """The refs not present locally, each once, in first-seen order."""
@@ -393,3 +468,94 @@ def _stat(p: Path) -> os.stat_result | None:
 
 def _is_oid(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+class Staged:
+    """A blob written to a temp file and hashed, not yet in the store (see :meth:`LfsStore.stage`).
+
+    The temp file has no name where the file system allows it (O_TMPFILE, :mod:`theta.scratch`), so a
+    process killed before it publishes or discards leaves nothing behind."""
+
+    def __init__(self, ref: BlobRef, fd: int, name: str | None, store: "LfsStore | None"):
+        self.ref, self.fd, self.name, self.store = ref, fd, name, store
+        self._cleanup = weakref.finalize(self, _discard, fd, name)  # dropped without publish: removed
+
+    @property
+    def size(self) -> int:
+        return self.ref.size
+
+    def chunks(self, n: int = 8 << 20) -> Iterator[bytes]:
+        for off in range(0, self.ref.size, n):
+            yield os.pread(self.fd, min(n, self.ref.size - off), off)
+
+    def read(self) -> bytes:
+        """The staged bytes (for tests and small blobs)."""
+        return b"".join(self.chunks())
+
+    def publish(self, store: "LfsStore | None" = None) -> BlobRef:
+        """Give the temp file its oid name in ``store`` (default: the store that staged it)."""
+        from theta import scratch
+
+        store = store or self.store
+        if store is None:
+            raise StoreError("a blob staged outside a store needs a store to be published to")
+        try:
+            if self.store is not store:  # staged elsewhere (another file system maybe): copy
+                ref = store.put_stream(self.chunks())
+                self.discard()
+                return ref
+            if store.has(self.ref):
+                with contextlib.suppress(OSError):
+                    os.utime(store.path(self.ref))  # used now: a concurrent prune leaves it
+                self.discard()
+                return self.ref
+            dest = store.path(self.ref)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.fchmod(self.fd, 0o644)
+            scratch.publish(self.fd, self.name, dest, replace=dest.exists())
+        except OSError as e:
+            raise StoreError(f"cannot write a blob to {store.objects_dir}: {e}") from e
+        self._cleanup.detach()
+        _discard(self.fd, None)  # published: close, nothing to remove
+        if store.keep_dir is not None:
+            store._link(dest, store.keep_path(self.ref))  # theta's protected name (git lfs prune)
+        store.written_objects += 1
+        store.written_bytes += self.ref.size
+        faults.point("store:published")
+        return self.ref
+
+    def discard(self) -> None:
+        self._cleanup()
+
+
+def _discard(fd: int, name: str | None) -> None:
+    from theta import scratch
+
+    scratch.discard(fd, name)
+
+
+def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "str | os.PathLike | None" = None,
+                 store: LfsStore | None = None) -> Staged:
+    """Stream ``chunks`` into a temp file under ``tmp_dir`` (default: the system's) with its sha256."""
+    from theta import scratch
+
+    h = hashlib.sha256()
+    size = 0
+    fd = name = None
+    tmp_dir = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    try:
+        os.makedirs(tmp_dir, exist_ok=True)
+        scratch.sweep(tmp_dir)  # what killed theta processes left here (file systems without O_TMPFILE)
+        fd, name = scratch.anonymous(tmp_dir, readable=True)
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            for c in chunks:
+                h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
+                f.write(c)
+                size += memoryview(c).nbytes
+        faults.point("store:written")
+        staged = Staged(BlobRef(h.hexdigest(), size), fd, name, store)
+        fd = name = None
+        return staged
+    except OSError as e:
+        raise StoreError(f"cannot write a temp blob under {tmp_dir}: {e}") from e
+    finally:
+        if fd is not None:
+            scratch.discard(fd, name)

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 from theta.errors import TransferError
 from theta.git import lfs
@@ -16,8 +18,11 @@ VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at mos
 
 
 def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
-                  store: LfsStore | None = None) -> int:
+                  store: LfsStore | None = None, progress: str | None = None) -> int:
     """Download every blob of ``refs`` that the local store lacks, all in one git-lfs run.
+
+    ``progress``: a label (e.g. the names of the files being fetched for); a bar with bytes and rate is
+    drawn on stderr while git-lfs downloads, when stderr is a terminal.
 
     Returns how many were downloaded. Raises TransferError naming the missing oids if there is no remote
     or the remote does not have them.
@@ -30,7 +35,8 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
     if remote is None:
         raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
                             "and the repository has no remote to fetch them from")
-    failure = lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in missing])
+    with _watch(store, missing, progress):
+        failure = lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in missing])
     still = store.missing(missing)
     if failure is not None or still:
         detail = f": {failure}" if failure else ""
@@ -86,3 +92,40 @@ def _verify_batch(repo_dir, batch: list[BlobRef], remote: str) -> set[str]:
     with lfs.fetched_elsewhere(repo_dir, remote, [(r.oid, r.size) for r in batch]) as (objects_dir, _err):
         got = LfsStore(objects_dir)
         return {ref.oid for ref in batch if got.has(ref) and sha256_file(got.path(ref)) == ref.oid}
+
+
+@contextmanager
+def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[None]:
+    """A progress bar fed by what arrives in the LFS store (git-lfs downloads into ``lfs/incomplete`` and
+    renames each object into place when complete): bytes of complete objects plus partial downloads."""
+    from zipslice.progress import Bar
+
+    bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
+    if not bar.active:
+        yield
+        return
+    stop = threading.Event()
+    incomplete = store.objects_dir.parent / "incomplete"
+
+    def poll() -> None:
+        shown = 0
+        while not stop.wait(0.2):
+            done = sum(r.size for r in refs if store.has(r))
+            pending = {r.oid for r in refs} - {r.oid for r in refs if store.has(r)}
+            for oid in pending:
+                try:
+                    done += (incomplete / oid).stat().st_size
+                except OSError:
+                    pass
+            if done > shown:
+                bar.advance(done - shown)
+                shown = done
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        bar.close()

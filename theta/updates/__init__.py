@@ -16,8 +16,8 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.storage.codec import decode_parts
-from theta.errors import MetadataError, UpdateTypeError
+from theta.storage.codec import decode_parts, part_blobs
+from theta.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
@@ -86,14 +86,21 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
     """The value of ``group``: walk its steps from the last cached one, checking every step's hash.
 
     ``cache`` maps content hash -> array for one checkout/merge (callers decide what to keep in it);
-    the result is added to it. Memory: the previous value, one step's parts, and the new value.
+    the result is added to it. Memory: the previous value, one step's parts, and the new value; a type with
+    ``apply_blob(blobs, params, previous, in_place)`` (delta, sparse) streams its step from the blob and updates
+    a value this function owns in place, so a chain of such steps costs one value and a few frames.
     ``verify=False`` skips only the check of the final value (the caller checks it, e.g. smudge hashes it
     on another thread while writing); intermediate values of a chain are always checked.
     Each step's value has the dtype/shape :func:`step_layout` gives (a chain may cross a change of shape).
+
+    The chain is checked first (:func:`theta.updates.bounds.check_group`: known step types, a
+    self-contained first step, bounded work) and each step's parts are bounded before they are decoded;
+    every error names ``file``, the group, the step and its blob (ChainError, CodecError, BlobCorruptError).
     """
+    from theta.updates import bounds
+
     steps = group.steps
-    if not steps:
-        raise MetadataError(f"group {group.name!r} has no steps")
+    bounds.check_group(group, file)
     start, value = 0, None
     if cache is not None:
         for i in range(len(steps) - 1, -1, -1):
@@ -106,29 +113,59 @@ def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None
                 start, value = i + 1, hit if tuple(hit.shape) == shape else hit.reshape(shape)
                 break
     last = len(steps) - 1
+    shared = value  # a cached value belongs to the cache: never updated in place
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
-        with store.mapped(step.blob, group=group.name, file=file) as blob:
-            parts = decode_parts(blob)  # decoded arrays are fresh memory: nothing points into the map
         if value is None and ut.incremental:
             raise MetadataError(f"group {group.name!r}: step {step.type!r} needs a previous value but is first")
-        value = ut.apply(parts, step.params, value)
-        del parts
+        oid = step.blob.oid
+        out_bytes = bounds.layout_bytes(step, group)
+        budget = bounds.parts_budget(value.nbytes if value is not None else 0, out_bytes)
+        streamed = getattr(ut, "apply_blob", None) if value is not None else None
+        try:
+            with store.mapped(step.blob, group=group.name, file=file) as blob:
+                if streamed is not None:
+                    # reads the map frame by frame while applying (bounded by the value it updates); the
+                    # result is fresh memory or the value itself
+                    mine = shared is None or not np.may_share_memory(value, shared)
+                    value = streamed(part_blobs(blob), step.params, value, in_place=mine)
+                    parts = None
+                else:
+                    parts = decode_parts(blob, max_bytes=budget)  # fresh memory: nothing points into the map
+            if parts is not None:
+                value = ut.apply(parts, step.params, value)
+                del parts
+        except IntegrityError as e:
+            raise bounds.located(e, file, group.name, i, oid) from None
+        except UpdateTypeError as e:
+            raise ChainError(f"{bounds.where(file, group.name, i, oid)}: {e}", file=file, group=group.name,
+                             oid=oid) from None
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as e:
+            # an update type meeting parts it does not expect (a forged blob): never a traceback
+            raise ChainError(f"{bounds.where(file, group.name, i, oid)}: step {step.type!r} cannot be applied to "
+                             f"its parts: {type(e).__name__}: {e}", file=file, group=group.name, oid=oid) from None
         dtype_name, shape = step_layout(step, group)
         want = dtypes.get(dtype_name).to_numpy()
+        if not isinstance(value, np.ndarray):
+            raise ChainError(f"{bounds.where(file, group.name, i, oid)}: step {step.type!r} returned "
+                             f"{type(value).__name__}, not an array", file=file, group=group.name, oid=oid)
         if value.dtype != want or tuple(value.shape) != shape:
-            value = _coerce(value, want, shape, group)
-        if step.hash and (verify or i < last) and content_hash(value) != step.hash:
-            raise UpdateTypeError(f"group {group.name!r}: step {step.type!r} (blob {step.blob.oid[:12]}) rebuilt "
-                                  f"a value whose hash differs from the recorded one")
+            value = _coerce(value, want, shape, group, file, i, oid)
+        if (verify or i < last) and content_hash(value) != step.hash:
+            raise ChainError(f"{bounds.where(file, group.name, i, oid)}: step {step.type!r} rebuilt a value whose "
+                             f"hash differs from the recorded {step.hash}", file=file, group=group.name, oid=oid)
     if cache is not None and value is not None:
         cache[group.hash] = value
     return value
 
 
-def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta") -> np.ndarray:
+def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta", file: str | None = None,
+            step: int | None = None, oid: str | None = None) -> np.ndarray:
     if value.size != int(np.prod(shape, dtype=np.int64)):
-        raise UpdateTypeError(f"group {group.name!r}: rebuilt {value.size} values, expected shape {list(shape)}")
+        from theta.updates.bounds import where
+
+        raise ChainError(f"{where(file, group.name, step, oid)}: rebuilt {value.size} values, expected shape "
+                         f"{list(shape)}", file=file, group=group.name, oid=oid)
     if value.dtype != want:
         value = value.astype(want)
     return value.reshape(shape)

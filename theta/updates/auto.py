@@ -15,9 +15,10 @@ Cheap estimates first, so that only candidates that can win are encoded in full:
 - ``rows`` (the shape changed): dense is encoded only when more than half of the rows are new;
   when dense still wins (rows were resized AND changed in one commit), a positional ``rows`` step
   followed by sparse/delta is tried (:func:`resize_then_change`);
-- every candidate that is encoded is compressed for real and the smallest blob is kept (only the
-  best blob so far is held in memory). The blob is returned, so the caller stores it without
-  compressing a second time.
+- every candidate that is encoded is compressed for real, streamed into a staged temp file beside the
+  store (:meth:`LfsStore.stage`: a candidate costs disk, not memory; delta's code words are computed
+  frame by frame while they are compressed) and the smallest is kept, the others discarded. The staged
+  blob is returned, so the caller publishes it without compressing a second time.
 
 The chosen type is recorded in the group's step, as for any explicitly requested type.
 """
@@ -30,8 +31,9 @@ import numpy as np
 from zipslice import dtypes
 
 from theta.storage import codec
+from theta.storage.store import Staged, stage_chunks
 from theta.updates import Encoded, get, steps
-from theta.updates.delta import changed_mask, same_layout
+from theta.updates.delta import changed_count, same_layout
 
 SAMPLE_SLICES = 16
 SAMPLE_ELEMENTS = 1 << 16
@@ -42,16 +44,16 @@ DENSE_MARGIN = 1.10
 class Choice:
     update_type: str            # name of the chosen update type (recorded in the Step)
     params: dict                # the Encoded params of the chosen type
-    chunks: list[bytes]         # codec.encode_parts_chunks(parts, level): the blob the store keeps
+    staged: Staged              # the blob (codec.iter_encode_parts of the parts), staged for the store
     tried: dict[str, int] = field(default_factory=dict)  # candidate -> blob size, for diagnostics
 
     @property
     def size(self) -> int:
-        return sum(len(c) for c in self.chunks)
+        return self.staged.size
 
     @property
     def blob(self) -> bytes:
-        return b"".join(self.chunks)
+        return self.staged.read()
 
 
 def _sample(arr: np.ndarray) -> np.ndarray:
@@ -71,24 +73,35 @@ def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int) -> bool:
     return dense_size <= delta_size * DENSE_MARGIN
 
 
-def changed_count(new: np.ndarray, previous: np.ndarray) -> int:
-    return int(np.count_nonzero(changed_mask(new, previous)))
+def _stager(store):
+    """Where candidates are staged: beside ``store``'s objects (publishing is then a rename), else the
+    system's temp directory."""
+    if store is None:
+        return lambda chunks: stage_chunks(chunks)
+    return store.stage
 
 
-def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFAULT_LEVEL) -> Choice:
-    """The smallest exact encoding of ``new`` given ``previous`` (None: no previous value)."""
+def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFAULT_LEVEL, store=None,
+           with_dense: bool = True) -> Choice | None:
+    """The smallest exact encoding of ``new`` given ``previous`` (None: no previous value), staged beside
+    ``store`` (an LfsStore; None: a system temp file). ``with_dense=False``: dense is not a candidate (the
+    caller has it already); None when nothing else applies."""
     best: Choice | None = None
     tried: dict[str, int] = {}
+    stage = _stager(store)
 
     def consider(name: str, encoded: Encoded | None) -> None:
         nonlocal best
-        if encoded is None:
+        if encoded is None or (name == "dense" and not with_dense):
             return
-        chunks = codec.encode_parts_chunks(encoded.parts, level)
-        size = sum(len(c) for c in chunks)
-        tried[name] = size
-        if best is None or size < best.size:
-            best = Choice(name, dict(encoded.params), chunks, tried)  # parts dropped: memory
+        staged = stage(codec.iter_encode_parts(encoded.parts, level))
+        tried[name] = staged.size
+        if best is None or staged.size < best.size:
+            if best is not None:
+                best.staged.discard()
+            best = Choice(name, dict(encoded.params), staged, tried)  # parts dropped: memory
+        else:
+            staged.discard()
 
     if same_layout(new, previous):
         k = changed_count(new, previous)
@@ -105,7 +118,7 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
         # every row: when at most half the rows are new, compressing the whole value cannot pay off
         if rows is None or 2 * rows.parts["extra"].shape[0] > new.shape[0]:
             consider("dense", get("dense").encode(new, None))
-    assert best is not None  # dense, or sparse/delta on a same-layout group, always encodes
+    assert best is not None or not with_dense  # dense, or delta on a changed same-layout group, always encodes
     return best
 
 
@@ -114,12 +127,17 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
 TWO_STEP_MARGIN = 0.9  # resize + change must save 10 % over dense to be worth a two-step chain link
 
 
-def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec.DEFAULT_LEVEL):
+def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec.DEFAULT_LEVEL, store=None,
+                       dense_size: int | None = None):
     """A group resized along its first dimension AND changed in the same commit (e.g. vocabulary trimmed
     during a fine-tune: no row is bit-identical, so ``rows`` alone finds nothing). Two exact steps:
     ``rows`` keeps the previous rows by position (the first ``min(n, m)``, plus the rows appended in
     ``new``), then sparse/delta from that to ``new``. Returns (rows Choice, change Choice, hash of the
-    resized value), or None when the change is best stored dense anyway."""
+    resized value), or None when the change is best stored dense anyway (``dense_size``: the size of the
+    dense blob the caller has, so dense is not encoded again).
+
+    Memory: a trimmed value is a view of ``previous`` (no copy); an extended one is built (the new rows
+    appended to the kept ones)."""
     from theta.updates import content_hash
     from theta.updates.rows import encode_sources
 
@@ -130,11 +148,20 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
     sources = np.concatenate([np.arange(k, dtype=np.int64), np.full(n - k, -1, dtype=np.int64)])
     extra = np.ascontiguousarray(new[k:])
     rows_enc = Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra}, params={"rows": int(n)})
-    resized = get("rows").apply(rows_enc.parts, rows_enc.params, previous)
-    change = choose(new, resized, level)
-    if change.update_type == "dense":
+    previous = np.ascontiguousarray(previous)
+    if n <= m:
+        resized = previous[:n]  # what rows.apply would build, as a view
+    else:
+        resized = get("rows").apply(rows_enc.parts, rows_enc.params, previous)
+    if not changed_count(new, resized):
+        return None  # nothing changed beyond the resize: rows alone (chosen before) says it
+    change = choose(new, resized, level, store, with_dense=dense_size is None)
+    if change is None or change.update_type == "dense" or (dense_size is not None and change.size >= dense_size):
+        if change is not None:
+            change.staged.discard()
         return None
-    rows_choice = Choice("rows", dict(rows_enc.params), codec.encode_parts_chunks(rows_enc.parts, level))
+    stage = _stager(store)
+    rows_choice = Choice("rows", dict(rows_enc.params), stage(codec.iter_encode_parts(rows_enc.parts, level)))
     return rows_choice, change, content_hash(resized)
 
 
@@ -186,13 +213,13 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
           and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
         from dataclasses import replace
 
-        from theta.errors import BlobMissingError
+        from theta.errors import BlobMissingError, IntegrityError, MetadataError
         from theta.updates import reconstruct, relayout_steps
 
         try:
             base = reconstruct(reshaped_previous, store)
-        except BlobMissingError:
-            base = None  # not fetched locally: store the value itself
+        except (BlobMissingError, IntegrityError, MetadataError):
+            base = None  # not fetched locally, or broken: store the value itself
         if base is not None:
             # the chain continues across the change of shape: its earlier steps record their own shape
             # (same dtype: rows_may_apply checked it)
@@ -204,16 +231,20 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         return store_dense()
 
     if wanted == "auto":
-        choice = choose(new, base, options.level)
+        choice = choose(new, base, options.level, store)
         if (choice.update_type == "dense" and base.shape != new.shape
                 and len(base_meta.steps) + 2 <= options.max_chain):
-            two = resize_then_change(new, base, options.level)
+            two = resize_then_change(new, base, options.level, store, dense_size=choice.size)
             if two is not None and two[0].size + two[1].size < choice.size * TWO_STEP_MARGIN:
+                choice.staged.discard()
                 resized, changed, resized_hash = two
                 return [*base_meta.steps,
-                        steps.store_encoded("rows", resized.chunks, resized.params, resized_hash, store),
-                        steps.store_encoded(changed.update_type, changed.chunks, changed.params, new_hash, store)]
-        step = steps.store_encoded(choice.update_type, choice.chunks, choice.params, new_hash, store)
+                        steps.store_staged("rows", resized.staged, resized.params, resized_hash, store),
+                        steps.store_staged(changed.update_type, changed.staged, changed.params, new_hash, store)]
+            if two is not None:
+                two[0].staged.discard()
+                two[1].staged.discard()
+        step = steps.store_staged(choice.update_type, choice.staged, choice.params, new_hash, store)
         return steps.chain(base_meta, step, get(choice.update_type).incremental)
 
     ut = get(wanted)

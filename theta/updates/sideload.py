@@ -207,7 +207,7 @@ class UpdateData:
             raise UpdateDataError(f"{where}: previous plus the sparse update differs from the saved model "
                                   f"(in {int(np.count_nonzero(got != want))} bytes); a sparse update must "
                                   f"reproduce it exactly")
-        encoded = SparseUpdate().encode(new, previous)  # stores the changed elements themselves: exact
+        encoded = SparseUpdate().encode(new, previous, lazy=False)  # stores the changed elements themselves: exact
         return Verified(encoded, "sparse", new)
 
 

@@ -13,8 +13,34 @@ from __future__ import annotations
 import numpy as np
 
 from theta.errors import UpdateTypeError
+from theta.storage import codec
 from theta.updates import Encoded
-from theta.updates.delta import changed_mask, same_layout
+from theta.updates.delta import CHUNK, changed_mask, same_layout
+
+
+class _Changes:
+    """The flat indices of the elements whose bits differ, by rank, recomputed chunk by chunk on demand
+    (one pass up front counts them per chunk; nothing group-sized is kept)."""
+
+    def __init__(self, new: np.ndarray, previous: np.ndarray):
+        self.new, self.previous = new.reshape(-1), previous.reshape(-1)
+        counts = [int(np.count_nonzero(self._mask(s))) for s in range(0, self.new.size, CHUNK)]
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])  # rank of each chunk's first
+        self.count = int(self.starts[-1])
+
+    def _mask(self, start: int) -> np.ndarray:
+        return changed_mask(self.new[start:start + CHUNK], self.previous[start:start + CHUNK])
+
+    def indices(self, lo: int, hi: int) -> np.ndarray:
+        """Flat indices of the changes of rank lo..hi-1 (int64)."""
+        if hi <= lo:
+            return np.empty(0, np.int64)
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.starts, hi, side="left"))
+        found = [np.flatnonzero(self._mask(c * CHUNK)) + c * CHUNK for c in range(first, last)]
+        got = np.concatenate(found) if found else np.empty(0, np.int64)
+        skip = lo - int(self.starts[first])
+        return got[skip:skip + hi - lo]
 
 
 def index_dtype(size: int) -> np.dtype:
@@ -66,12 +92,34 @@ class SparseUpdate:
     incremental = True
 
     def encode(self, new: np.ndarray, previous: np.ndarray | None, **options) -> Encoded | None:
+        """The change as lazy ``gaps`` and ``values`` parts, computed chunk by chunk while the blob is written
+        (so up to half of a group changed never holds a group-sized index array; new and previous must stay
+        unchanged until then). The stored blob is the same as from the arrays (``lazy=False``)."""
         if not same_layout(new, previous):
             return None
-        indices = np.flatnonzero(changed_mask(new, previous))
-        values = np.ascontiguousarray(new).reshape(-1)[indices]
-        return Encoded(parts={"gaps": encode_indices(indices, new.size), "values": values},
-                       params={"count": int(indices.size)})
+        if not options.get("lazy", True):  # arrays, for callers that apply the parts themselves
+            indices = np.flatnonzero(changed_mask(new, previous))
+            values = np.ascontiguousarray(new).reshape(-1)[indices]
+            return Encoded(parts={"gaps": encode_indices(indices, new.size), "values": values},
+                           params={"count": int(indices.size)})
+        changes = _Changes(new, previous)
+        idt = index_dtype(new.size)
+        flat = np.ascontiguousarray(new).reshape(-1)
+
+        def gaps(lo: int, hi: int) -> np.ndarray:
+            idx = changes.indices(max(lo - 1, 0), hi).astype(idt)
+            out = np.empty(hi - lo, dtype=idt)
+            if lo == 0:
+                if out.size:
+                    out[0] = idx[0]
+                    np.subtract(idx[1:], idx[:-1], out=out[1:])
+            else:
+                np.subtract(idx[1:], idx[:-1], out=out)
+            return out
+
+        parts = {"gaps": codec.LazyArray(idt, (changes.count,), gaps),
+                 "values": codec.LazyArray(flat.dtype, (changes.count,), lambda lo, hi: flat[changes.indices(lo, hi)])}
+        return Encoded(parts=parts, params={"count": changes.count})
 
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
         if previous is None:
@@ -86,3 +134,21 @@ class SparseUpdate:
         out = np.array(previous, copy=True, order="C")
         out.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
         return out
+
+    def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
+        """:meth:`apply` from the step's part blobs; with ``in_place`` the previous value is updated itself
+        (no group-sized copy)."""
+        from theta.storage.codec import decode_parts_of
+
+        parts = decode_parts_of(blobs)
+        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous):
+            return self.apply(parts, params, previous)
+        if "gaps" not in parts or "values" not in parts:
+            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
+        indices = decode_indices(parts["gaps"])
+        values = parts["values"]
+        if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
+            raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
+                                  f"({indices.size} indices, {values.size} values)")
+        previous.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
+        return previous

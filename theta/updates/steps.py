@@ -19,12 +19,23 @@ def store_step(type_name: str, parts: dict[str, np.ndarray], params: dict, value
                level: int = codec.DEFAULT_LEVEL) -> Step:
     """Encode ``parts`` into one blob, stream it into the store, return the Step."""
     ref = store.put_stream(codec.iter_encode_parts(parts, level))
+    if type_name == "dense":
+        store.bind(ref.oid, value_hash)  # theta encoded this value itself: a checkout may trust its frames
     return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
 
 
 def store_encoded(type_name: str, chunks: list, params: dict, value_hash: str, store: LfsStore) -> Step:
-    """Store a blob already encoded (e.g. by the auto policy, which encodes candidates to compare sizes)."""
-    return Step(type=type_name, blob=store.put_chunks(chunks), params=dict(params), hash=value_hash)
+    """Store a blob already encoded in memory."""
+    ref = store.put_chunks(chunks)
+    if type_name == "dense":
+        store.bind(ref.oid, value_hash)
+    return Step(type=type_name, blob=ref, params=dict(params), hash=value_hash)
+
+
+def store_staged(type_name: str, staged, params: dict, value_hash: str, store: LfsStore) -> Step:
+    """Publish a blob already encoded and staged (e.g. by the auto policy, which stages candidates to compare
+    their sizes: :meth:`LfsStore.stage`)."""
+    return Step(type=type_name, blob=staged.publish(store), params=dict(params), hash=value_hash)
 
 
 def store_dense(value: np.ndarray, store: LfsStore, level: int = codec.DEFAULT_LEVEL,

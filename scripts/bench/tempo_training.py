@@ -30,10 +30,10 @@ model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=
 Targets (issue #15): saved bytes <= 0.62x stock-with-boolean-masks per layer; time <= 1.25x stock;
 gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at every step.
 
-    python3 scripts/bench/tempo.py                    # everything (~15-25 min on 2 cores)
-    python3 scripts/bench/tempo.py --quick            # fewer timing steps, no budget search
-    python3 scripts/bench/tempo.py --only layer,grads --reps 20
-    python3 scripts/bench/tempo.py --only layer --threads 1   # timing without OpenMP (steadier when busy)
+    python3 scripts/bench/tempo_training.py                    # everything (~15-25 min on 2 cores)
+    python3 scripts/bench/tempo_training.py --quick            # fewer timing steps, no budget search
+    python3 scripts/bench/tempo_training.py --only layer,grads --reps 20
+    python3 scripts/bench/tempo_training.py --only layer --threads 1   # timing without OpenMP (steadier when busy)
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-# this file is named tempo.py: the checkout's root must come first so `import tempo` finds the package
+# the checkout's root first so `import tempo` finds this worktree's package
 sys.path.insert(0, str(ROOT))
 
 MiB = 1 << 20

@@ -1,0 +1,203 @@
+"""A user install, as a user does it: build the wheel, install it into a fresh virtual environment with no
+extras (so no torch, no test dependencies) and run every command there, with only that environment's bin
+directory and the system's on PATH (no PYTHONPATH: the checkout is invisible).
+
+The dependencies come from the package index (pip's cache makes later runs quick). The checkpoints are
+made by this test process (with torch); the installed commands only read and write them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM_PATH = ["/usr/local/bin", "/usr/bin", "/bin"]
+
+
+def _copy_sources(dest: Path) -> None:
+    """What the build needs, from the working tree (uncommitted changes included; nothing is written into it)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, dest / name)
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    for top in ROOT.iterdir():
+        if top.is_dir() and any(Path(top.name).match(p.rstrip("*") + "*") for p in patterns) \
+                and (top / "__init__.py").exists():
+            shutil.copytree(top, dest / top.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for files in project["tool"]["setuptools"].get("data-files", {}).values():
+        for f in files:
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dest / f)
+
+
+class Installed:
+    """A fresh virtual environment with the wheel installed, and a clean environment to run commands in."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        src, dist, self.venv = base / "src", base / "dist", base / "venv"
+        src.mkdir()
+        _copy_sources(src)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(dist), str(src)], check=True, capture_output=True)
+        self.wheel = next(dist.glob("*.whl"))
+        # a bare venv, filled by this interpreter's pip (--python): no ensurepip run, no .pyc compile pass
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True, capture_output=True)
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(self.venv / "bin" / "python"), "install",
+                              "-q", "--no-compile", "--disable-pip-version-check", str(self.wheel)],
+                             capture_output=True, text=True)
+        assert pip.returncode == 0, pip.stderr
+        home = base / "home"
+        home.mkdir()
+        lfs = shutil.which("git-lfs")
+        path = [str(self.venv / "bin"), *SYSTEM_PATH] + ([str(Path(lfs).parent)] if lfs else [])
+        self.env = {
+            "PATH": os.pathsep.join(dict.fromkeys(path)), "HOME": str(home), "LANG": "C.UTF-8",
+            "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "T",
+            "GIT_COMMITTER_EMAIL": "t@example.com", "PAGER": "cat", "MANPAGER": "cat", "MANWIDTH": "100",
+            "GIT_TERMINAL_PROMPT": "0",
+        }
+
+    def run(self, *args: str, cwd: Path | None = None, ok: bool = True, status: int | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(list(args), cwd=cwd or self.base, env=self.env, capture_output=True, text=True,
+                              input=input if input is not None else "", timeout=300)
+        expected = status if status is not None else (0 if ok else None)
+        if expected is not None:
+            assert proc.returncode == expected, (f"{' '.join(args)} exited {proc.returncode}:\n"
+                                                 f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+
+@pytest.fixture(scope="module")
+def inst(tmp_path_factory) -> Installed:
+    return Installed(tmp_path_factory.mktemp("user-install"))
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed.weight": torch.randn(64, 16, generator=g), "layer.2.weight": torch.randn(16, 16, generator=g),
+            "layer.10.weight": torch.randn(16, 16, generator=g), "head.bias": torch.zeros(8, dtype=torch.bfloat16)}
+
+
+def test_installed_without_torch_or_the_checkout(inst):
+    py = str(inst.venv / "bin" / "python")
+    assert inst.run(py, "-c", "import importlib.util as u; print(u.find_spec('torch'))").stdout.strip() == "None"
+    where = inst.run(py, "-c", "import zipslice, theta; print(zipslice.__file__); print(theta.__file__)")
+    assert all(str(inst.venv) in line for line in where.stdout.split())  # the installed copy, not the checkout
+    v = inst.run(py, "-c", "import zipslice, theta; print(zipslice.__version__, theta.__version__)").stdout.split()
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert v == [meta, meta]
+    assert inst.run("zipslice", "--version").stdout == f"zipslice {meta}\n"
+    assert inst.run("git", "theta", "--version").stdout == f"git-theta {meta}\n"
+    assert inst.run("git-theta-filter", "--version").stdout == f"git-theta-filter {meta}\n"
+
+
+def test_help_everywhere(inst):
+    for prog in (["zipslice"], ["git", "theta"]):
+        top = inst.run(*prog, "-h").stdout
+        assert top.startswith(f"Usage: {' '.join(prog)} [OPTIONS] COMMAND")
+        section = top.split("Commands:\n", 1)[1].splitlines()
+        names = [line.split()[0] for line in section if line.startswith("  ") and not line.startswith("   ")]
+        for internal in ("filter-process", "clean", "smudge", "pre-push", "merge-driver", "diff-driver"):
+            assert internal not in names
+        for name in ("ls", "show", "info", "convert", "diff") if prog == ["zipslice"] else (
+                "install", "track", "ls-files", "export", "diff", "merge-resolve", "help"):
+            assert name in names
+            out = inst.run(*prog, name, "-h").stdout
+            assert out.startswith(f"Usage: {' '.join(prog)} {name}"), out
+    assert inst.run("zipslice", "convert", "--help").stdout.startswith("Usage: zipslice convert [OPTIONS] SRC DST")
+    assert inst.run("git", "theta", "help", "ls-files").stdout == inst.run("git", "theta", "ls-files", "-h").stdout
+    filt = inst.run("git-theta-filter", "--help").stdout
+    assert filt.startswith("Usage: git-theta-filter") and "git theta install" in filt
+
+
+def test_git_help_finds_the_man_page(inst):
+    """git turns `git theta --help` into `man git-theta`: the page ships in the wheel (share/man/man1)."""
+    if shutil.which("man", path=inst.env["PATH"]) is None:
+        pytest.skip("no man(1) on this machine")
+    out = inst.run("git", "theta", "--help").stdout
+    assert "GIT-THETA(1)" in out and "git theta ls-files" in out
+    # after a command, git passes --help through to git-theta: the command's own help
+    assert inst.run("git", "theta", "ls-files", "--help").stdout.startswith("Usage: git theta ls-files")
+    assert "ZIPSLICE(1)" in inst.run("man", "zipslice").stdout
+
+
+def test_zipslice_commands(inst, tmp_path):
+    sd = _state(0)
+    torch.save({"model": sd, "step": 3}, tmp_path / "m.pt")
+    z = lambda *a, **k: inst.run("zipslice", *a, cwd=tmp_path, **k)  # noqa: E731
+    listing = json.loads(z("ls", "m.pt", "--json").stdout)
+    assert [t["name"] for t in listing["tensors"]] == [f"model/{k}" for k in sd]
+    names = z("ls", "m.pt", "--sort", "name", "-q").stdout.split("\n")
+    assert [line.split()[-1] for line in names if line] == [
+        "model/embed.weight", "model/head.bias", "model/layer.2.weight", "model/layer.10.weight"]
+    info = json.loads(z("info", "m.pt", "--json").stdout)
+    assert info["format"] == "torch" and info["tensors"] == 4 and info["values"] == {"step": 3}
+    shown = json.loads(z("show", "m.pt", "model/layer.2.weight", "--rows", "1:3", "--json").stdout)
+    assert shown["values"] == sd["layer.2.weight"][1:3].tolist()
+    z("convert", "m.pt", "m.safetensors", "-q")
+    z("convert", "m.pt", "m.h5", "--dtype", "float16")
+    z("convert", "m.safetensors", "s.safetensors.index.json", "--shard-size", "2KiB")
+    assert len(list(tmp_path.glob("s-0000*-of-*.safetensors"))) > 1
+    same = json.loads(z("diff", "m.safetensors", "s.safetensors.index.json", "--json", ok=False).stdout)
+    assert same["counts"] == {"added": 0, "removed": 0, "changed": 0, "same": 4}
+    # same tensors and values ("step" is kept in the safetensors layout metadata, not a value zipslice compares)
+    assert json.loads(z("diff", "m.pt", "m.safetensors", "--json", ok=False).stdout)["counts"]["same"] == 4
+    changed = z("diff", "m.pt", "m.h5", "--json", status=1)
+    assert json.loads(changed.stdout)["counts"]["changed"] == 4  # every tensor is floating: all cast to float16
+    err = z("convert", "m.pt", "x.npz", status=2).stderr
+    assert "--to" in err and "format=" not in err
+    assert "_zipslice_completion" in z("completion", "bash").stdout
+
+
+def test_git_theta_commands(inst, tmp_path):
+    repo = tmp_path / "repo"
+    g = lambda *a, **k: inst.run("git", *a, cwd=repo, **k)  # noqa: E731
+    inst.run("git", "init", "-q", "-b", "main", str(repo))
+    assert "filter.theta.process" in g("theta", "install", "--local").stdout
+    assert g("theta", "track", "*.pt").stdout == "Tracking *.pt\n"
+    torch.save(_state(0), repo / "m.pt")
+    g("theta", "add", "m.pt", ".gitattributes")
+    g("commit", "-q", "-m", "base")
+    files = json.loads(g("theta", "ls-files", "--json").stdout)["files"]
+    assert [(f["path"], f["groups"], f["local"]) for f in files] == [("m.pt", 4, True)]
+    # two branches change the same group: a conflict, resolved with a strategy
+    g("checkout", "-q", "-b", "other")
+    theirs = _state(0)
+    theirs["layer.2.weight"] += 1
+    torch.save(theirs, repo / "m.pt")
+    diff = json.loads(g("theta", "diff", "--json").stdout)["files"][0]
+    assert diff["path"] == "m.pt" and [x["name"] for x in diff["groups"]] == ["layer.2.weight"]
+    g("commit", "-q", "-am", "theirs")
+    g("checkout", "-q", "main")
+    ours = _state(0)
+    ours["layer.2.weight"] -= 1
+    torch.save(ours, repo / "m.pt")
+    g("commit", "-q", "-am", "ours")
+    g("merge", "other", ok=False)
+    written = g("theta", "merge-manual", "m.pt").stdout.split()
+    assert sorted(Path(w).name for w in written) == ["m.ancestor.pt", "m.ours.pt", "m.theirs.pt"]
+    g("theta", "merge-resolve", "m.pt", "--strategy", "average", "-q")
+    g("commit", "-q", "-m", "merged")
+    merged = json.loads(inst.run("zipslice", "diff", str(repo / "m.pt"), str(repo / "m.ancestor.pt"), "--json",
+                                 cwd=repo, ok=False).stdout)
+    assert all(float(t["max_abs_diff"] or 0) < 1e-6 for t in merged["tensors"])  # (ours + theirs) / 2 == base
+    g("theta", "export", "HEAD~1:m.pt", "old.safetensors", "--to", "safetensors", "-q")
+    assert "layer.2.weight" in inst.run("zipslice", "ls", str(repo / "old.safetensors"), cwd=repo).stdout
+    assert "self-contained" in g("theta", "squash", "m.pt").stdout
+    assert "average" in g("theta", "merge-strategies").stdout
+    assert "_git_theta()" in g("theta", "completion", "bash").stdout
+    bad = g("theta", "merge-resolve", "m.pt", "--strategy", "average", "-p", "alpha", status=2).stderr
+    assert "--param" in bad and "NAME=VALUE" in bad

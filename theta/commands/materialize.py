@@ -1,0 +1,380 @@
+"""Placeholders and their materialization: how a checkpoint bigger than git can hold reaches the work tree.
+
+git reads a smudge filter's whole output into memory before it writes the work-tree file, so handing git an
+N GiB checkpoint costs git N GiB. For a large checkpoint the filter therefore answers git with a
+*placeholder*: the checkpoint's metadata text itself (what git stores; it starts with ``theta-metadata``).
+git writes that small file and records it in the index. When the git command has finished, theta replaces
+each placeholder with the real checkpoint (:func:`materialize`):
+
+1. the placeholder must still be what git wrote, and the index must still name its blob (nothing else ran);
+2. the blobs of every file are fetched in one git-lfs run;
+3. each checkpoint is rebuilt group by group into a temp file on the same file system (under
+   ``<git-dir>/theta/``), then renamed over the placeholder: a reader, a crash or kill -9 sees either the
+   placeholder or the whole checkpoint, never part of one;
+4. the index records the new file's stat data (:func:`theta.git.index.record_stat`), as git records a file
+   it wrote itself: `git status` is clean and never re-reads the checkpoint.
+
+Who calls it: the filter process, on the end of git's request stream -- git closes the filter's stdin when
+it exits and waits for the filter to stop (gitattributes(5), "Long Running Filter Process"), so this runs
+after every git command that checked files out (checkout, switch, restore, merge, pull, reset, stash,
+rebase, cherry-pick, clone...), with git's index written and unlocked, before the command returns. And
+`git theta checkout` / `git theta pull`, for placeholders left by a clone made without theta, by
+GIT_THETA_SKIP_SMUDGE, or by a materialization that could not complete (no network, disk full).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theta import settings
+from theta.errors import IndexBusyError, IndexUnsupportedError, MetadataError, ThetaError, TransferError
+from theta.git import index as gitindex
+from theta.git import repo as gitutil
+
+HEADER = b"theta-metadata "
+MAX_PLACEHOLDER_BYTES = 256 << 20  # a work-tree file larger than this is never a placeholder: not read whole
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A work-tree file holding a checkpoint's metadata text instead of the checkpoint."""
+
+    path: str      # as git names it: relative to the work-tree root, "/"-separated
+    text: bytes    # the metadata: what git stores, and what the work-tree file holds
+    oid: str       # git's blob id of ``text``
+    # when the filter handed it to git (time.time_ns()); None for one found in the work tree
+    issued_ns: int | None = None
+
+
+# file timestamps come from the kernel's coarse clock, a few ms behind time.time_ns()
+_CLOCK_SLACK_NS = 100_000_000
+
+
+@dataclass
+class Outcome:
+    """What :func:`materialize` did: files now holding their checkpoint, and files left as placeholders."""
+
+    done: list[str] = field(default_factory=list)
+    left: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C: the files not done yet are left as placeholders
+
+    def left_lines(self) -> list[str]:
+        """One line per file left as a placeholder, naming it and the command that finishes the job."""
+        return [f"{path} is a placeholder ({why}); run `git theta checkout {_quote(path)}`"
+                for path, why in self.left]
+
+
+def _quote(path: str) -> str:
+    import shlex
+
+    return shlex.quote(path)
+
+
+def data_bytes(meta) -> int:
+    """Bytes of tensor data a checkpoint holds (about its file size)."""
+    from zipslice import dtypes
+
+    return sum(g.numel * dtypes.get(g.dtype).itemsize for g in meta.groups.values())
+
+
+def is_placeholder_file(path: str | os.PathLike) -> bool:
+    """True when the file starts like theta metadata (cheap: reads 15 bytes)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(HEADER)) == HEADER
+    except OSError:
+        return False
+
+
+# -- finding placeholders ------------------------------------------------------------------------------
+def find_placeholders(root: Path, pathspecs: list[str] | None = None, spec_cwd=None
+                      ) -> tuple[list[Placeholder], list[tuple[str, str]]]:
+    """Placeholders among the theta-tracked files of the index (restricted to ``pathspecs``, read relative
+    to ``spec_cwd`` as git reads them), and the (path, why) of tracked files that hold metadata other than
+    the index's (left alone).
+
+    A file is a placeholder when it starts with ``theta-metadata`` and its bytes are exactly the blob the
+    index records for it: materializing it is then what `git checkout` would have written.
+    """
+    names = gitutil.run(["ls-files", "-z", "--full-name", "--", *(pathspecs or [])], spec_cwd or root).decode(
+        "utf-8", "surrogateescape").split("\0")
+    names = sorted({n for n in names if n})
+    if not names:
+        return [], []
+    attrs = gitutil.check_attr("filter", names, root)
+    tracked = [n for n in names if attrs.get(n) == "theta" and is_placeholder_file(root / n)]
+    if not tracked:
+        return [], []
+    entries = _index_entries(root, set(tracked))
+    hash_name = gitutil.object_format(root)
+    found, other = [], []
+    for name in tracked:
+        text = _read_small(root / name)
+        if text is None:
+            continue
+        oid = gitutil.blob_id(text, hash_name)
+        if oid in entries.get(name, ()):
+            found.append(Placeholder(name, text, oid))
+        else:
+            other.append((name, "holds theta metadata that is not the index's version of the file"))
+    return found, other
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        if path.stat().st_size > MAX_PLACEHOLDER_BYTES:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _index_entries(root: Path, paths: set[str]) -> dict[str, set[str]]:
+    """path -> blob ids the index holds for it (all stages), for ``paths``."""
+    index_file = gitutil.git_path("index", root)
+    try:
+        data = index_file.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        _, entries = gitindex.parse(data, gitutil.object_format(root))
+    except IndexUnsupportedError:  # e.g. a split index: ask git
+        out: dict[str, set[str]] = {}
+        listing = gitutil.run(["ls-files", "-z", "--stage", "--full-name"], root).decode("utf-8", "surrogateescape")
+        for item in listing.split("\0"):
+            if item:
+                meta, _, name = item.partition("\t")
+                if name in paths:
+                    out.setdefault(name, set()).add(meta.split()[1])
+        return out
+    out = {}
+    for e in entries:
+        if e.path in paths:
+            out.setdefault(e.path, set()).add(e.oid)
+    return out
+
+
+def _stage0_entries(root: Path, paths: set[str], hash_name: str) -> dict[str, str]:
+    """path -> the blob id of its stage-0 index entry, for ``paths``; empty for an index theta does not
+    edit (nothing is then dated back: git refreshes such an index by reading the files)."""
+    try:
+        _, entries = gitindex.parse(gitutil.git_path("index", root).read_bytes(), hash_name)
+    except (OSError, IndexUnsupportedError):
+        return {}
+    return {e.path: e.oid for e in entries if e.stage == 0 and e.path in paths}
+
+
+# -- materializing -------------------------------------------------------------------------------------
+def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progress: bool | None = None,
+                remote: str | None = None, store=None, verify: str | None = None,
+                hash_name: str | None = None) -> Outcome:
+    """Replace each placeholder with its checkpoint, atomically, then record in the index the files whose
+    index entry is the placeholder's blob (a file restored from another commit stays modified, as in git).
+
+    Memory stays bounded by two parameter groups whatever the checkpoint's size. Never raises for one file's
+    problem: it is reported in ``Outcome.left`` and that file stays a placeholder (git status clean).
+    ``store``, ``verify`` (theta.verify) and ``hash_name`` (the object format): what the caller already
+    knows, else read here.
+    """
+    from theta.storage.metadata import loads
+    from theta.storage.store import LfsStore
+
+    root = Path(root).resolve()
+    out = Outcome()
+    if not placeholders:
+        return out
+    progress = settings.stderr_is_terminal() if progress is None else progress
+    hash_name = hash_name or gitutil.object_format(root)
+    todo = []
+    for p in placeholders:
+        target = root / p.path
+        try:
+            before = os.stat(target)
+            if before.st_size != len(p.text) or target.read_bytes() != p.text:
+                continue  # not (or no longer) the placeholder: git wrote something else there
+            if p.issued_ns is not None and before.st_mtime_ns < p.issued_ns - _CLOCK_SLACK_NS:
+                continue  # a placeholder that was there before git smudged this blob for another purpose
+            meta = loads(p.text)
+        except FileNotFoundError:
+            continue
+        except (OSError, MetadataError) as e:
+            out.left.append((p.path, str(e)))
+            continue
+        todo.append((p, meta, before))
+    if not todo:
+        return out
+    store = store or LfsStore.for_repo(root)
+    updates: dict[str, tuple[str, os.stat_result]] = {}
+    work = _work_dir(root)
+    pending = [p.path for p, _, _ in todo]
+    # only a file the index will record may be dated back (see _settle); any other keeps its real mtime
+    held = _stage0_entries(root, set(pending), hash_name)
+    settled = set()
+    try:
+        todo = _fetch(root, store, todo, out, remote, progress)
+        pending = [p.path for p, _, _ in todo]
+        verify = verify or settings.verify_mode(root)
+        for p, meta, before in todo:
+            settle = held.get(p.path) == p.oid
+            try:
+                st = _write_one(root, work, p, meta, store, before, verify, progress, settle)
+            except (ThetaError, OSError) as e:
+                out.left.append((p.path, _one_line(e)))
+            else:
+                if st is not None:
+                    updates[p.path] = (p.oid, st)
+                    out.done.append(p.path)
+                    if settle:
+                        settled.add(p.path)
+            pending.remove(p.path)
+    except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded below
+        out.left.extend((path, "interrupted") for path in pending)
+        out.interrupted = True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    recorded = _record(root, updates, hash_name, out)
+    for path in settled - recorded:  # git changed the index meanwhile: undo the dating back (see _settle)
+        try:
+            os.utime(root / path)
+        except OSError:
+            pass
+    return out
+
+
+def _fetch(root: Path, store, todo, out: Outcome, remote: str | None, progress: bool):
+    """Download every missing blob of every file in one git-lfs run; files still incomplete are left."""
+    from theta.storage.transfer import fetch_missing
+
+    refs = [r for _, meta, _ in todo for r in meta.blob_refs()]
+    if not store.missing(refs):
+        return todo
+    failure = None
+    try:
+        names = [p.path for p, _, _ in todo]
+        label = f"theta fetch {names[0]}" + (f" (+{len(names) - 1} files)" if len(names) > 1 else "")
+        fetch_missing(root, refs, remote=remote, store=store, progress=label if progress else None)
+    except TransferError as e:
+        failure = str(e)
+    kept = []
+    for item in todo:
+        missing = store.missing(item[1].blob_refs())
+        if missing:
+            out.left.append((item[0].path, f"{len(missing)} blob(s) not available locally"
+                             + (f": {failure}" if failure else "")))
+        else:
+            kept.append(item)
+    return kept
+
+
+def _work_dir(root: Path) -> Path:
+    """A private directory for temp files on the work tree's file system, under <git-dir>/theta; temp
+    directories left by a killed process are removed first."""
+    base = gitutil.theta_dir(root)
+    for d in base.glob("materialize-*"):
+        pid = d.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+    work = base / f"materialize-{os.getpid()}"
+    work.mkdir(exist_ok=True)
+    return work
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.stat_result, verify: str,
+               progress: bool, settle: bool) -> os.stat_result | None:
+    """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
+    changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`)."""
+    from theta.smudge import smudge_checkpoint
+
+    target = root / p.path
+    # same file system as the target: the final rename is atomic (else a temp file beside the target)
+    tmp_dir = work if os.stat(work).st_dev == before.st_dev else target.parent
+    tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.new"  # smudge_checkpoint uses ...tmp beside it
+    try:
+        smudge_checkpoint(meta, store, tmp, fmt=settings.checkout_format(p.path, root), progress=progress,
+                          verify=verify, name=target.name)
+        mode = 0o777 if before.st_mode & 0o100 else 0o666
+        os.chmod(tmp, mode & ~_umask())
+        now = os.stat(target)
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
+            return None  # someone changed the placeholder while we wrote: theirs wins
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if settle:
+        _settle(target)
+    return os.stat(target)
+
+
+def _settle(path: Path) -> None:
+    """Date the file one second back when it was written in the current second.
+
+    git distrusts an entry whose mtime is not older than the index file ("racily clean") and re-reads the
+    file on each `git status` until the index is rewritten a second later. The index is rewritten right
+    now, so a checkpoint just written would be re-read -- gigabytes -- by the next `git status`.
+
+    Only for a file whose new stat data the index records: git compares whole seconds, size and inode, so
+    a file dated back but left unrecorded (`git restore --source`) could match the entry of the file it
+    replaced (same size, reused inode, same second) and look unmodified.
+    """
+    st = os.stat(path)
+    second = time.time_ns() // 1_000_000_000
+    if st.st_mtime_ns // 1_000_000_000 >= second:
+        os.utime(path, ns=(st.st_atime_ns, (second - 1) * 1_000_000_000 + st.st_mtime_ns % 1_000_000_000))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _record(root: Path, updates: dict, hash_name: str, out: Outcome) -> set[str]:
+    """Record the materialized files' stat data in the index (git status then trusts them unread); the
+    paths recorded."""
+    if not updates:
+        return set()
+    index_file = gitutil.git_path("index", root)
+    try:
+        return set(gitindex.record_stat(index_file, updates, hash_name))
+    except FileNotFoundError:
+        return set()  # a temporary index (GIT_INDEX_FILE) that git already removed
+    except IndexBusyError as e:
+        out.notes.append(f"{e}; `git status` will re-read {', '.join(sorted(updates))} once")
+        return set()
+    except IndexUnsupportedError:
+        pass
+    except OSError as e:
+        out.notes.append(f"could not update {index_file}: {e}")
+        return set()
+    # an index theta does not edit (split index): git refreshes it, reading each file once
+    gitutil.run_status(["update-index", "-q", "--refresh", "--", *sorted(updates)], root)
+    return set()
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    return str(e)
+
+
+def report(out: Outcome, stream=None) -> None:
+    """Print the outcome's notes and one line per placeholder left, on stderr."""
+    stream = stream or sys.stderr
+    for line in out.notes + out.left_lines():
+        print(f"git-theta: {line}", file=stream, flush=True)
