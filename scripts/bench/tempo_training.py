@@ -24,9 +24,10 @@ train   300 AdamW steps (--lr, default 3e-4) fine-tuning a small BERT (H=128, 2 
         alone does to the same run).
 model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=128: bytes kept for
         backward, stock vs tempo; peak RSS of two training steps (AdamW) at B=8 and 16; and the largest
-        batch whose two training steps fit a memory budget (--budget-gib, a memory cgroup: the kernel
-        decides; root only). Each with glibc malloc as it comes and with MALLOC_MMAP_THRESHOLD_=65536:
-        glibc's default keeps freed activations in its heap, so RSS follows the heap's high-water mark.
+        batch whose two training steps fit a memory budget (--budget-gib, default 5: a memory cgroup, the
+        kernel decides; root only; the search starts from the batch the two peaks predict). Each with glibc
+        malloc as it comes and with MALLOC_MMAP_THRESHOLD_=65536 (--malloc): glibc's default keeps freed
+        activations in its heap, so RSS follows the heap's high-water mark.
 
 Targets (issue #15): saved bytes <= 0.62x stock-with-boolean-masks per layer; time <= 1.25x stock;
 gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at every step.
@@ -35,6 +36,7 @@ gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at e
     python3 scripts/bench/tempo_training.py --quick            # fewer timing steps, no budget search
     python3 scripts/bench/tempo_training.py --only layer,grads --reps 20
     python3 scripts/bench/tempo_training.py --only layer --threads 1   # timing without OpenMP (steadier when busy)
+    python3 scripts/bench/tempo_training.py --only model --threads 1 --malloc default   # one glibc setting
 """
 from __future__ import annotations
 
@@ -406,21 +408,32 @@ def section_train(args) -> dict:
 # after the first step activations come from the heap, whose holes it rarely returns: RSS then tracks the
 # heap's high-water mark more than what is alive. A fixed threshold keeps every block >= 64 KiB mmapped and
 # returned on free. Both are measured; the second is what is alive.
-MALLOC_SETTINGS = (("glibc malloc, default", {}), ("MALLOC_MMAP_THRESHOLD_=65536", {"MALLOC_MMAP_THRESHOLD_": "65536"}))
+MALLOC_SETTINGS = (("default", "glibc malloc, default", {}),
+                   ("mmap", "MALLOC_MMAP_THRESHOLD_=65536", {"MALLOC_MMAP_THRESHOLD_": "65536"}))
 
 
 def _fits(variant: str, batch: int, args, cgroup, env: dict) -> bool:
-    _, m = run_child("step", cgroup=cgroup, check=False, env=env, variant=variant, batch=batch, seq=args.seq)
+    _, m = run_child("step", cgroup=cgroup, check=False, env=env, variant=variant, batch=batch, seq=args.seq,
+                     threads=args.threads)
+    print(f"    {variant:<5} B={batch:<3} in the cgroup: {'fits' if m.returncode == 0 else 'does not fit'}", flush=True)
     return m.returncode == 0
 
 
-def _largest_batch(variant: str, args, cgroup, env: dict) -> int:
-    lo, hi = 0, args.batch  # lo fits (0 trivially); find a hi that does not, then bisect
-    while _fits(variant, hi, args, cgroup, env):
-        lo, hi = hi, hi * 2
-        if hi > 512:
-            return lo
-    while hi - lo > 1:
+def _largest_batch(variant: str, args, cgroup, env: dict, guess: int) -> int:
+    """The largest batch whose two steps run in the cgroup: gallop from `guess` (predicted from the peak
+    RSS at two batches, so usually 1-3 runs away) to a bracket, then bisect."""
+    guess = min(max(guess, 1), 512)
+    if _fits(variant, guess, args, cgroup, env):
+        lo, step = guess, 1
+        while lo + step <= 512 and _fits(variant, lo + step, args, cgroup, env):
+            lo, step = lo + step, step * 2
+        hi = lo + step
+    else:
+        hi, step = guess, 1
+        while hi - step > 0 and not _fits(variant, hi - step, args, cgroup, env):
+            hi, step = hi - step, step * 2
+        lo = max(hi - step, 0)
+    while hi - lo > 1:  # lo fits (or is 0), hi does not
         mid = (lo + hi) // 2
         if _fits(variant, mid, args, cgroup, env):
             lo = mid
@@ -432,7 +445,7 @@ def _largest_batch(variant: str, args, cgroup, env: dict) -> int:
 def section_model(args) -> dict:
     from harness import MemCgroup
 
-    result, _ = run_child("model-saved", batch=args.batch, seq=args.seq)
+    result, _ = run_child("model-saved", batch=args.batch, seq=args.seq, threads=args.threads)
     saved = result["saved"]
     print(f"\n## whole BERT-base from BertConfig() (BertForSequenceClassification), B={args.batch} S={args.seq}\n")
     print(f"bytes kept for backward: stock {saved['stock'] / MiB:.1f} MiB, stock with boolean masks "
@@ -441,27 +454,32 @@ def section_model(args) -> dict:
     out = {"model_ratio": saved["tempo"] / saved["stock-bool"]}
     budget = int(args.budget_gib * (1 << 30))
     why_not = "--quick" if args.quick else MemCgroup.available()
-    for label, env in MALLOC_SETTINGS:
+    for key, label, env in MALLOC_SETTINGS:
+        if key not in args.malloc.split(","):
+            continue
         print(f"\n{label}: two AdamW steps (peak RSS: the kernel's ru_maxrss; tree: the harness's sampling)")
         peaks = {}
+        predicted = {}
         for variant in ("stock", "tempo"):
             for batch in (args.batch, 2 * args.batch):
-                step, m = run_child("step", env=env, variant=variant, batch=batch, seq=args.seq)
+                step, m = run_child("step", env=env, variant=variant, batch=batch, seq=args.seq, threads=args.threads)
                 peaks[(variant, batch)] = step["max_rss"]
                 print(f"  {variant:<5} B={batch:<3}: peak RSS {step['max_rss'] / MiB:>6.0f} MiB (tree "
                       f"{m.peak_tree_rss / MiB:.0f}), second step {step['step_seconds'][1]:.1f} s")
         for variant in ("stock", "tempo"):
             a, b = peaks[(variant, args.batch)], peaks[(variant, 2 * args.batch)]
             per_sample = (b - a) / args.batch
+            predicted[variant] = int(args.batch + (budget - a) / per_sample)
             print(f"  {variant:<5}: {per_sample / MiB:.1f} MiB more peak RSS per sample; largest batch in "
-                  f"{args.budget_gib:g} GiB predicted from it: {int(args.batch + (budget - a) / per_sample)}")
+                  f"{args.budget_gib:g} GiB predicted from it: {predicted[variant]}")
         if why_not:
             print(f"  budget search skipped: {why_not}")
             continue
         with MemCgroup(budget, name="tempo") as cgroup:
-            fits = {variant: _largest_batch(variant, args, cgroup, env) for variant in ("stock", "tempo")}
+            fits = {variant: _largest_batch(variant, args, cgroup, env, predicted[variant]) for variant in ("stock", "tempo")}
         print(f"  largest batch whose two training steps run in a {args.budget_gib:g} GiB memory cgroup: "
               f"stock {fits['stock']}, tempo {fits['tempo']} ({fits['tempo'] / max(fits['stock'], 1):.2f}x)")
+        out[f"fits_{key}"] = fits
     return out
 
 
@@ -473,7 +491,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10, help="timed steps per variant")
     ap.add_argument("--steps", type=int, default=300, help="training-equivalence steps")
     ap.add_argument("--lr", type=float, default=3e-4, help="training-equivalence learning rate")
-    ap.add_argument("--budget-gib", type=float, default=3.0)
+    ap.add_argument("--budget-gib", type=float, default=5.0, help="memory budget of the batch search (model)")
+    ap.add_argument("--malloc", default="default,mmap",
+                    help="model section: glibc settings to run, comma-separated (default: as it comes; mmap: "
+                         "MALLOC_MMAP_THRESHOLD_=65536)")
     ap.add_argument("--quick", action="store_true", help="--reps 3, no budget search")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
