@@ -142,7 +142,7 @@ def child_layer(args) -> dict:
         stacked = _measure(two, (x.clone().requires_grad_(),), variant)
         saved[variant] = {"isolated": isolated, "stack": stacked - isolated}
 
-    timed = [v for v in VARIANTS if v != "stock-bool"]
+    timed = [v for v in VARIANTS if v != "stock-bool" and (v == "stock" or v in args.timed.split(","))]
     layers = {v: _patch(copy.deepcopy(base), v) for v in timed}
     grad = torch.randn(args.batch, args.seq, 768, generator=torch.Generator().manual_seed(3))
 
@@ -178,7 +178,10 @@ def child_layer(args) -> dict:
     return {"saved": saved, "identical": identical, "threads": torch.get_num_threads(),
             "wall": {v: statistics.median(t) for v, t in wall.items()},
             "cpu": {v: statistics.median(t) for v, t in cpu.items()},
-            "wall_best": {v: min(t) for v, t in wall.items()}, "cpu_best": {v: min(t) for v, t in cpu.items()}}
+            "wall_best": {v: min(t) for v, t in wall.items()}, "cpu_best": {v: min(t) for v, t in cpu.items()},
+            # each rep's steps run back to back: the ratio within a rep sees the same load on the machine
+            "wall_paired": {v: statistics.median(a / b for a, b in zip(t, wall["stock"])) for v, t in wall.items()},
+            "cpu_paired": {v: statistics.median(a / b for a, b in zip(t, cpu["stock"])) for v, t in cpu.items()}}
 
 
 def child_grads(args) -> dict:
@@ -336,7 +339,8 @@ def ratio(a: float, b: float) -> str:
 
 
 def section_layer(args) -> dict:
-    result, m = run_child("layer", batch=args.batch, seq=args.seq, reps=args.reps, threads=args.threads)
+    result, m = run_child("layer", batch=args.batch, seq=args.seq, reps=args.reps, threads=args.threads,
+                          timed=args.timed)
     saved, wall, cpu = result["saved"], result["wall"], result["cpu"]
     print(f"\n## BERT-base layer, B={args.batch} S={args.seq} float32, dropout 0.1, CPU "
           f"({result['threads']} threads; child peak tree RSS {m.peak_tree_rss / MiB:.0f} MiB)\n")
@@ -350,17 +354,19 @@ def section_layer(args) -> dict:
     wall_best, cpu_best = result["wall_best"], result["cpu_best"]
     print(f"\nforward + backward, {args.reps} interleaved steps per variant: best (min) and median; wall and "
           f"process CPU time")
-    print(f"{'variant':<18}{'wall best':>10}{'x stock':>9}{'median':>8}{'x stock':>9}"
-          f"{'cpu best':>10}{'x stock':>9}{'median':>8}{'x stock':>9}  forward and RNG vs stock")
+    print("(paired: median over reps of the ratio to the stock step run next to it, which saw the same load)")
+    print(f"{'variant':<18}{'wall best':>10}{'x stock':>9}{'median':>8}{'x stock':>9}{'paired':>8}"
+          f"{'cpu best':>10}{'x stock':>9}{'median':>8}{'x stock':>9}{'paired':>8}  forward and RNG vs stock")
     for v in wall:
         print(f"{v:<18}{wall_best[v] * 1e3:>8.0f}ms{ratio(wall_best[v], wall_best['stock']):>9}"
-              f"{wall[v] * 1e3:>6.0f}ms{ratio(wall[v], wall['stock']):>9}"
+              f"{wall[v] * 1e3:>6.0f}ms{ratio(wall[v], wall['stock']):>9}{result['wall_paired'][v]:>7.3f}x"
               f"{cpu_best[v] * 1e3:>8.0f}ms{ratio(cpu_best[v], cpu_best['stock']):>9}"
-              f"{cpu[v] * 1e3:>6.0f}ms{ratio(cpu[v], cpu['stock']):>9}"
+              f"{cpu[v] * 1e3:>6.0f}ms{ratio(cpu[v], cpu['stock']):>9}{result['cpu_paired'][v]:>7.3f}x"
               f"  {'bit-identical' if result['identical'][v] else 'DIFFERENT'}")
     return {"saved_stack_ratio": saved["tempo"]["stack"] / saved["stock-bool"]["stack"],
             "saved_isolated_ratio": saved["tempo"]["isolated"] / saved["stock-bool"]["isolated"],
             "wall_ratio": wall_best["tempo"] / wall_best["stock"], "cpu_ratio": cpu_best["tempo"] / cpu_best["stock"],
+            "wall_paired": result["wall_paired"]["tempo"], "cpu_paired": result["cpu_paired"]["tempo"],
             "forward_differs": float(not all(result["identical"].values()))}
 
 
@@ -500,6 +506,8 @@ def main() -> None:
     ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
     ap.add_argument("--control", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the children (0: torch's default)")
+    ap.add_argument("--timed", default=",".join(v for v in VARIANTS if v.startswith("tempo")),
+                    help="layer section: variants timed beside stock, comma-separated (fewer: more reps in the time)")
     args = ap.parse_args()
     if args.child:
         import warnings
@@ -526,6 +534,8 @@ def main() -> None:
         ("model_ratio", "bytes kept, whole BERT-base, vs stock with boolean masks", 0.62),
         ("wall_ratio", "forward + backward wall time vs stock (best of --reps)", 1.25),
         ("cpu_ratio", "forward + backward CPU time vs stock (best of --reps)", 1.25),
+        ("wall_paired", "forward + backward wall time vs stock (median of paired ratios)", 1.25),
+        ("cpu_paired", "forward + backward CPU time vs stock (median of paired ratios)", 1.25),
         ("forward_differs", "forward output or RNG state differs from stock (any variant)", 0.0),
         ("grad_ratio", "gradient error vs stock's, worst parameter", 3.0),
         ("train_rel", "training loss, largest relative difference", 1e-4),
