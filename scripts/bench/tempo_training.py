@@ -12,8 +12,10 @@ layer   One BERT-base layer, B=8, S=128.
         alone; "in a stack": what one more layer adds to a stack (2 layers minus 1), i.e. the per-layer
         cost in a deep model, where a layer's output is the next one's input (kept once).
         Forward output and the RNG state it leaves, each variant against stock (torch.equal).
-        Forward + backward time: all variants interleaved in one process, best (min, judged) and median of
-        --reps steps, wall and process CPU time (CPU time is the robust one on a busy machine).
+        Forward + backward time: stock and the --timed variants interleaved in one process, wall and
+        process CPU time of --reps steps each: best (min), median, and paired (median over reps of the
+        ratio to the stock step run next to it, which saw the same load). On a busy machine CPU time and
+        the paired ratios are the steady figures; the best wall time is whichever step met a quiet moment.
 grads   The same layer's gradients (every parameter and the input) against float64 stock: relative L2
         error of stock float32 and of tempo float32, and their ratio. attention.self.key.bias has a zero
         gradient in exact arithmetic (softmax ignores a per-row constant), so both errors there are
