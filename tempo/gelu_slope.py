@@ -7,8 +7,9 @@ On each side the slope is a smooth function of a variable of y:
   is clamped there (GELU' = 1 within 4e-8).
 - left (x < x*): w = sqrt(-2 log(y / y*)). Near the minimum w ~ sqrt(y - y*) (no kink), and as
   x -> -inf w ~ |x|, which tames the Gaussian tail; x below ~-5.9 is clamped (|GELU'| < 1e-7).
-Each variable indexes a table of 8192 linear cells per side (one row gather, one lerp, no branches):
-~20 elementwise ops per element in all. The tables are built on first use from the exact GELU in
+Each variable indexes a table of 8192 linear cells per side (two flat gathers, start and rise, and one
+fused multiply-add; no branches): ~20 elementwise ops per element in all, in place in buffers reused
+across chunks. The tables are built on first use from the exact GELU in
 float64: each node's x by bisection, then GELU'(x) exactly. No polynomial fit, Newton step, erf or exp
 runs per element.
 
