@@ -2,7 +2,6 @@
 bit for bit what rebuilding the whole values gives, bounded memory (the result and a few frames, not three
 groups), and a chain whose rebuilt value does not match its hash is refused. Real blobs in a real store."""
 import dataclasses
-import tracemalloc
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +15,7 @@ from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, get, reconstruct, steps, stream
+from support.traced import traced_peak
 
 
 def bits(a: np.ndarray) -> bytes:
@@ -145,12 +145,7 @@ def test_streamed_merge_holds_the_result_not_three_groups(tmp_path, monkeypatch,
     group_bytes = values[0].nbytes
     del values
     plan.pending[0].strategy, plan.pending[0].params = strategy, {}
-    tracemalloc.start()
-    try:
-        execute(plan, store)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    _, peak = traced_peak(execute, plan, store)
     # the result, a few frames per input and the float32 work chunks; rebuilding held ancestor, ours, theirs
     # and the result (4 groups)
     assert peak <= 1.75 * group_bytes, peak / group_bytes  # frames in flight vary with thread timing

@@ -2,7 +2,6 @@
 ``apply`` gives, and in place (a view of the previous value, no second value) when no row moves backwards and
 the value does not grow. Real blobs in a real store."""
 import dataclasses
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, get, reconstruct, steps
+from support.traced import traced_peak
 
 
 def bits(a: np.ndarray) -> bytes:
@@ -64,11 +64,6 @@ def test_a_trimmed_fine_tune_rebuilds_in_place(tmp_path, monkeypatch):
     group = group_of(store, [v0, v1, v2], ["delta", "rows"])
     want, group_bytes = bits(v2), v0.nbytes
     del v0, v1, v2
-    tracemalloc.start()
-    try:
-        out = reconstruct(group, store)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    out, peak = traced_peak(reconstruct, group, store)
     assert bits(out) == want
     assert peak <= 1.4 * group_bytes, peak / group_bytes

@@ -2,7 +2,6 @@
 by frame decoding, delta/sparse applied from the blob (in place), staged candidate blobs, bounded reconstruct
 of a chain of 8 -- every one bit for bit, and old-layout delta blobs still decode."""
 import os
-import tracemalloc
 
 import ml_dtypes
 import numpy as np
@@ -15,6 +14,7 @@ from theta.storage.store import LfsStore, stage_chunks
 from theta.updates import content_hash, get, reconstruct, steps
 from theta.updates.auto import choose, resize_then_change
 from theta.updates.delta import _combine, changed_count, raw_words, to_planes
+from support.traced import traced_peak
 
 FLOATS = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float64),
           np.dtype(np.complex128)]
@@ -245,12 +245,7 @@ def test_reconstruct_chain_of_8_is_exact_and_bounded(tmp_path, monkeypatch):
     group_bytes = values[-1].nbytes
     want = bits(values[-1])
     del values
-    tracemalloc.start()
-    try:
-        out = reconstruct(group, store)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    out, peak = traced_peak(reconstruct, group, store)
     assert bits(out) == want
     # one value updated in place + a few frames; the layout before kept 3 values (previous, codes, new)
     assert peak <= 1.5 * group_bytes, peak / group_bytes

@@ -22,6 +22,7 @@ from theta.updates.low_rank import LowRankUpdate, add_low_rank
 from theta.updates.rows import RowsUpdate
 from theta.updates.sideload import UpdateData, UpdateDataError
 from theta.updates.sparse import SparseUpdate
+from support.traced import traced_peak
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
@@ -550,7 +551,6 @@ def test_step_layout_records_and_defaults():
 def test_sideload_low_rank_verifies_row_block_by_row_block(tmp_path, monkeypatch):
     """Checking a LoRA against the saved model holds neither the value it gives nor float64 copies: beyond the
     new and previous values (the caller's), a few row blocks and the fixes."""
-    import tracemalloc
 
     from theta.updates import low_rank, sideload
 
@@ -565,12 +565,7 @@ def test_sideload_low_rank_verifies_row_block_by_row_block(tmp_path, monkeypatch
     safetensors.numpy.save_file({"w/R": R, "w/C": C}, str(path))
     data = UpdateData.open(path, "low-rank")
     data.parts("w")  # read the factors before measuring
-    tracemalloc.start()
-    try:
-        v = data.verify("w", new, prev, rtol=1e-5, atol=1e-8)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    v, peak = traced_peak(data.verify, "w", new, prev, rtol=1e-5, atol=1e-8)
     assert raw(LowRankUpdate().apply(codec.decode_parts(codec.encode_parts(v.encoded.parts)), v.encoded.params,
                                      prev)) == raw(new)
     assert v.encoded.params["fixes"] < new.size // 4

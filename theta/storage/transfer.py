@@ -99,89 +99,16 @@ def _verify_batch(repo_dir, batch: list[BlobRef], remote: str) -> set[str]:
 
 
 @contextmanager
-def _upload_watch(repo_dir, remote: str, refs: list[BlobRef], label: str | None) -> Iterator[str | None]:
-    """A progress bar fed by git-lfs's own transfer log (``GIT_LFS_PROGRESS``: a line per update with the
-    bytes sent so far of one object) and, for a remote git-lfs copies files to (file://, whose transfer
-    logs no bytes), by what arrives there; yields the log's path to hand to git-lfs, or None when no bar
-    shows."""
-    import tempfile
-
-    from theta.git import repo as gitutil
-    from zipslice.progress import Bar
-
-    bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
-    if not bar.active:
-        yield None
-        return
+def _polled(bar, count: Callable[[], int]) -> Iterator[None]:
+    """Advance ``bar`` to ``count()`` (bytes so far) every 0.2 s while the block runs, and once more after it
+    ended, so the bar closes on the real total."""
     stop = threading.Event()
-    remote_objects = lfs.local_remote_objects(repo_dir, remote)
-
-    def arrived(r: BlobRef) -> bool:  # read-only: nothing is written to the remote's store
-        try:
-            return os.stat(remote_objects / r.oid[0:2] / r.oid[2:4] / r.oid).st_size == r.size
-        except OSError:
-            return False
-    with tempfile.TemporaryDirectory(prefix="push-", dir=gitutil.scratch_dir(repo_dir)) as tmp:
-        log = os.path.join(tmp, "progress")
-        open(log, "wb").close()
-
-        def poll() -> None:
-            sent: dict[str, int] = {}
-            shown = 0
-            with open(log, "rb") as f:
-                while True:
-                    last = stop.wait(0.2)
-                    for line in f.read().decode("utf-8", "replace").splitlines():
-                        parts = line.split()
-                        if len(parts) >= 4 and "/" in parts[2]:
-                            done, _, _ = parts[2].partition("/")
-                            if done.isdigit():
-                                sent[parts[3]] = max(sent.get(parts[3], 0), int(done))
-                    if remote_objects is not None:  # objects already there count whole (the server skips them)
-                        for r in refs:
-                            if sent.get(r.oid, 0) < r.size and arrived(r):
-                                sent[r.oid] = r.size
-                    total = sum(sent.values())
-                    if total > shown:
-                        bar.advance(total - shown)
-                        shown = total
-                    if last:
-                        return
-
-        t = threading.Thread(target=poll, daemon=True)
-        t.start()
-        try:
-            yield log
-        finally:
-            stop.set()
-            t.join()
-            bar.close()
-
-
-@contextmanager
-def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[None]:
-    """A progress bar fed by what arrives in the LFS store (git-lfs downloads into ``lfs/incomplete`` and
-    renames each object into place when complete): bytes of complete objects plus partial downloads."""
-    from zipslice.progress import Bar
-
-    bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
-    if not bar.active:
-        yield
-        return
-    stop = threading.Event()
-    incomplete = store.objects_dir.parent / "incomplete"
 
     def poll() -> None:
         shown = 0
         while True:
-            last = stop.wait(0.2)  # one more count after the transfer ended: the bar closes on the real total
-            done = sum(r.size for r in refs if store.has(r))
-            pending = {r.oid for r in refs} - {r.oid for r in refs if store.has(r)}
-            for oid in pending:
-                try:
-                    done += (incomplete / oid).stat().st_size
-                except OSError:
-                    pass
+            last = stop.wait(0.2)
+            done = count()
             if done > shown:
                 bar.advance(done - shown)
                 shown = done
@@ -196,3 +123,77 @@ def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[
         stop.set()
         t.join()
         bar.close()
+
+
+@contextmanager
+def _upload_watch(repo_dir, remote: str, refs: list[BlobRef], label: str | None) -> Iterator[str | None]:
+    """A progress bar fed by git-lfs's own transfer log (``GIT_LFS_PROGRESS``: a line per update with the
+    bytes sent so far of one object) and, for a remote git-lfs copies files to (file://, whose transfer
+    logs no bytes), by what arrives there; yields the log's path to hand to git-lfs, or None when no bar
+    shows."""
+    import tempfile
+
+    from theta.git import repo as gitutil
+    from zipslice.progress import Bar
+
+    bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
+    if not bar.active:
+        yield None
+        return
+    remote_objects = lfs.local_remote_objects(repo_dir, remote)
+
+    def arrived(r: BlobRef) -> bool:  # read-only: nothing is written to the remote's store
+        try:
+            return os.stat(remote_objects / r.oid[0:2] / r.oid[2:4] / r.oid).st_size == r.size
+        except OSError:
+            return False
+
+    with tempfile.TemporaryDirectory(prefix="push-", dir=gitutil.scratch_dir(repo_dir)) as tmp:
+        log = os.path.join(tmp, "progress")
+        open(log, "wb").close()
+        sent: dict[str, int] = {}
+
+        with open(log, "rb") as f:
+            def count() -> int:
+                for line in f.read().decode("utf-8", "replace").splitlines():
+                    parts = line.split()
+                    if len(parts) >= 4 and "/" in parts[2]:
+                        done, _, _ = parts[2].partition("/")
+                        if done.isdigit():
+                            sent[parts[3]] = max(sent.get(parts[3], 0), int(done))
+                if remote_objects is not None:  # objects already there count whole (the server skips them)
+                    for r in refs:
+                        if sent.get(r.oid, 0) < r.size and arrived(r):
+                            sent[r.oid] = r.size
+                return sum(sent.values())
+
+            with _polled(bar, count):
+                yield log
+
+
+@contextmanager
+def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[None]:
+    """A progress bar fed by what arrives in the LFS store (git-lfs downloads into ``lfs/incomplete`` and
+    renames each object into place when complete): bytes of complete objects plus partial downloads."""
+    from zipslice.progress import Bar
+
+    bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
+    if not bar.active:
+        yield
+        return
+    incomplete = store.objects_dir.parent / "incomplete"
+
+    def count() -> int:
+        done = 0
+        for r in refs:
+            if store.has(r):
+                done += r.size
+                continue
+            try:
+                done += (incomplete / r.oid).stat().st_size
+            except OSError:
+                pass
+        return done
+
+    with _polled(bar, count):
+        yield

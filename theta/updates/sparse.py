@@ -124,15 +124,9 @@ class SparseUpdate:
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
         if previous is None:
             raise UpdateTypeError("sparse update needs the previous value of its group")
-        if "gaps" not in parts or "values" not in parts:
-            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
-        indices = decode_indices(parts["gaps"])
-        values = parts["values"]
-        if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
-            raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
-                             f"({indices.size} indices, {values.size} values)")
+        indices, values = _checked_changes(parts, previous)
         out = np.array(previous, copy=True, order="C")
-        out.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
+        out.reshape(-1)[indices] = values
         return out
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
@@ -143,12 +137,19 @@ class SparseUpdate:
         parts = decode_parts_of(blobs)
         if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous):
             return self.apply(parts, params, previous)
-        if "gaps" not in parts or "values" not in parts:
-            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
-        indices = decode_indices(parts["gaps"])
-        values = parts["values"]
-        if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
-            raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
-                                  f"({indices.size} indices, {values.size} values)")
-        previous.reshape(-1)[indices] = values.astype(previous.dtype, copy=False).reshape(-1)
+        indices, values = _checked_changes(parts, previous)
+        previous.reshape(-1)[indices] = values
         return previous
+
+
+def _checked_changes(parts: dict[str, np.ndarray], previous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices, values in ``previous``'s dtype) of a sparse step, after checking they fit
+    ``previous``: a hostile step is refused before any group-sized work."""
+    if "gaps" not in parts or "values" not in parts:
+        raise UpdateTypeError(f"sparse update is missing parts (has {sorted(parts)}, needs gaps and values)")
+    indices = decode_indices(parts["gaps"])
+    values = parts["values"]
+    if indices.size != values.size or (indices.size and (indices[-1] >= previous.size or indices.min() < 0)):
+        raise UpdateTypeError(f"sparse update does not fit a group of shape {previous.shape} "
+                              f"({indices.size} indices, {values.size} values)")
+    return indices, values.astype(previous.dtype, copy=False).reshape(-1)
