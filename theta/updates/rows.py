@@ -81,6 +81,23 @@ def encode_sources(sources: np.ndarray) -> np.ndarray:
     return gaps
 
 
+def _gathered_rows(new: np.ndarray, picked: np.ndarray):
+    """``new[picked]`` (rows) as a :class:`theta.storage.codec.LazyArray` read frame by frame."""
+    from theta.storage.codec import LazyArray
+
+    per_row = int(np.prod(new.shape[1:], dtype=np.int64))
+    rows2 = new.reshape(new.shape[0], per_row)
+
+    def read(a: int, b: int) -> np.ndarray:
+        if per_row == 0:
+            return np.empty(0, new.dtype)
+        first, last = a // per_row, -(-b // per_row)
+        block = rows2[picked[first:last]].reshape(-1)
+        return block[a - first * per_row:b - first * per_row]
+
+    return LazyArray(new.dtype, (int(picked.size),) + tuple(new.shape[1:]), read)
+
+
 class RowsUpdate:
     name = "rows"
     incremental = True
@@ -92,7 +109,11 @@ class RowsUpdate:
         sources = find_sources(new, previous)
         if np.all(sources < 0):
             return None  # nothing shared: a dense value is simpler
-        extra = np.ascontiguousarray(new)[sources < 0]
+        new = np.ascontiguousarray(new)
+        picked = np.flatnonzero(sources < 0)
+        # lazy: the new rows gathered frame by frame while the blob is written (``new`` must stay unchanged
+        # until then), instead of a copy of them beside new and previous
+        extra = _gathered_rows(new, picked) if options.get("lazy") else new[picked]
         return Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra},
                        params={"rows": int(new.shape[0])})
 
@@ -108,7 +129,10 @@ class RowsUpdate:
                 or extra.shape[1:] != previous.shape[1:]:
             raise UpdateTypeError(f"rows update does not fit a previous value of shape {previous.shape}")
         out = np.empty((sources.size,) + previous.shape[1:], dtype=previous.dtype)
-        out[~new_mask] = previous[sources[~new_mask]]
+        kept = np.flatnonzero(~new_mask)
+        for a in range(0, kept.size, _MOVE_ROWS):  # in blocks: the gathered rows are the only temporary
+            dest = kept[a:a + _MOVE_ROWS]
+            out[dest] = previous[sources[dest]]
         out[new_mask] = extra.astype(previous.dtype, copy=False)
         return out
 
