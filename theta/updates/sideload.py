@@ -30,7 +30,7 @@ import numpy as np
 
 from theta.errors import UpdateDataError
 from theta.updates import Encoded
-from theta.updates.ia3 import check_vector, compute_dtype, scale
+from theta.updates.ia3 import check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
 from theta.updates.sparse import SparseUpdate, residual
 
@@ -171,17 +171,14 @@ class UpdateData:
             problem = check_vector(new.shape, vec)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
-            value = scale(previous, vec)
-            fix_parts, fixes = residual(value, new)
+            # block of rows by block of rows, like low-rank: never previous, new AND the scaled value
+            fix_parts, fixes, bad = _ia3_fixes(new, previous, vec, rtol, atol)
+            if bad is not None:
+                raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs "
+                                      f"from the saved model (max abs difference {bad:.3g}, rtol {rtol:g}, atol "
+                                      f"{atol:g}); was the update applied to this base?")
             encoded = Encoded(parts={"ia3": vec, **fix_parts}, params={"fixes": fixes})
-        # no fixes: the update gives the file exactly. Otherwise the check is for a wrong base or wrong
-        # factors (errors the size of the update), not for rounding: a few ulps of the operands pass.
-        if fixes and not _agrees(value, new, previous, rtol, atol):
-            err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
-            raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
-                                  f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
-                                  f"was the update applied to this base?")
-        return Verified(encoded, self.update_type, new)
+            return Verified(encoded, self.update_type, new)
 
     def _verify_promoted(self, where: str, group: str, parts: dict[str, np.ndarray], new: np.ndarray,
                          previous: np.ndarray, rtol: float, atol: float) -> Verified:
@@ -237,6 +234,34 @@ class UpdateData:
                                   f"reproduce it exactly")
         encoded = SparseUpdate().encode(new, previous, lazy=False)  # stores the changed elements themselves: exact
         return Verified(encoded, "sparse", new)
+
+
+def _ia3_fixes(new: np.ndarray, previous: np.ndarray, vec: np.ndarray, rtol: float, atol: float
+               ) -> tuple[dict[str, np.ndarray], int, float | None]:
+    """(fix parts, fix count, None) making previous * vec give ``new`` bit for bit, computed block of rows by
+    block of rows (memory: a block and the fixes); the third item is the largest difference instead of None
+    when a block that needs fixes is not within tolerance. No fixes: the update gives the file exactly;
+    otherwise the check is for a wrong base or vector (errors the size of the update), not for rounding: a
+    few ulps of the operands pass."""
+    from theta.updates.delta import changed_mask
+    from theta.updates.sparse import encode_indices
+
+    flat_new = np.ascontiguousarray(new).reshape(-1)
+    per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
+    found, values, worst = [], [], None
+    for rows, value in scaled_blocks(previous, vec):
+        start = rows.start * per_row if isinstance(rows, slice) else 0
+        want, prev = np.ascontiguousarray(new[rows]), previous[rows]
+        changed = np.flatnonzero(changed_mask(want, value))
+        if not changed.size:
+            continue
+        if not _agrees(value, want, prev, rtol, atol):
+            worst = max(worst or 0.0, _max_abs(value, want))
+        found.append(changed + start)
+        values.append(flat_new[changed + start])
+    indices = np.concatenate(found) if found else np.empty(0, np.int64)
+    fix_values = np.concatenate(values) if values else flat_new[:0].copy()
+    return {"fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values}, int(indices.size), worst
 
 
 def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> bool:
