@@ -125,7 +125,7 @@ def located(e: IntegrityError, file: str | None, group: str | None, step: int | 
     return out
 
 
-def check_parts_fit(blobs: dict, previous, kind: str) -> None:
+def check_parts_fit(blobs: dict, previous, kind: str, output_bytes: int | None = None) -> None:
     """Before decoding a step's part blobs straight from the store (``apply_blob``): their decoded size must
     be within :func:`parts_budget` of the value they apply to (a forged header cannot make theta allocate
     more). UpdateTypeError otherwise."""
@@ -136,6 +136,6 @@ def check_parts_fit(blobs: dict, previous, kind: str) -> None:
     for name, blob in blobs.items():
         dt, shape = codec.array_info(blob)
         total += math.prod(shape) * dt.itemsize
-    if total > parts_budget(have, have):
+    if total > parts_budget(have, have if output_bytes is None else output_bytes):
         raise UpdateTypeError(f"{kind} update parts would decode to {total} bytes, more than a step on a value of "
                               f"{have} bytes may")

@@ -166,5 +166,39 @@ class RowsUpdate:
         return previous[:n]
 
 
+def apply_grown(blobs: dict, params: dict, room: np.ndarray, previous: np.ndarray) -> np.ndarray | None:
+    """A rows step that grows ``previous`` (the C-contiguous start of the buffer ``room``), applied in ``room``:
+    the result is a view of its start, and ``previous`` is overwritten. Possible when the kept rows keep their
+    order and none moves to an earlier position (rows appended or inserted: the positional step of a group
+    grown and fine-tuned in one commit). None when the step does not grow the value, does not fit ``room`` or
+    moves rows otherwise (the caller applies it as usual)."""
+    from theta.storage.codec import decode_parts_of
+    from theta.updates.bounds import check_parts_fit
+
+    check_parts_fit(blobs, previous, "rows", room.nbytes)
+    parts = decode_parts_of(blobs)
+    if "source_gaps" not in parts or "extra" not in parts or previous.ndim < 1:
+        return None
+    sources = np.cumsum(np.asarray(parts["source_gaps"], dtype=np.int64))
+    n, m = sources.size, previous.shape[0]
+    kept = np.flatnonzero(sources >= 0)
+    extra, new_mask = parts["extra"], sources < 0
+    out_bytes = n * (previous.nbytes // m if m else 0)
+    if (n <= m or m == 0 or out_bytes > room.nbytes or extra.shape[0] != int(new_mask.sum())
+            or extra.shape[1:] != previous.shape[1:]):
+        return None
+    if kept.size and (sources[kept[-1]] >= m or np.any(sources[kept] > kept) or np.any(np.diff(sources[kept]) <= 0)):
+        return None
+    out = room[:out_bytes].view(previous.dtype).reshape((n,) + previous.shape[1:])
+    moved = kept[sources[kept] != kept]
+    # blocks from the last row down: a block writes rows after every row it or a later block reads (each
+    # kept row comes from the same or an earlier position), so nothing is overwritten before it is read
+    for b in range(moved.size, 0, -_MOVE_ROWS):
+        dest = moved[max(0, b - _MOVE_ROWS):b]
+        out[dest] = out[sources[dest]]
+    out[new_mask.nonzero()[0]] = extra.astype(previous.dtype, copy=False)
+    return out
+
+
 _MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)
 
