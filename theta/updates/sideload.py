@@ -350,6 +350,72 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
 
 
+def _worktree_form(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, have: np.ndarray,
+                   rtol: float, atol: float, group: str, path: "str | os.PathLike"):
+    """"original" when the work-tree value ``have`` is ``previous`` bit for bit, "updated" when it is
+    previous-with-update (Git-Theta's arithmetic, numpy's promoted dtype or cast back to the group's) within
+    rtol/atol, else (max abs difference to previous, to previous-with-update). Block of rows by block of rows
+    for ia3 and low-rank (memory: the two values the caller holds and a block; each element's arithmetic is
+    the one Git-Theta's whole-array expression gives, up to the matmul's summation order, which the
+    tolerance covers); a sparse update is applied whole."""
+    same_layout = have.shape == previous.shape and have.dtype == previous.dtype
+    if same_layout and _bits_equal(have, previous):
+        return "original"
+    promoted = promoted_dtype(update_type, parts, previous.dtype)
+    if have.shape == previous.shape and have.dtype in (promoted, previous.dtype):
+        agree = True
+        for rows, applied in _applied_blocks(update_type, parts, previous, group, path):
+            want = applied.astype(have.dtype, copy=False)
+            if not _agrees(want, have[rows], previous[rows], rtol, atol):
+                agree = False
+                break
+        if agree:
+            return "updated"
+    to_previous = _max_abs(have, previous)
+    to_applied = (max((_max_abs(have[rows], applied) for rows, applied in _applied_blocks(update_type, parts, previous, group, path)),
+                      default=0.0) if have.shape == previous.shape else float("inf"))
+    return to_previous, to_applied
+
+
+_APPLY_BLOCK_ELEMENTS = 1 << 20
+
+
+def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
+                    path: "str | os.PathLike"):
+    """(rows, previous[rows] with the update applied by Git-Theta's arithmetic) for blocks of rows (the whole
+    value at once for sparse updates, 0-d groups and update parts that do not split by rows)."""
+    R, C = parts.get("R"), parts.get("C")
+    by_rows = previous.ndim >= 1 and (
+        (update_type == "ia3" and "parameter" not in parts)
+        or (update_type == "low-rank" and "parameter" not in parts and R is not None and C is not None
+            and previous.ndim == 2 and np.ndim(R) == 2 and np.shape(R)[0] == previous.shape[0]))
+    if not by_rows:
+        yield Ellipsis, git_theta_apply(update_type, parts, previous, group, path)
+        return
+    vec = np.asarray(parts.get("ia3")) if update_type == "ia3" else None
+    vec_rows = vec is not None and vec.ndim == previous.ndim and vec.shape[0] == previous.shape[0] != 1
+    per_row = max(1, int(np.prod(previous.shape[1:], dtype=np.int64)))
+    step = max(1, _APPLY_BLOCK_ELEMENTS // per_row)
+    for a in range(0, previous.shape[0], step):
+        rows = slice(a, min(previous.shape[0], a + step))
+        if vec is not None:
+            block = {"ia3": vec[rows] if vec_rows else vec}
+        else:
+            block = {"R": np.asarray(R)[rows], "C": C}
+        yield rows, git_theta_apply(update_type, block, previous[rows], group, path)
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same bytes, compared chunk by chunk (no copy of either)."""
+    from zipslice import dtypes
+
+    x, y = dtypes.le_bytes(a), dtypes.le_bytes(b)
+    if len(x) != len(y):
+        return False
+    step = 16 << 20
+    return all(x[i:i + step] == y[i:i + step] for i in range(0, len(x), step))
+
+
 def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_value, rtol: float = 1e-5,
                       atol: float = 1e-8) -> WorktreeForm:
     """Git-Theta's documented workflow: the work-tree file holds the ORIGINAL checkpoint and FILE the update.
@@ -376,28 +442,21 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
                 raise UpdateDataError(f"update data {data.path}: group {group!r} has no previous version to "
                                       f"apply a {data.update_type} update to (commit the base model first)")
             have = np.asarray(ckpt.numpy(group))
-            if have.shape == previous.shape and have.dtype == previous.dtype and \
-                    bytes(dtypes.le_bytes(have)) == bytes(dtypes.le_bytes(previous)):
+            parts = data.parts(group)
+            form_of = _worktree_form(data.update_type, parts, previous, have, rtol, atol, group, data.path)
+            if form_of == "original":
                 form.original.append(group)
                 # Git-Theta's checkout has numpy's promoted dtype (e.g. float64 factors on float32 weights)
-                promoted[group] = promoted_dtype(data.update_type, data.parts(group), previous.dtype)
-                continue
-            applied = git_theta_apply(data.update_type, data.parts(group), previous, group, data.path)
-            # the current form: previous-with-update as Git-Theta checks it out (numpy's promoted dtype) or
-            # cast back to the group's dtype by whoever applied it
-            for want in (applied, applied.astype(previous.dtype)):
-                if have.shape == want.shape and have.dtype == want.dtype and _agrees(want, have, previous, rtol, atol):
-                    form.updated.append(group)
-                    break
+                promoted[group] = promoted_dtype(data.update_type, parts, previous.dtype)
+            elif form_of == "updated":
+                form.updated.append(group)
             else:
-                want = None
-            if want is not None:
-                continue
-            raise UpdateDataError(
-                f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
-                f"{_max_abs(have, previous):.3g}) nor the previous version with the {data.update_type} update "
-                f"applied (max abs difference {_max_abs(have, applied):.3g}): it differs from the saved model "
-                f"{path}; refusing to add it")
+                to_previous, to_applied = form_of
+                raise UpdateDataError(
+                    f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
+                    f"{to_previous:.3g}) nor the previous version with the {data.update_type} update applied (max "
+                    f"abs difference {to_applied:.3g}): it differs from the saved model {path}; refusing to add it")
+            del previous, have, parts
         if not form.original:
             return form
         plan = plan_write(ckpt, ckpt.format)
