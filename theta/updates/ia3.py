@@ -35,7 +35,7 @@ def scale(previous: np.ndarray, ia3: np.ndarray, out: np.ndarray | None = None) 
     return out
 
 
-BLOCK_ELEMENTS = 1 << 20  # elements per block of rows (4 MiB of float32; the float64 temporaries twice that)
+BLOCK_ELEMENTS = 1 << 18  # elements per block of rows (1 MiB of float32; the float64 temporaries twice that)
 
 
 def scaled_blocks(previous: np.ndarray, ia3: np.ndarray):

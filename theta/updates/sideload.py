@@ -281,7 +281,7 @@ def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: floa
     return True
 
 
-_AGREE_CHUNK = 1 << 20
+_AGREE_CHUNK = 1 << 16  # float64 temporaries of a chunk: ~3 MiB (1 << 20 cost ~50 MiB)
 
 
 def open_for_clean(options, lsd, previous) -> UpdateData | None:
@@ -377,7 +377,7 @@ def _worktree_form(update_type: str, parts: dict[str, np.ndarray], previous: np.
     return to_previous, to_applied
 
 
-_APPLY_BLOCK_ELEMENTS = 1 << 20
+_APPLY_BLOCK_ELEMENTS = 1 << 18
 
 
 def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
