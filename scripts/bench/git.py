@@ -401,6 +401,8 @@ def chain_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | No
     for i in range(1, CHAIN_TUNES):
         add(f"fine-tune {i} after the low-rank", f"tune{i}", measure=False)
     add("chain of 8: add", f"tune{CHAIN_TUNES}")
+    EMBED_CHAIN[:] = embedding_chain(repo, env)
+    print(f"  embedding's chain at the tip: {len(EMBED_CHAIN)} steps ({', '.join(EMBED_CHAIN)})", flush=True)
     settle(repo, env)
     sh(["git", "checkout", "-q", "-f", first], repo, env)
     settle(repo, env)
@@ -411,6 +413,19 @@ def chain_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | No
     m = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env, cgroup, check=cgroup is None)
     rows.append(("chain of 8: squash", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
     return rows
+
+
+EMBED_CHAIN: list[str] = []  # the step types of the embedding at the chain's tip (printed, and in --json)
+
+
+def embedding_chain(repo: Path, env: dict) -> list[str]:
+    """The step types of ``embed.weight`` in HEAD's metadata (theta's own parser, from this checkout)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from theta.storage.metadata import loads
+
+    text = subprocess.run(["git", "show", "HEAD:model.pt"], cwd=repo, env=env, capture_output=True,
+                          check=True).stdout
+    return [step.type for step in loads(text).groups["embed.weight"].steps]
 
 
 def _scale_of(path: Path) -> float:
@@ -520,7 +535,8 @@ def print_theta_only(rows: list, largest: int) -> bool:
 def write_json(path: Path, results: dict, info: dict) -> None:
     import json
 
-    out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "tools": {
+    out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "embedding_chain": EMBED_CHAIN,
+           "tools": {
         label: [{"step": step, "seconds": m.seconds, "cpu": m.cpu, "peak_tree_rss": m.peak_tree_rss,
                  "peak_proc_rss": m.peak_proc_rss, "peak_proc_name": m.peak_proc_name,
                  "peak_filter_rss": m.peak_filter_rss, "cgroup_peak": m.cgroup_peak, "status": m.status,
