@@ -278,3 +278,29 @@ def test_side_loaded_ia3_on_a_wrong_base_is_refused(tmp_path):
             data.verify("w", (weights(rng, (64, 16)) * vec).astype(np.float32), prev, 1e-5, 1e-8)
     finally:
         data.close()
+
+
+# ------------------------------------------------------------------ merges read ia3 / low-rank chains block by block
+@pytest.mark.parametrize("block", [1000, 4096, 1 << 20])  # blocks cutting rows anywhere, and one block
+def test_group_source_streams_ia3_and_low_rank_steps_bit_for_bit(store, block):
+    from theta.updates import stream
+
+    rng = np.random.default_rng(13)
+    v0 = weights(rng, (300, 40))
+    v1 = tuned(rng, v0)
+    v2, ia3_enc = ia3_step(v1, (1 + 0.01 * rng.standard_normal((300, 1))).astype(np.float32))
+    v2 = v2.copy()
+    v2.reshape(-1)[[7, 4001]] += np.float32(1e-6)  # carried as fixes
+    from theta.updates.sparse import residual
+
+    ia3_enc.parts.update(residual(ia3.scale(v1, ia3_enc.parts["ia3"]), v2)[0])
+    v3, lr_enc = low_rank_step(v2, (rng.standard_normal((300, 3)) * 0.1).astype(np.float32),
+                               (rng.standard_normal((3, 40)) * 0.1).astype(np.float32))
+    v4 = tuned(rng, v3)
+    g = chain_group(store, [v0, v1, v2, v3, v4], [("delta", None), ("ia3", ia3_enc), ("low-rank", lr_enc),
+                                                  ("delta", None)])
+    src = stream.source(g, store)
+    assert src is not None
+    got = np.concatenate([b for _, b in src.chunks(block)])
+    assert bits(got) == bits(v4) == bits(reconstruct(g, store))
+    assert src.checked  # the first pass checked the value's hash

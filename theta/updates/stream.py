@@ -7,8 +7,10 @@ from its own blob, also frame by frame. Memory: one block and a few codec frames
 size. Each pass re-reads the blobs (the page cache keeps them); the first complete pass checks the value's
 sha256 against the group's hash (ChainError at its end, before anything built on it is stored).
 
-Only chains of that shape stream (:func:`source`); others (low-rank, ia3, rows, a change of layout, delta
-blobs of the old ``planes`` layout) are rebuilt whole by :func:`theta.updates.reconstruct`.
+``ia3`` and ``low-rank`` steps stream too: the block is scaled by the vector's elements at its positions, or
+``R @ C`` of the rows the block covers is added to it (the same per-element arithmetic as the whole-value
+``apply``, so the same bits), then their fixes are applied like a sparse step's. Chains with a change of layout
+(``rows``) or delta blobs of the old ``planes`` layout are rebuilt whole by :func:`theta.updates.reconstruct`.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
     from theta.storage.store import LfsStore
 
-STREAMED_STEPS = ("delta", "sparse")
+STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank")
 
 
 class _Cursor:
@@ -123,8 +125,101 @@ class _Sparse:
         self.values.close()
 
 
+class _Fixes:
+    """The ``fix_gaps``/``fix_values`` of a low-rank or ia3 step, applied as blocks pass (a sparse step's)."""
+
+    def __init__(self, blobs: dict, value_dtype: np.dtype, size: int):
+        has = "fix_gaps" in blobs, "fix_values" in blobs
+        if has[0] != has[1]:
+            raise UpdateTypeError(f"update fixes are incomplete (parts {sorted(blobs)})")
+        self.sparse = _Sparse({"gaps": blobs["fix_gaps"], "values": blobs["fix_values"]}, value_dtype, size) \
+            if has[0] else None
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        if self.sparse is not None:
+            self.sparse.apply(block, words, start)
+
+    def close(self) -> None:
+        if self.sparse is not None:
+            self.sparse.close()
+
+
+def _small_part(blobs: dict, name: str, limit: int) -> np.ndarray:
+    """A step's part decoded whole, after checking it is at most ``limit`` elements (a factor or a vector)."""
+    if name not in blobs:
+        raise UpdateTypeError(f"the step is missing its part {name!r} (has {sorted(blobs)})")
+    _, shape = codec.array_info(blobs[name])
+    if int(np.prod(shape, dtype=np.int64)) > limit:
+        raise UpdateTypeError(f"part {name!r} of shape {list(shape)} is larger than its group")
+    return codec.decode_array(blobs[name])
+
+
+class _IA3:
+    """new = previous * ia3 (broadcast), block by block: the vector's elements at the block's positions."""
+
+    def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
+        from theta.updates.ia3 import check_vector, compute_dtype
+
+        vec = _small_part(blobs, "ia3", max(1, int(np.prod(shape, dtype=np.int64))))
+        problem = check_vector(shape, vec)
+        if problem:
+            raise UpdateTypeError(f"ia3 update: {problem}")
+        self.cdt, self.dtype, self.shape = compute_dtype(dtype), dtype, shape
+        self.vec = vec.astype(self.cdt)
+        self.per_row = max(1, int(np.prod(shape[1:], dtype=np.int64))) if shape else 1
+        self.by_row = bool(shape) and self.vec.ndim == len(shape) and self.vec.shape[0] != 1
+        self.fixes = _Fixes(blobs, dtype, int(np.prod(shape, dtype=np.int64)))
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        end = start + block.size
+        if not self.shape:
+            factors = np.broadcast_to(self.vec, ()).reshape(1)
+        else:
+            r0, r1 = start // self.per_row, -(-end // self.per_row)
+            rows = self.vec[r0:r1] if self.by_row else self.vec
+            factors = np.broadcast_to(rows, (r1 - r0,) + tuple(self.shape[1:])).reshape(-1)
+            factors = factors[start - r0 * self.per_row:end - r0 * self.per_row]
+        block[...] = (block.astype(self.cdt) * factors).astype(self.dtype)  # as ia3.scale, element by element
+        self.fixes.apply(block, words, start)
+
+    def close(self) -> None:
+        self.fixes.close()
+
+
+class _LowRank:
+    """new = previous + R @ C, block by block: the rows the block covers (low_rank.add_low_rank's arithmetic)."""
+
+    def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
+        from theta.updates.low_rank import check_factors, matrix_shape
+
+        shape2 = matrix_shape(shape)
+        if shape2 is None:
+            raise UpdateTypeError(f"a group of shape {list(shape)} has no low-rank form")
+        size = shape2[0] * shape2[1]
+        self.R, self.C = _small_part(blobs, "R", size), _small_part(blobs, "C", size)
+        problem = check_factors(shape, self.R, self.C)
+        if problem:
+            raise UpdateTypeError(f"low-rank update: {problem}")
+        self.dtype, self.cols = dtype, shape2[1]
+        self.fixes = _Fixes(blobs, dtype, size)
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        from theta.updates.low_rank import add_low_rank
+
+        end, cols = start + block.size, self.cols
+        r0, r1 = start // cols, -(-end // cols)
+        rows = np.zeros((r1 - r0, cols), self.dtype)  # each element's sum depends on its own previous value only
+        at = start - r0 * cols
+        rows.reshape(-1)[at:at + block.size] = block
+        block[...] = add_low_rank(rows, self.R[r0:r1], self.C, out=rows).reshape(-1)[at:at + block.size]
+        self.fixes.apply(block, words, start)
+
+    def close(self) -> None:
+        self.fixes.close()
+
+
 class GroupSource:
-    """The value of a group whose chain is a dense step followed by delta/sparse steps, block by block.
+    """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
 
     ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
     and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
@@ -156,8 +251,14 @@ class GroupSource:
                 stack.callback(first.close)
                 later = []
                 for i, (s, b) in enumerate(zip(steps[1:], blobs[1:]), start=1):
-                    ap = (_Delta(b, s.params, word, self.size * per) if s.type == "delta"
-                          else _Sparse(b, self.dtype, self.size))
+                    if s.type == "delta":
+                        ap = _Delta(b, s.params, word, self.size * per)
+                    elif s.type == "ia3":
+                        ap = _IA3(b, self.dtype, self.shape)
+                    elif s.type == "low-rank":
+                        ap = _LowRank(b, self.dtype, self.shape)
+                    else:
+                        ap = _Sparse(b, self.dtype, self.size)
                     stack.callback(ap.close)
                     later.append(ap)
                 for start in range(0, self.size, n):
@@ -186,11 +287,13 @@ class GroupSource:
 
 def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> GroupSource | None:
     """A :class:`GroupSource` for ``group`` when its chain streams (checked from the metadata: a dense first
-    step, then delta/sparse steps, all with the group's own layout), else None (rebuild it whole)."""
+    step, then delta/sparse/ia3/low-rank steps, all with the group's own layout), else None (rebuild it whole)."""
     bounds.check_group(group, file)
     steps = group.steps
     if not steps or steps[0].type != "dense" or any(s.type not in STREAMED_STEPS for s in steps[1:]):
         return None
+    if len(group.shape) < 2 and any(s.type == "low-rank" for s in steps):
+        return None  # reconstruct reports the malformed chain, located
     if any(SHAPE_KEY in s.params or DTYPE_KEY in s.params for s in steps):
         return None
     if group.numel == 0:
