@@ -304,3 +304,36 @@ def test_group_source_streams_ia3_and_low_rank_steps_bit_for_bit(store, block):
     got = np.concatenate([b for _, b in src.chunks(block)])
     assert bits(got) == bits(v4) == bits(reconstruct(g, store))
     assert src.checked  # the first pass checked the value's hash
+
+
+@pytest.mark.parametrize("block", [999, 1 << 14, 1 << 20])
+def test_group_source_streams_a_grown_mixed_chain_of_8_bit_for_bit(store, block):
+    """dense, rows (grown), delta, ia3, low-rank, delta, sparse, delta: the merge reads it block by block."""
+    from theta.updates import stream
+
+    rng = np.random.default_rng(14)
+    values, links = mixed_chain_of_8(rng, rows=200, cols=32, grow=9)
+    g = chain_group(store, values, links)
+    src = stream.source(g, store)
+    assert src is not None
+    got = np.concatenate([b for _, b in src.chunks(block)])
+    assert bits(got) == bits(values[-1])
+    assert src.checked
+    again = np.concatenate([b for _, b in src.chunks(block)])  # a second pass (TIES, SLERP) reads it again
+    assert bits(again) == bits(values[-1])
+
+
+def test_group_source_streams_a_trimmed_chain_and_refuses_moved_rows(store):
+    from theta.updates import stream
+
+    rng = np.random.default_rng(15)
+    v0 = weights(rng, (300, 16))
+    v1 = tuned(rng, v0)
+    v2 = np.ascontiguousarray(v1[:250])
+    v3 = tuned(rng, v2)
+    g = chain_group(store, [v0, v1, v2, v3], [("delta", None), ("rows", None), ("delta", None)])
+    got = np.concatenate([b for _, b in stream.source(g, store).chunks(1000)])
+    assert bits(got) == bits(v3)
+    moved = chain_group(store, [v0, np.ascontiguousarray(v0[::-1])], [("rows", None)])
+    assert stream.source(moved, store) is None
+    assert bits(reconstruct(moved, store)) == bits(v0[::-1])

@@ -9,8 +9,11 @@ sha256 against the group's hash (ChainError at its end, before anything built on
 
 ``ia3`` and ``low-rank`` steps stream too: the block is scaled by the vector's elements at its positions, or
 ``R @ C`` of the rows the block covers is added to it (the same per-element arithmetic as the whole-value
-``apply``, so the same bits), then their fixes are applied like a sparse step's. Chains with a change of layout
-(``rows``) or delta blobs of the old ``planes`` layout are rebuilt whole by :func:`theta.updates.reconstruct`.
+``apply``, so the same bits), then their fixes are applied like a sparse step's. A *positional* ``rows`` step
+(the rows before it kept in place, cut or followed by appended rows: a trim, a growth) streams as well: the
+steps before it cover the start of each block, its appended rows the rest. Chains with other ``rows`` steps
+(rows moved), a change of dtype or delta blobs of the old ``planes`` layout are rebuilt whole by
+:func:`theta.updates.reconstruct`.
 """
 from __future__ import annotations
 
@@ -23,16 +26,16 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.errors import ChainError, IntegrityError, MergeError, UpdateTypeError
+from theta.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
-from theta.updates import DTYPE_KEY, SHAPE_KEY, bounds
+from theta.updates import DTYPE_KEY, SHAPE_KEY, bounds, step_layout
 from theta.updates.delta import OPS, _uncombine, raw_words
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
     from theta.storage.store import LfsStore
 
-STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank")
+STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank", "rows")
 
 
 class _Cursor:
@@ -218,6 +221,43 @@ class _LowRank:
         self.fixes.close()
 
 
+def positional_rows(blobs: dict, rows_before: int) -> tuple[int, int] | None:
+    """(rows kept, rows appended) of a ``rows`` step that keeps the first rows of the value before it in place
+    and appends new ones (a trim, a growth: what a commit that resizes AND changes a group stores), else None."""
+    if "source_gaps" not in blobs or "extra" not in blobs:
+        return None
+    gaps = codec.decode_array(blobs["source_gaps"]).astype(np.int64, copy=False).reshape(-1)
+    sources = np.cumsum(gaps)
+    n = sources.size
+    kept = min(n, rows_before)
+    if not (np.array_equal(sources[:kept], np.arange(kept)) and np.all(sources[kept:] == -1)):
+        return None
+    return kept, n - kept
+
+
+class _Rows:
+    """A positional ``rows`` step: the value before it, cut or followed by the appended rows (``extra``)."""
+
+    def __init__(self, blobs: dict, rows_before: int, per_row: int, size_after: int):
+        got = positional_rows(blobs, rows_before)
+        if got is None:
+            raise UpdateTypeError("rows step does not keep the rows before it in place")
+        kept, added = got
+        self.extra = _Cursor(blobs["extra"])
+        if self.extra.size != added * per_row or (kept + added) * per_row != size_after:
+            raise UpdateTypeError(f"rows step appends {self.extra.size} elements, expected {added * per_row}")
+        self.first_new = kept * per_row  # flat index of the first appended element
+
+    def fill(self, block: np.ndarray, start: int, length: int) -> None:
+        """Write the appended elements that fall in ``block[:length]`` (block starts at flat index ``start``)."""
+        lo = max(0, self.first_new - start)
+        if lo < length:
+            block[lo:length] = self.extra.take(length - lo)
+
+    def close(self) -> None:
+        self.extra.close()
+
+
 class GroupSource:
     """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
 
@@ -243,31 +283,43 @@ class GroupSource:
                          for s in steps]
                 if set(blobs[0]) != {"values"}:
                     raise UpdateTypeError(f"dense step has parts {sorted(blobs[0])}, expected values")
+                shapes = [step_layout(s, g)[1] for s in steps]
+                sizes = [int(np.prod(sh, dtype=np.int64)) for sh in shapes]
                 dt, shape = codec.array_info(blobs[0]["values"])
-                if dt != self.dtype or int(np.prod(shape, dtype=np.int64)) != self.size:
-                    raise UpdateTypeError(f"dense step holds {list(shape)} x {dt}, the group is "
-                                          f"{list(self.shape)} x {self.dtype}")
+                if dt != self.dtype or int(np.prod(shape, dtype=np.int64)) != sizes[0]:
+                    raise UpdateTypeError(f"dense step holds {list(shape)} x {dt}, its layout is "
+                                          f"{list(shapes[0])} x {self.dtype}")
                 first = _Cursor(blobs[0]["values"])
                 stack.callback(first.close)
                 later = []
                 for i, (s, b) in enumerate(zip(steps[1:], blobs[1:]), start=1):
+                    shape = shapes[i]
                     if s.type == "delta":
-                        ap = _Delta(b, s.params, word, self.size * per)
+                        ap = _Delta(b, s.params, word, sizes[i] * per)
                     elif s.type == "ia3":
-                        ap = _IA3(b, self.dtype, self.shape)
+                        ap = _IA3(b, self.dtype, shape)
                     elif s.type == "low-rank":
-                        ap = _LowRank(b, self.dtype, self.shape)
+                        ap = _LowRank(b, self.dtype, shape)
+                    elif s.type == "rows":
+                        ap = _Rows(b, shapes[i - 1][0], int(np.prod(shape[1:], dtype=np.int64)), sizes[i])
                     else:
-                        ap = _Sparse(b, self.dtype, self.size)
+                        ap = _Sparse(b, self.dtype, sizes[i])
                     stack.callback(ap.close)
                     later.append(ap)
                 for start in range(0, self.size, n):
                     m = min(n, self.size - start)
                     i = 0
-                    block = np.array(first.take(m), copy=True)  # ours to update in place
+                    # the value of step k covers [start, start + length(k)) of this block: a chain that trims or
+                    # grows (positional rows steps) has steps shorter or longer than the value
+                    length = [max(0, min(m, size - start)) for size in sizes]
+                    block = np.empty(m, self.dtype)  # ours to update in place
+                    block[:length[0]] = first.take(length[0])
                     words = raw_words(block)
                     for i, ap in enumerate(later, start=1):
-                        ap.apply(block, words, start)
+                        if isinstance(ap, _Rows):
+                            ap.fill(block, start, length[i])
+                        elif length[i]:
+                            ap.apply(block[:length[i]], words[:length[i] * per], start)
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + m), block
@@ -294,8 +346,27 @@ def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> Gr
         return None
     if len(group.shape) < 2 and any(s.type == "low-rank" for s in steps):
         return None  # reconstruct reports the malformed chain, located
-    if any(SHAPE_KEY in s.params or DTYPE_KEY in s.params for s in steps):
+    if any(DTYPE_KEY in s.params for s in steps):
         return None
+    try:
+        shapes = [step_layout(s, group)[1] for s in steps]
+    except MetadataError:
+        return None
+    for before, after, s in zip(shapes, shapes[1:], steps[1:]):
+        # only a rows step changes the layout, and only the number of rows
+        if after != before and (s.type != "rows" or not before or len(after) != len(before) or after[1:] != before[1:]):
+            return None
+        if s.type == "low-rank" and len(after) < 2:
+            return None
+    if any(s.type == "rows" for s in steps):
+        try:
+            for s, before in zip(steps[1:], shapes):
+                if s.type == "rows":
+                    with store.mapped(s.blob, group=group.name, file=file) as blob:
+                        if positional_rows(codec.part_blobs(blob), before[0]) is None:
+                            return None
+        except (IntegrityError, UpdateTypeError, ValueError):
+            return None  # reconstruct reports it, located
     if group.numel == 0:
         return None
     if dtypes.get(group.dtype).itemsize not in (1, 2, 4, 8, 16):
