@@ -66,7 +66,7 @@ THETA_STEPS = ("squash", "merge")  # theta only (git-lfs cannot merge or squash 
 # theta only, the kinds of commit issue #17's bound names beyond the history (a chain of 8 steps for the largest
 # group, every kind of step in it): on a branch from the squashed trimmed fine-tune
 CHAIN_STEPS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add", "chain of 8: checkout",
-               "chain of 8: squash")
+               "chain of 8: squash", "merge of the chains")
 CHAIN_TUNES = 3  # fine-tunes after the low-rank step: the embedding's chain reaches 8 steps
 LORA_RANK = 8
 
@@ -150,13 +150,14 @@ def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
              side-loaded file (``<group>/R``, ``<group>/C``)
     tune1..3 full fine-tunes of the version before (auto stores deltas): the embedding's chain reaches 8 steps
              (dense, rows, delta, ia3, low-rank, delta, delta, delta)
+    alt      another full fine-tune of lora (the other side of the merge of the chains)
     Returns {name: path} (update files under ``<name>-update``)."""
     import numpy as np
     import torch
     from safetensors.torch import save_file
 
     vocab, _, _ = model_dims(scale)
-    names = ["grow", "ia3", "lora"] + [f"tune{i}" for i in range(1, CHAIN_TUNES + 1)]
+    names = ["grow", "ia3", "lora"] + [f"tune{i}" for i in range(1, CHAIN_TUNES + 1)] + ["alt"]
     out = {n: data / f"issue17-s{scale:g}-{n}.pt" for n in names}
     out.update({f"{n}-update": data / f"issue17-s{scale:g}-{n}-update.safetensors" for n in ("ia3", "lora")})
     if all(p.exists() for p in out.values()):
@@ -192,9 +193,11 @@ def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
             sd[k] = (torch.from_numpy(v) + B @ A).numpy()
     save_file(lora, str(out["lora-update"]))
     save("lora", sd)
+    lora_sd = sd
     for i in range(1, CHAIN_TUNES + 1):
         sd = OrderedDict((k, tune(v)) for k, v in sd.items())
         save(f"tune{i}", sd)
+    save("alt", OrderedDict((k, tune(v)) for k, v in lora_sd.items()))
     return out
 
 
@@ -412,6 +415,16 @@ def chain_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | No
     settle(repo, env)
     m = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env, cgroup, check=cgroup is None)
     rows.append(("chain of 8: squash", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    # the merge of two side-loaded chains: from the LoRA commit, another fine-tune (unmeasured) merged with the
+    # 8-step tip; every group's three versions are chains with rows, ia3, low-rank and delta steps
+    sh(["git", "reset", "-q", "--hard"], repo, env)  # the squash was staged, not committed
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "chain-side", f"chain~{CHAIN_TUNES}"], repo, env)
+    add("another fine-tune after the low-rank", "alt", measure=False)
+    settle(repo, env)
+    m = run_measured(["git", "merge", "-q", "--no-edit", "chain"], repo,
+                     {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
+    rows.append(("merge of the chains", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
     return rows
 
 
@@ -509,7 +522,7 @@ def print_targets(lfs: list, theta: list, largest: int) -> bool:
 
 # steps whose smudged output git itself holds whole (the work-tree file written by git): their bound is checked on
 # theta's own processes (filter, merge driver); the tree is printed
-GIT_BUFFERS = ("checkout v1", "merge", "chain of 8: checkout")
+GIT_BUFFERS = ("checkout v1", "merge", "chain of 8: checkout", "merge of the chains")
 
 
 def within_bound(step: str, m: Measure, limit: int) -> bool:
