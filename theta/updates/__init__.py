@@ -210,21 +210,9 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
             with store.mapped(step.blob, group=group.name, file=file) as blob:
                 proven = proven and _proven(step, steps[i - 1].hash if i else None, blob, store)
                 parts = None
-                if room is not None and value is None:
-                    # the first value decoded into a buffer the size of the largest value of the chain, so a
-                    # later rows step can grow it in place (None: not a plain dense blob, decoded as usual)
-                    value = _decode_dense_into(room, blob, step, group)
-                    done = value is not None
-                elif room is not None and step.type == "rows" and _prefix_of(value, room):
-                    from theta.updates.rows import apply_grown
-
-                    value_in_room = apply_grown(part_blobs(blob), step.params, room, value)
-                    done = value_in_room is not None
-                    value = value_in_room if done else value
-                else:
-                    done = False
-                if done:
-                    pass
+                in_room = _in_room(room, value, blob, step, group) if room is not None else None
+                if in_room is not None:
+                    value = in_room
                 elif streamed is not None:
                     # reads the map frame by frame while applying (bounded by the value it updates); the
                     # result is fresh memory or the value itself
@@ -269,6 +257,18 @@ def _room(steps: list, group: "GroupMeta") -> np.ndarray | None:
         return None
     sizes = [bounds.layout_bytes(s, group) for s in steps]
     return np.empty(max(sizes), np.uint8) if max(sizes) > sizes[0] else None
+
+
+def _in_room(room: np.ndarray, value: np.ndarray | None, blob, step, group: "GroupMeta") -> np.ndarray | None:
+    """The value of ``step`` built in ``room`` (a chain that grows, :func:`_room`): the first dense step decoded
+    into it, or a rows step growing the value at its start in place; None when the step is applied as usual."""
+    if value is None:
+        return _decode_dense_into(room, blob, step, group)
+    if step.type == "rows" and _prefix_of(value, room):
+        from theta.updates.rows import apply_grown
+
+        return apply_grown(part_blobs(blob), step.params, room, value)
+    return None
 
 
 def _prefix_of(value: np.ndarray, room: np.ndarray) -> bool:

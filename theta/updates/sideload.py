@@ -32,7 +32,7 @@ from theta.errors import UpdateDataError
 from theta.updates import Encoded
 from theta.updates.ia3 import check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
-from theta.updates.sparse import SparseUpdate, residual
+from theta.updates.sparse import SparseUpdate
 
 PARTS: dict[str, tuple[str, ...]] = {
     "low-rank": ("R", "C"),

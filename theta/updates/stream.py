@@ -28,7 +28,7 @@ from zipslice import dtypes
 
 from theta.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
-from theta.updates import DTYPE_KEY, SHAPE_KEY, bounds, step_layout
+from theta.updates import DTYPE_KEY, bounds, step_layout
 from theta.updates.delta import OPS, _uncombine, raw_words
 
 if TYPE_CHECKING:
