@@ -63,6 +63,12 @@ def stored_bytes(repo: Path) -> int:
 VOCAB, TRIMMED_VOCAB, D, FF, LAYERS = 30522, 30000, 768, 3072, 12  # BERT-base: embed 30522x768 fp32 = 89 MiB
 STEPS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "checkout v1", "clone")
 THETA_STEPS = ("squash", "merge")  # theta only (git-lfs cannot merge or squash a checkpoint)
+# theta only, the kinds of commit issue #17's bound names beyond the history (a chain of 8 steps for the largest
+# group, every kind of step in it): on a branch from the squashed trimmed fine-tune
+CHAIN_STEPS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add", "chain of 8: checkout",
+               "chain of 8: squash", "merge of the chains")
+CHAIN_TUNES = 3  # fine-tunes after the low-rank step: the embedding's chain reaches 8 steps
+LORA_RANK = 8
 
 
 def model_dims(scale: float) -> tuple[int, int, int]:
@@ -131,6 +137,68 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
             "changed_bytes": sum(sd[k].nbytes for k in changed), "largest": max(v.nbytes for v in sd.values()),
             "vocab": vocab, "trimmed": trimmed}
     return paths, info
+
+
+def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
+    """The versions of the chain steps (written once per scale under ``data``), from v4 (the trimmed fine-tune):
+
+    grow     v4 with the embedding fine-tuned (every row x(1+1e-3 N(0,1))) AND grown back to the full vocabulary
+             (new rows appended): a group resized and changed in one commit, the largest group of the history
+    ia3      every matrix x an IA3 vector (1, cols) ~ 1 + 0.01 N(0,1), with the side-loaded update file
+             (``<group>/ia3``); computed by torch (float32 multiply, what theta rebuilds exactly)
+    lora     the embedding and the attention matrices + B @ A (rank 8, torch's float32 matmul), with the
+             side-loaded file (``<group>/R``, ``<group>/C``)
+    tune1..3 full fine-tunes of the version before (auto stores deltas): the embedding's chain reaches 8 steps
+             (dense, rows, delta, ia3, low-rank, delta, delta, delta)
+    alt      another full fine-tune of lora (the other side of the merge of the chains)
+    Returns {name: path} (update files under ``<name>-update``)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    vocab, _, _ = model_dims(scale)
+    names = ["grow", "ia3", "lora"] + [f"tune{i}" for i in range(1, CHAIN_TUNES + 1)] + ["alt"]
+    out = {n: data / f"issue17-s{scale:g}-{n}.pt" for n in names}
+    out.update({f"{n}-update": data / f"issue17-s{scale:g}-{n}-update.safetensors" for n in ("ia3", "lora")})
+    if all(p.exists() for p in out.values()):
+        return out
+    rng = np.random.default_rng(seed)
+    v4 = torch.load(data / f"issue17-s{scale:g}-v4.pt")
+    sd = OrderedDict((k, v.numpy()) for k, v in v4.items())
+
+    def tune(x):
+        return (x * (1 + np.float32(1e-3) * rng.standard_normal(x.shape, dtype=np.float32))).astype(np.float32)
+
+    def save(name, version):
+        torch.save(OrderedDict((k, torch.from_numpy(np.ascontiguousarray(v))) for k, v in version.items()), out[name])
+
+    emb = sd["embed.weight"]
+    grown = np.concatenate([tune(emb), rng.standard_normal((vocab - emb.shape[0], D), dtype=np.float32) * 0.02])
+    sd = OrderedDict(sd, **{"embed.weight": grown})
+    save("grow", sd)
+    ia3 = OrderedDict()
+    for k, v in list(sd.items()):
+        if v.ndim == 2:
+            vec = (1 + np.float32(0.01) * rng.standard_normal((1, v.shape[1]), dtype=np.float32)).astype(np.float32)
+            ia3[k + "/ia3"] = torch.from_numpy(vec)
+            sd[k] = (torch.from_numpy(v) * torch.from_numpy(vec)).numpy()
+    save_file(ia3, str(out["ia3-update"]))
+    save("ia3", sd)
+    lora = OrderedDict()
+    for k, v in list(sd.items()):
+        if k == "embed.weight" or ".attn." in k and v.ndim == 2:
+            B = torch.from_numpy(rng.standard_normal((v.shape[0], LORA_RANK), dtype=np.float32) * np.float32(0.01))
+            A = torch.from_numpy(rng.standard_normal((LORA_RANK, v.shape[1]), dtype=np.float32) * np.float32(0.01))
+            lora[k + "/R"], lora[k + "/C"] = B, A
+            sd[k] = (torch.from_numpy(v) + B @ A).numpy()
+    save_file(lora, str(out["lora-update"]))
+    save("lora", sd)
+    lora_sd = sd
+    for i in range(1, CHAIN_TUNES + 1):
+        sd = OrderedDict((k, tune(v)) for k, v in sd.items())
+        save(f"tune{i}", sd)
+    save("alt", OrderedDict((k, tune(v)) for k, v in lora_sd.items()))
+    return out
 
 
 def make_big(data: Path, gib: float) -> Path:
@@ -300,7 +368,82 @@ def theta_only_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup
     m = run_measured(["git", "merge", "-q", "--no-edit", fine_tune], repo,
                      {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
     rows.append(("merge", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    rows.extend(chain_steps(repo, paths, env, cgroup, base))
     return rows
+
+
+def chain_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | None, base: int) -> list[Row]:
+    """On a branch from the squash: the grown-and-fine-tuned commit, the side-loaded IA3 and LoRA commits, three
+    fine-tunes (the last one measured: the embedding's chain is then 8 steps, every kind of step in it), the
+    checkout of that tip from v1 (every chain rebuilt) and its squash (see make_chain_versions)."""
+    chain = make_chain_versions(paths[0].parent, _scale_of(paths[0]))
+    commits = subprocess.run(["git", "rev-list", "--reverse", "main"], cwd=repo, env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+    first, squashed = commits[1], commits[-1]
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "chain", squashed], repo, env)
+    rows = []
+
+    def add(label, version, extra=(), measure=True):
+        shutil.copyfile(chain[version], repo / "model.pt")
+        cmd = ["git", "theta", "add", "model.pt", *extra] if extra else ["git", "add", "model.pt"]
+        if not measure:
+            sh(cmd, repo, env)
+            sh(["git", "commit", "-q", "-m", label], repo, env)
+            return
+        m = run_measured(cmd, repo, env, cgroup, check=cgroup is None)
+        if m.ok:
+            m = combine(m, run_measured(["git", "commit", "-q", "-m", label], repo, env, cgroup,
+                                        check=cgroup is None))
+        rows.append((label, m, stored_bytes(repo) - base, recover(repo, env, ["git", "commit", "-q", "-m", label])
+                     if not m.ok else ""))
+
+    add("grow + fine-tune", "grow")
+    add("ia3 side-load", "ia3", ("--update-type", "ia3", "--update-data", str(chain["ia3-update"])))
+    add("low-rank side-load", "lora", ("--update-type", "low-rank", "--update-data", str(chain["lora-update"])))
+    for i in range(1, CHAIN_TUNES):
+        add(f"fine-tune {i} after the low-rank", f"tune{i}", measure=False)
+    add("chain of 8: add", f"tune{CHAIN_TUNES}")
+    EMBED_CHAIN[:] = embedding_chain(repo, env)
+    print(f"  embedding's chain at the tip: {len(EMBED_CHAIN)} steps ({', '.join(EMBED_CHAIN)})", flush=True)
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", first], repo, env)
+    settle(repo, env)
+    m = run_measured(["git", "checkout", "-q", "chain"], repo, env, cgroup, check=cgroup is None)
+    rows.append(("chain of 8: checkout", m, stored_bytes(repo) - base,
+                 recover(repo, env, ["git", "checkout", "-q", "-f", "chain"]) if not m.ok else ""))
+    settle(repo, env)
+    m = run_measured(["git", "theta", "squash", "-q", "model.pt"], repo, env, cgroup, check=cgroup is None)
+    rows.append(("chain of 8: squash", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    # the merge of two side-loaded chains: from the LoRA commit, another fine-tune (unmeasured) merged with the
+    # 8-step tip; every group's three versions are chains with rows, ia3, low-rank and delta steps
+    sh(["git", "reset", "-q", "--hard"], repo, env)  # the squash was staged, not committed
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "chain-side", f"chain~{CHAIN_TUNES}"], repo, env)
+    add("another fine-tune after the low-rank", "alt", measure=False)
+    settle(repo, env)
+    m = run_measured(["git", "merge", "-q", "--no-edit", "chain"], repo,
+                     {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
+    rows.append(("merge of the chains", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    return rows
+
+
+EMBED_CHAIN: list[str] = []  # the step types of the embedding at the chain's tip (printed, and in --json)
+
+
+def embedding_chain(repo: Path, env: dict) -> list[str]:
+    """The step types of ``embed.weight`` in HEAD's metadata (theta's own parser, from this checkout)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from theta.storage.metadata import loads
+
+    text = subprocess.run(["git", "show", "HEAD:model.pt"], cwd=repo, env=env, capture_output=True,
+                          check=True).stdout
+    return [step.type for step in loads(text).groups["embed.weight"].steps]
+
+
+def _scale_of(path: Path) -> float:
+    """The scale a history file was made at (its name: issue17-s<scale>-v1.pt)."""
+    return float(path.name.split("-s", 1)[1].rsplit("-v", 1)[0])
 
 
 def best_of_runs(runs: list[list[Row]]) -> list[Row]:
@@ -379,7 +522,7 @@ def print_targets(lfs: list, theta: list, largest: int) -> bool:
 
 # steps whose smudged output git itself holds whole (the work-tree file written by git): their bound is checked on
 # theta's own processes (filter, merge driver); the tree is printed
-GIT_BUFFERS = ("checkout v1", "merge")
+GIT_BUFFERS = ("checkout v1", "merge", "chain of 8: checkout", "merge of the chains")
 
 
 def within_bound(step: str, m: Measure, limit: int) -> bool:
@@ -391,7 +534,7 @@ def print_theta_only(rows: list, largest: int) -> bool:
     ok = True
     limit = memory_limit(largest)
     for step, m, stored, _ in rows:
-        if step not in THETA_STEPS:
+        if step not in THETA_STEPS + CHAIN_STEPS:
             continue
         good = within_bound(step, m, limit) and m.ok
         ok &= good
@@ -405,7 +548,8 @@ def print_theta_only(rows: list, largest: int) -> bool:
 def write_json(path: Path, results: dict, info: dict) -> None:
     import json
 
-    out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "tools": {
+    out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "embedding_chain": EMBED_CHAIN,
+           "tools": {
         label: [{"step": step, "seconds": m.seconds, "cpu": m.cpu, "peak_tree_rss": m.peak_tree_rss,
                  "peak_proc_rss": m.peak_proc_rss, "peak_proc_name": m.peak_proc_name,
                  "peak_filter_rss": m.peak_filter_rss, "cgroup_peak": m.cgroup_peak, "status": m.status,
@@ -538,7 +682,7 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
     if len(theta_labels) > 1:
         print("\nthread scaling (theta, CPU seconds / wall seconds per step):")
         print(f"  {'step':<23}" + "".join(f"{label:>22}" for label in theta_labels))
-        for i, step in enumerate(STEPS + THETA_STEPS):
+        for i, step in enumerate(STEPS + THETA_STEPS + CHAIN_STEPS):
             print(f"  {step:<23}" + "".join(f"{results[lb][i][1].cpu:9.2f} / {results[lb][i][1].seconds:6.2f}s    "
                                            for lb in theta_labels))
     return 0 if ok else 1

@@ -210,14 +210,24 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
                 procs = [proc] + proc.children(recursive=True)
             except psutil.NoSuchProcess:
                 break
-            total = 0
+            seen: dict[int, tuple[int, list, int]] = {}  # pid -> (parent pid, cmdline, rss) in this poll
             for p in procs:
                 try:
-                    rss = p.memory_info().rss
-                    cmd = " ".join(p.cmdline()[:3]) if rss > min(peak["proc"], peak["filter"]) else ""
+                    seen[p.pid] = (p.ppid(), p.cmdline(), p.memory_info().rss)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
+            total = 0
+            for ppid, full, rss in seen.values():
+                parent = seen.get(ppid)
+                if parent is not None and parent[1] == full:
+                    # a child between fork/vfork and exec (e.g. the filter starting `git`): it shares its parent's
+                    # pages (vfork: the same memory), so only what it holds beyond the parent is more memory. Under
+                    # load that window lasts, and summing RSS counted the filter twice (issue #17: a clone "at 333
+                    # MiB" whose processes held 184)
+                    total += max(0, rss - parent[2])
+                    continue
                 total += rss
+                cmd = " ".join(full[:3])
                 if rss > peak["filter"] and ("theta" in cmd or "git-lfs" in cmd):
                     peak["filter"] = rss
                 if rss > peak["proc"]:

@@ -1,9 +1,11 @@
 """The memory bound of issue #17, measured by the committed benchmark (scripts/bench/git.py) at a reduced scale
 with real git, git-lfs and theta: the peak RSS of every add+commit of the history (first version, 20% of groups
-changed, full fine-tune, vocabulary trim) and of `git theta squash` of the trimmed fine-tune (chains of up to 4
-steps, a rows step among them) over the whole process tree stays within 2 x the largest group + 150 MiB, and so
-does theta's own largest process at the checkout and at the `git merge` of two full fine-tunes (every group
-merged by the merge driver). (When git writes a smudged file itself it holds the filter's whole output in
+changed, full fine-tune, vocabulary trim), of `git theta squash` of the trimmed fine-tune, and of the chain steps
+(an embedding grown back and fine-tuned in one commit, side-loaded IA3 and LoRA updates through `git theta add
+--update-data`, three fine-tunes whose last add builds on the embedding's 7-step chain, the checkout of that
+8-step chain from v1 and its squash) over the whole process tree stays within 2 x the largest group + 150 MiB,
+and so does theta's own largest process at the checkouts, at the `git merge` of two full fine-tunes and at the
+merge of two side-loaded chains (every group merged by the merge driver, block by block). (When git writes a smudged file itself it holds the filter's whole output in
 memory, for git-lfs too, so the tree's figure there measures git: it is checked on theta's own processes.)
 Never a timing assertion."""
 import json
@@ -16,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim")
+CHAIN_ADDS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add")
 
 
 @pytest.mark.slow
@@ -30,11 +33,12 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     limit = figures["limit"]
     assert figures["largest"] == 7630 * 768 * 4  # the scaled BERT vocabulary is the largest group
     rows = {r["step"]: r for r in figures["tools"]["theta-2t"]}
-    assert set(rows) == set(ADDS) | {"checkout v1", "clone", "squash", "merge"}
+    assert set(rows) == set(ADDS) | set(CHAIN_ADDS) | {"checkout v1", "clone", "squash", "merge", "chain of 8: checkout",
+                                                       "chain of 8: squash", "merge of the chains"}
     assert all(r["status"] == "ok" for r in rows.values()), proc.stdout
-    for step in ADDS + ("squash",):
+    for step in ADDS + CHAIN_ADDS + ("squash", "chain of 8: squash"):
         assert 0 < rows[step]["peak_tree_rss"] <= limit, (step, rows[step], proc.stdout)
-    for step in ("checkout v1", "merge"):
+    for step in ("checkout v1", "merge", "chain of 8: checkout", "merge of the chains"):
         assert 0 < rows[step]["peak_filter_rss"] <= limit, (step, rows[step], proc.stdout)
     # the fine-tune and the trim stored deltas/rows, not the value again (the steps did what they say)
     assert rows["full fine-tune"]["stored"] - rows["20% of groups changed"]["stored"] < 0.7 * (
@@ -43,3 +47,15 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     # the squash stored every group anew (dense), the merge every merged group
     assert rows["squash"]["stored"] - rows["vocabulary trim"]["stored"] > 0.5 * rows["first version"]["stored"]
     assert rows["merge"]["stored"] - rows["squash"]["stored"] > 0.5 * rows["first version"]["stored"]
+    # the chain's tip: the embedding (the largest group) is 8 steps deep, every kind of step in it
+    assert figures["embedding_chain"] == ["dense", "rows", "delta", "ia3", "low-rank", "delta", "delta", "delta"]
+    # the chain steps stored small steps (rows + delta, the IA3 vectors, the LoRA factors), not the values again
+    assert rows["grow + fine-tune"]["stored"] - rows["merge"]["stored"] < 0.5 * rows["first version"]["stored"]
+    assert rows["ia3 side-load"]["stored"] - rows["grow + fine-tune"]["stored"] < 1 << 20
+    assert rows["low-rank side-load"]["stored"] - rows["ia3 side-load"]["stored"] < 4 << 20
+    # the chain's squash stored every group of the 8-step tip anew
+    assert rows["chain of 8: squash"]["stored"] - rows["chain of 8: add"]["stored"] > (
+        0.5 * rows["first version"]["stored"])
+    # the merge of the chains (rows, ia3, low-rank and deltas on every side) stored every merged group
+    assert rows["merge of the chains"]["stored"] - rows["chain of 8: squash"]["stored"] > (
+        0.5 * rows["first version"]["stored"])

@@ -139,7 +139,7 @@ def add(ctx: typer.Context,
         status = gitutil.passthrough(["add", "--renormalize", *ctx.args, "--", *paths], env=env)
         if status != 0:
             raise typer.Exit(status)
-    raise typer.Exit(gitutil.passthrough(["add", *ctx.args, *paths], env=env))
+    raise typer.Exit(gitutil.exec_or_passthrough(["add", *ctx.args, *paths], env=env))
 
 
 def _add_from(source: Path, paths: List[str], fmt: Optional[str], git_args: List[str], other: object) -> None:

@@ -32,6 +32,19 @@ def passthrough(args: Sequence[str], cwd=None, env: dict | None = None) -> int:
     return subprocess.run(["git", *args], cwd=cwd, env=env).returncode
 
 
+def exec_or_passthrough(args: Sequence[str], env: dict | None = None) -> int:
+    """``git args`` in place of this process when it is the ``git-theta`` program on a POSIX system (exec: the
+    command's memory, e.g. what a side-loaded add checked, is not held beside git and its filter while they
+    run; git's exit status is the command's); otherwise :func:`passthrough` (e.g. called in-process)."""
+    import sys
+
+    if os.name == "posix" and Path(sys.argv[0]).name == "git-theta":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvpe("git", ["git", *args], env if env is not None else os.environ)
+    return passthrough(args, env=env)
+
+
 def run_text(args: Sequence[str], cwd=None, check: bool = True) -> str:
     return run(args, cwd=cwd, check=check).decode("utf-8").strip()
 

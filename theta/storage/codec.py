@@ -178,13 +178,15 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
     yield h + struct.pack("<I", len(h)) + ARRAY_MAGIC
 
 
-def _ordered(fn, items: list) -> Iterator:
-    """fn over items on the codec threads, results in order, at most 2 * parallel.CODEC_THREADS in flight."""
+def _ordered(fn, items: list, window: int | None = None) -> Iterator:
+    """fn over items on the codec threads, results in order, at most ``window`` (default
+    2 * parallel.CODEC_THREADS) in flight."""
     if len(items) <= 1 or parallel.CODEC_THREADS <= 1:
         for i in items:
             yield fn(i)
         return
-    pool, window, queue = parallel.pool("codec"), 2 * parallel.CODEC_THREADS, []
+    pool, queue = parallel.pool("codec"), []
+    window = max(1, window) if window is not None else 2 * parallel.CODEC_THREADS
     try:
         for i in items:
             queue.append(pool.submit(fn, i))
@@ -374,10 +376,12 @@ def array_info(blob: "bytes | bytearray | memoryview") -> tuple[np.dtype, tuple]
     return layout.dtype.to_numpy(), layout.shape
 
 
-def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[int, np.ndarray]]:
+def iter_decode_array(blob: "bytes | bytearray | memoryview", ahead: int | None = None
+                      ) -> Iterator[tuple[int, np.ndarray]]:
     """The array of an array blob frame by frame, in order: (index of the first element in the flattened
     array, the frame's elements as a flat array of the real dtype). Frames are decoded on the codec threads a
-    few ahead, so memory stays at a few frames (``FRAME_BYTES`` each) whatever the array's size."""
+    few ahead (``ahead``: at most that many in flight; default 2 per codec thread), so memory stays at a few
+    frames (``FRAME_BYTES`` each) whatever the array's size."""
     blob = memoryview(blob).cast("B")
     layout = _array_layout(blob)
     dt, enc, jobs = layout.dtype, layout.enc, _frame_jobs(layout)
@@ -388,7 +392,7 @@ def iter_decode_array(blob: "bytes | bytearray | memoryview") -> Iterator[tuple[
         _decode_frame(blob, enc, item, job, dest)
         return job[0] // item, dest.view(np_dt)
 
-    yield from _ordered(work, jobs)
+    yield from _ordered(work, jobs, ahead)
 
 
 def iter_encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> Iterator[bytes]:

@@ -197,6 +197,7 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
     last = len(steps) - 1
     shared = value  # a cached value belongs to the cache: never updated in place
     proven = trust_bound and start == 0  # a cached value's origin is not known here
+    room = _room(steps, group) if value is None else None
     for i, step in enumerate(steps[start:], start=start):
         ut = get(step.type)
         if value is None and ut.incremental:
@@ -208,12 +209,15 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
         try:
             with store.mapped(step.blob, group=group.name, file=file) as blob:
                 proven = proven and _proven(step, steps[i - 1].hash if i else None, blob, store)
-                if streamed is not None:
+                parts = None
+                in_room = _in_room(room, value, blob, step, group) if room is not None else None
+                if in_room is not None:
+                    value = in_room
+                elif streamed is not None:
                     # reads the map frame by frame while applying (bounded by the value it updates); the
                     # result is fresh memory or the value itself
                     mine = shared is None or not np.may_share_memory(value, shared)
                     value = streamed(part_blobs(blob), step.params, value, in_place=mine)
-                    parts = None
                 else:
                     parts = decode_parts(blob, max_bytes=budget)  # fresh memory: nothing points into the map
             if parts is not None:
@@ -241,6 +245,58 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
     if cache is not None and value is not None:
         cache[group.hash] = value
     return value, proven
+
+
+def _room(steps: list, group: "GroupMeta") -> np.ndarray | None:
+    """A buffer for a chain whose value grows on the way (a ``rows`` step appending rows, issue #17): the
+    size of its largest value, so the first value is decoded into it and the rows step grows it in place
+    instead of holding the value before and the grown one. None for any other chain."""
+    from theta.updates import bounds
+
+    if len(steps) < 2 or steps[0].type != "dense" or not any(s.type == "rows" for s in steps[1:]):
+        return None
+    sizes = [bounds.layout_bytes(s, group) for s in steps]
+    return np.empty(max(sizes), np.uint8) if max(sizes) > sizes[0] else None
+
+
+def _in_room(room: np.ndarray, value: np.ndarray | None, blob, step, group: "GroupMeta") -> np.ndarray | None:
+    """The value of ``step`` built in ``room`` (a chain that grows, :func:`_room`): the first dense step decoded
+    into it, or a rows step growing the value at its start in place; None when the step is applied as usual."""
+    if value is None:
+        return _decode_dense_into(room, blob, step, group)
+    if step.type == "rows" and _prefix_of(value, room):
+        from theta.updates.rows import apply_grown
+
+        return apply_grown(part_blobs(blob), step.params, room, value)
+    return None
+
+
+def _prefix_of(value: np.ndarray, room: np.ndarray) -> bool:
+    """True when ``value`` is the C-contiguous, writable start of ``room``."""
+    return (value is not None and value.flags.c_contiguous and value.flags.writeable and value.nbytes <= room.nbytes
+            and value.__array_interface__["data"][0] == room.__array_interface__["data"][0])
+
+
+def _decode_dense_into(room: np.ndarray, blob, step, group: "GroupMeta") -> np.ndarray | None:
+    """The value of a dense step decoded frame by frame into the start of ``room``; None when the blob is not
+    one ``values`` array of the step's layout (the caller decodes it as usual and reports what is wrong)."""
+    from theta.storage import codec
+
+    blobs = part_blobs(blob)
+    dtype_name, shape = step_layout(step, group)
+    want = dtypes.get(dtype_name).to_numpy()
+    if set(blobs) != {"values"}:
+        return None
+    dt, got_shape = codec.array_info(blobs["values"])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * want.itemsize
+    if dt != want or tuple(got_shape) != tuple(shape) or nbytes > room.nbytes:
+        return None
+    flat = room[:nbytes].view(want)
+    for start, frame in codec.iter_decode_array(blobs["values"]):
+        if start + frame.size > flat.size:
+            raise ChainError(f"group {group.name!r}: dense blob holds more than its {flat.size} elements")
+        flat[start:start + frame.size] = frame
+    return flat.reshape(shape)
 
 
 def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta", file: str | None = None,

@@ -62,15 +62,23 @@ class Choice:
 
 def _sample(arr: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(arr).reshape(-1)
-    if flat.size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
-        return flat
-    starts = np.linspace(0, flat.size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
-    return np.concatenate([flat[s:s + SAMPLE_ELEMENTS] for s in starts])
+    return _sample_of(flat.size, lambda a, b: flat[a:b])
 
 
-def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int) -> bool:
-    """Compare delta and dense on a sample of the group (see module docstring)."""
-    new_s, prev_s = _sample(new), _sample(previous)
+def _sample_of(size: int, read) -> np.ndarray:
+    """The sample of a flat value of ``size`` elements whose ``read(start, stop)`` gives a slice of it."""
+    if size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
+        return read(0, size)
+    starts = np.linspace(0, size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
+    return np.concatenate([read(int(s), int(s) + SAMPLE_ELEMENTS) for s in starts])
+
+
+def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int, *, prev_sample: np.ndarray | None = None
+                    ) -> bool:
+    """Compare delta and dense on a sample of the group (see module docstring). ``prev_sample``: the previous
+    value's sample, when the caller has no previous array (:func:`_change_of_grown`)."""
+    new_s = _sample(new)
+    prev_s = _sample(previous) if prev_sample is None else prev_sample
     delta = get("delta").encode(new_s, prev_s)
     delta_size = len(codec.encode_parts(delta.parts, level))
     dense_size = len(codec.encode_parts({"values": new_s}, level))
@@ -90,23 +98,8 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
     """The smallest exact encoding of ``new`` given ``previous`` (None: no previous value), staged beside
     ``store`` (an LfsStore; None: a system temp file). ``with_dense=False``: dense is not a candidate (the
     caller has it already); None when nothing else applies."""
-    best: Choice | None = None
-    tried: dict[str, int] = {}
-    stage = _stager(store)
-
-    def consider(name: str, encoded: Encoded | None) -> None:
-        nonlocal best
-        if encoded is None or (name == "dense" and not with_dense):
-            return
-        staged = stage(codec.iter_encode_parts(encoded.parts, level))
-        tried[name] = staged.size
-        if best is None or staged.size < best.size:
-            if best is not None:
-                best.staged.discard()
-            best = Choice(name, dict(encoded.params), staged, tried)  # parts dropped: memory
-        else:
-            staged.discard()
-
+    picker = _Picker(level, store, with_dense)
+    consider = picker.consider
     if same_layout(new, previous):
         k = changed_count(new, previous)
         if 2 * k <= new.size:
@@ -116,14 +109,80 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
             if dense_might_win(new, previous, level):
                 consider("dense", get("dense").encode(new, None))
     else:
-        rows = get("rows").encode(new, previous) if previous is not None else None
+        # lazy: the new rows are gathered frame by frame while compressed (no copy of them beside new and
+        # previous)
+        rows = get("rows").encode(new, previous, lazy=True) if previous is not None else None
         consider("rows", rows)
         # rows stores the genuinely new rows plus a row map that compresses to almost nothing; dense stores
         # every row: when at most half the rows are new, compressing the whole value cannot pay off
         if rows is None or 2 * rows.parts["extra"].shape[0] > new.shape[0]:
             consider("dense", get("dense").encode(new, None))
-    assert best is not None or not with_dense  # dense, or delta on a changed same-layout group, always encodes
-    return best
+    assert picker.best is not None or not with_dense  # dense, or delta on a changed same-layout group, encodes
+    return picker.best
+
+
+class _Picker:
+    """Stages each candidate encoding as it comes and keeps the smallest (the others are discarded)."""
+
+    def __init__(self, level: int, store, with_dense: bool = True):
+        self.level, self.with_dense, self.stage = level, with_dense, _stager(store)
+        self.best: Choice | None = None
+        self.tried: dict[str, int] = {}
+
+    def consider(self, name: str, encoded: Encoded | None) -> None:
+        if encoded is None or (name == "dense" and not self.with_dense):
+            return
+        staged = self.stage(codec.iter_encode_parts(encoded.parts, self.level))
+        self.tried[name] = staged.size
+        if self.best is None or staged.size < self.best.size:
+            if self.best is not None:
+                self.best.staged.discard()
+            self.best = Choice(name, dict(encoded.params), staged, self.tried)  # parts dropped: memory
+        else:
+            staged.discard()
+
+
+def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, with_dense: bool) -> Choice | None:
+    """:func:`choose` of ``new`` against the value a positional ``rows`` step builds from ``previous`` when the
+    group grew (``previous``'s rows, then ``new``'s rows beyond them), without building that value: the two
+    differ only in the first ``m`` rows, so the change is counted and encoded from ``new[:m]`` and
+    ``previous`` (the same blobs as from the built value, bit for bit); the rest of the delta's code words are
+    zeros and sparse has no index there. Memory: ``new``, ``previous`` and codec frames (issue #17: a group
+    grown and fine-tuned in one commit no longer holds a third copy). None when nothing changed."""
+    from theta.updates.delta import OPS, _combine, raw_words
+    from theta.updates.sparse import index_dtype
+
+    m = previous.shape[0]
+    head = new[:m]
+    k = changed_count(head, previous)
+    if not k:
+        return None
+    picker = _Picker(level, store, with_dense)
+    if 2 * k <= new.size and index_dtype(head.size) == index_dtype(new.size):
+        picker.consider("sparse", get("sparse").encode(head, previous))
+    new_words, prev_words = raw_words(new), raw_words(previous)
+    split = prev_words.size  # words of the rows the two values do not share
+
+    def codes(a: int, b: int, op: str = OPS[0]) -> np.ndarray:
+        if b <= split:
+            return _combine(new_words[a:b], prev_words[a:b], op)
+        out = np.zeros(b - a, new_words.dtype)
+        if a < split:
+            out[:split - a] = _combine(new_words[a:split], prev_words[a:split], op)
+        return out
+
+    picker.consider("delta", Encoded(parts={"codes": codec.LazyArray(new_words.dtype, (new_words.size,), codes,
+                                                                     planes=True)}, params={"op": OPS[0]}))
+    if with_dense:
+        flat_new, flat_prev = np.ascontiguousarray(new).reshape(-1), np.ascontiguousarray(previous).reshape(-1)
+        cut = flat_prev.size
+
+        def grown(a: int, b: int) -> np.ndarray:
+            return flat_prev[a:b] if b <= cut else np.concatenate([flat_prev[a:min(b, cut)], flat_new[max(a, cut):b]])
+
+        if dense_might_win(new, None, level, prev_sample=_sample_of(flat_new.size, grown)):
+            picker.consider("dense", get("dense").encode(new, None))
+    return picker.best
 
 
 # ---------------------------------------------------------------- the clean filter's policy
@@ -140,8 +199,12 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
     resized value), or None when the change is best stored dense anyway (``dense_size``: the size of the
     dense blob the caller has, so dense is not encoded again).
 
-    Memory: a trimmed value is a view of ``previous`` (no copy); an extended one is built (the new rows
-    appended to the kept ones)."""
+    Memory: ``new``, ``previous`` and codec frames: a trimmed value is a view of ``previous``; an extended
+    one is never built (:func:`_change_of_grown` encodes the change from ``new`` and ``previous``)."""
+    import hashlib
+
+    from zipslice.dtypes import le_bytes
+
     from theta.updates import content_hash
     from theta.updates.rows import encode_sources
 
@@ -149,24 +212,31 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
     k = min(n, m)
     if k == 0:
         return None
+    new = np.ascontiguousarray(new)
     sources = np.concatenate([np.arange(k, dtype=np.int64), np.full(n - k, -1, dtype=np.int64)])
-    extra = np.ascontiguousarray(new[k:])
+    extra = new[k:]  # a view: rows are contiguous
     rows_enc = Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra}, params={"rows": int(n)})
     previous = np.ascontiguousarray(previous)
     if n <= m:
         resized = previous[:n]  # what rows.apply would build, as a view
+        if not changed_count(new, resized):
+            return None  # nothing changed beyond the resize: rows alone (chosen before) says it
+        change = choose(new, resized, level, store, with_dense=dense_size is None)
+        resized_hash = content_hash(resized)
     else:
-        resized = get("rows").apply(rows_enc.parts, rows_enc.params, previous)
-    if not changed_count(new, resized):
-        return None  # nothing changed beyond the resize: rows alone (chosen before) says it
-    change = choose(new, resized, level, store, with_dense=dense_size is None)
+        change = _change_of_grown(new, previous, level, store, with_dense=dense_size is None)
+        if change is None:
+            return None
+        h = hashlib.sha256(le_bytes(previous))  # the grown value's bytes: previous's, then the appended rows
+        h.update(le_bytes(extra))
+        resized_hash = h.hexdigest()
     if change is None or change.update_type == "dense" or (dense_size is not None and change.size >= dense_size):
         if change is not None:
             change.staged.discard()
         return None
     stage = _stager(store)
     rows_choice = Choice("rows", dict(rows_enc.params), stage(codec.iter_encode_parts(rows_enc.parts, level)))
-    return rows_choice, change, content_hash(resized)
+    return rows_choice, change, resized_hash
 
 
 def rows_may_apply(previous_meta, new: np.ndarray) -> bool:

@@ -123,3 +123,19 @@ def located(e: IntegrityError, file: str | None, group: str | None, step: int | 
     out = type(e).__new__(type(e))
     IntegrityError.__init__(out, f"{prefix}: {message}", file=file, group=group, oid=oid or e.oid)
     return out
+
+
+def check_parts_fit(blobs: dict, previous, kind: str, output_bytes: int | None = None) -> None:
+    """Before decoding a step's part blobs straight from the store (``apply_blob``): their decoded size must
+    be within :func:`parts_budget` of the value they apply to (a forged header cannot make theta allocate
+    more). UpdateTypeError otherwise."""
+    from theta.storage import codec
+
+    have = previous.nbytes if previous is not None else 0
+    total = 0
+    for name, blob in blobs.items():
+        dt, shape = codec.array_info(blob)
+        total += math.prod(shape) * dt.itemsize
+    if total > parts_budget(have, have if output_bytes is None else output_bytes):
+        raise UpdateTypeError(f"{kind} update parts would decode to {total} bytes, more than a step on a value of "
+                              f"{have} bytes may")

@@ -25,9 +25,35 @@ def compute_dtype(group_dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(group_dtype) == np.float64 else np.dtype(np.float32)
 
 
-def scale(previous: np.ndarray, ia3: np.ndarray) -> np.ndarray:
+def scale(previous: np.ndarray, ia3: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """previous * ia3 in the compute dtype, rounded to previous's dtype; block of rows by block of rows (each
+    element's arithmetic does not depend on the split), so memory is the result and one block's temporaries.
+    ``out`` (same shape and dtype, C-contiguous) may be ``previous`` itself: the product is then in place."""
+    out = np.empty(previous.shape, previous.dtype) if out is None else out
+    for rows, value in scaled_blocks(previous, ia3):
+        out[rows] = value
+    return out
+
+
+BLOCK_ELEMENTS = 1 << 18  # elements per block of rows (1 MiB of float32; the float64 temporaries twice that)
+
+
+def scaled_blocks(previous: np.ndarray, ia3: np.ndarray):
+    """``(rows slice, previous[rows] * ia3 rounded)`` for consecutive blocks of rows (the first axis); each
+    block is computed only when asked for (a block of ``previous`` read before its result is yielded)."""
     cdt = compute_dtype(previous.dtype)
-    return (previous.astype(cdt) * np.asarray(ia3).astype(cdt)).astype(previous.dtype)
+    vec = np.asarray(ia3).astype(cdt)
+    if previous.ndim == 0:
+        yield Ellipsis, (previous.astype(cdt) * vec).astype(previous.dtype)
+        return
+    # a vector with the group's dims and more than one row varies along the rows: slice it with them
+    by_row = vec.ndim == previous.ndim and vec.shape[0] != 1
+    per_row = max(1, int(np.prod(previous.shape[1:], dtype=np.int64)))
+    step = max(1, BLOCK_ELEMENTS // per_row)
+    for a in range(0, previous.shape[0], step):
+        b = min(previous.shape[0], a + step)
+        part = vec[a:b] if by_row else vec
+        yield slice(a, b), (previous[a:b].astype(cdt) * part).astype(previous.dtype)
 
 
 def check_vector(shape: tuple[int, ...], ia3: np.ndarray) -> str | None:
@@ -78,3 +104,19 @@ class IA3Update:
         if problem:
             raise UpdateTypeError(f"ia3 update: {problem}")
         return apply_residual(scale(previous, parts["ia3"]), parts)
+
+    def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
+        """:meth:`apply` from the step's part blobs (the vector and the fixes: small); with ``in_place`` the
+        previous value is scaled itself, block of rows by block of rows (no second value)."""
+        from theta.storage.codec import decode_parts_of
+        from theta.updates.bounds import check_parts_fit
+
+        check_parts_fit(blobs, previous, "ia3")
+        parts = decode_parts_of(blobs)
+        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
+                and "ia3" in parts):
+            return self.apply(parts, params, previous)
+        problem = check_vector(previous.shape, np.asarray(parts["ia3"]))
+        if problem:
+            raise UpdateTypeError(f"ia3 update: {problem}")
+        return apply_residual(scale(previous, parts["ia3"], out=previous), parts)

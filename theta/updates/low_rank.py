@@ -48,14 +48,15 @@ def _product_dtype(R: np.ndarray, C: np.ndarray) -> np.dtype:
     return np.dtype(np.float64) if np.float64 in (R.dtype, C.dtype) else np.dtype(np.float32)
 
 
-def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray) -> np.ndarray:
+def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """previous + R @ C in previous's dtype, computed deterministically (see module docstring).
 
     Row ranges run on up to two threads (numpy releases the GIL); each element's arithmetic is the same
-    whatever the split, so the result does not depend on it."""
+    whatever the split, so the result does not depend on it. ``out`` (previous's shape and dtype,
+    C-contiguous) may be ``previous`` itself: each block of rows is read before it is written."""
     rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
-    out = np.empty((rows, cols), dtype=previous.dtype)
+    out = np.empty((rows, cols), dtype=previous.dtype) if out is None else out.reshape(rows, cols)
     RT = np.ascontiguousarray(np.asarray(R, dtype=np.float64).T)   # (r, rows): one rank's column is contiguous
     C64 = np.asarray(C, dtype=np.float64)
     dts = _dtypes(R, C, previous.dtype)
@@ -235,3 +236,20 @@ class LowRankUpdate:
         if problem:
             raise UpdateTypeError(f"low-rank update: {problem}")
         return apply_residual(add_low_rank(previous, parts["R"], parts["C"]), parts)
+
+    def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
+        """:meth:`apply` from the step's part blobs (factors and fixes: small next to the group); with
+        ``in_place`` the sum is written over the previous value, block of rows by block of rows."""
+        from theta.storage.codec import decode_parts_of
+        from theta.updates.bounds import check_parts_fit
+
+        check_parts_fit(blobs, previous, "low-rank")
+        parts = decode_parts_of(blobs)
+        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
+                and "R" in parts and "C" in parts):
+            return self.apply(parts, params, previous)
+        problem = check_factors(previous.shape, parts["R"], parts["C"])
+        if problem:
+            raise UpdateTypeError(f"low-rank update: {problem}")
+        return apply_residual(add_low_rank(previous, parts["R"], parts["C"], out=previous).reshape(previous.shape),
+                              parts)

@@ -81,6 +81,23 @@ def encode_sources(sources: np.ndarray) -> np.ndarray:
     return gaps
 
 
+def _gathered_rows(new: np.ndarray, picked: np.ndarray):
+    """``new[picked]`` (rows) as a :class:`theta.storage.codec.LazyArray` read frame by frame."""
+    from theta.storage.codec import LazyArray
+
+    per_row = int(np.prod(new.shape[1:], dtype=np.int64))
+    rows2 = new.reshape(new.shape[0], per_row)
+
+    def read(a: int, b: int) -> np.ndarray:
+        if per_row == 0:
+            return np.empty(0, new.dtype)
+        first, last = a // per_row, -(-b // per_row)
+        block = rows2[picked[first:last]].reshape(-1)
+        return block[a - first * per_row:b - first * per_row]
+
+    return LazyArray(new.dtype, (int(picked.size),) + tuple(new.shape[1:]), read)
+
+
 class RowsUpdate:
     name = "rows"
     incremental = True
@@ -92,7 +109,11 @@ class RowsUpdate:
         sources = find_sources(new, previous)
         if np.all(sources < 0):
             return None  # nothing shared: a dense value is simpler
-        extra = np.ascontiguousarray(new)[sources < 0]
+        new = np.ascontiguousarray(new)
+        picked = np.flatnonzero(sources < 0)
+        # lazy: the new rows gathered frame by frame while the blob is written (``new`` must stay unchanged
+        # until then), instead of a copy of them beside new and previous
+        extra = _gathered_rows(new, picked) if options.get("lazy") else new[picked]
         return Encoded(parts={"source_gaps": encode_sources(sources), "extra": extra},
                        params={"rows": int(new.shape[0])})
 
@@ -108,7 +129,10 @@ class RowsUpdate:
                 or extra.shape[1:] != previous.shape[1:]:
             raise UpdateTypeError(f"rows update does not fit a previous value of shape {previous.shape}")
         out = np.empty((sources.size,) + previous.shape[1:], dtype=previous.dtype)
-        out[~new_mask] = previous[sources[~new_mask]]
+        kept = np.flatnonzero(~new_mask)
+        for a in range(0, kept.size, _MOVE_ROWS):  # in blocks: the gathered rows are the only temporary
+            dest = kept[a:a + _MOVE_ROWS]
+            out[dest] = previous[sources[dest]]
         out[new_mask] = extra.astype(previous.dtype, copy=False)
         return out
 
@@ -140,6 +164,40 @@ class RowsUpdate:
             previous[dest] = previous[sources[dest]]
         previous[new_mask[:n].nonzero()[0]] = extra.astype(previous.dtype, copy=False)
         return previous[:n]
+
+
+def apply_grown(blobs: dict, params: dict, room: np.ndarray, previous: np.ndarray) -> np.ndarray | None:
+    """A rows step that grows ``previous`` (the C-contiguous start of the buffer ``room``), applied in ``room``:
+    the result is a view of its start, and ``previous`` is overwritten. Possible when the kept rows keep their
+    order and none moves to an earlier position (rows appended or inserted: the positional step of a group
+    grown and fine-tuned in one commit). None when the step does not grow the value, does not fit ``room`` or
+    moves rows otherwise (the caller applies it as usual)."""
+    from theta.storage.codec import decode_parts_of
+    from theta.updates.bounds import check_parts_fit
+
+    check_parts_fit(blobs, previous, "rows", room.nbytes)
+    parts = decode_parts_of(blobs)
+    if "source_gaps" not in parts or "extra" not in parts or previous.ndim < 1:
+        return None
+    sources = np.cumsum(np.asarray(parts["source_gaps"], dtype=np.int64))
+    n, m = sources.size, previous.shape[0]
+    kept = np.flatnonzero(sources >= 0)
+    extra, new_mask = parts["extra"], sources < 0
+    out_bytes = n * (previous.nbytes // m if m else 0)
+    if (n <= m or m == 0 or out_bytes > room.nbytes or extra.shape[0] != int(new_mask.sum())
+            or extra.shape[1:] != previous.shape[1:]):
+        return None
+    if kept.size and (sources[kept[-1]] >= m or np.any(sources[kept] > kept) or np.any(np.diff(sources[kept]) <= 0)):
+        return None
+    out = room[:out_bytes].view(previous.dtype).reshape((n,) + previous.shape[1:])
+    moved = kept[sources[kept] != kept]
+    # blocks from the last row down: a block writes rows after every row it or a later block reads (each
+    # kept row comes from the same or an earlier position), so nothing is overwritten before it is read
+    for b in range(moved.size, 0, -_MOVE_ROWS):
+        dest = moved[max(0, b - _MOVE_ROWS):b]
+        out[dest] = out[sources[dest]]
+    out[new_mask.nonzero()[0]] = extra.astype(previous.dtype, copy=False)
+    return out
 
 
 _MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)

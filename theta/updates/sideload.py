@@ -30,9 +30,9 @@ import numpy as np
 
 from theta.errors import UpdateDataError
 from theta.updates import Encoded
-from theta.updates.ia3 import check_vector, compute_dtype, scale
+from theta.updates.ia3 import check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
-from theta.updates.sparse import SparseUpdate, residual
+from theta.updates.sparse import SparseUpdate
 
 PARTS: dict[str, tuple[str, ...]] = {
     "low-rank": ("R", "C"),
@@ -171,17 +171,14 @@ class UpdateData:
             problem = check_vector(new.shape, vec)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
-            value = scale(previous, vec)
-            fix_parts, fixes = residual(value, new)
+            # block of rows by block of rows, like low-rank: never previous, new AND the scaled value
+            fix_parts, fixes, bad = _ia3_fixes(new, previous, vec, rtol, atol)
+            if bad is not None:
+                raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs "
+                                      f"from the saved model (max abs difference {bad:.3g}, rtol {rtol:g}, atol "
+                                      f"{atol:g}); was the update applied to this base?")
             encoded = Encoded(parts={"ia3": vec, **fix_parts}, params={"fixes": fixes})
-        # no fixes: the update gives the file exactly. Otherwise the check is for a wrong base or wrong
-        # factors (errors the size of the update), not for rounding: a few ulps of the operands pass.
-        if fixes and not _agrees(value, new, previous, rtol, atol):
-            err = float(np.max(np.abs(value.astype(np.float64) - new.astype(np.float64)))) if new.size else 0.0
-            raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
-                                  f"saved model (max abs difference {err:.3g}, rtol {rtol:g}, atol {atol:g}); "
-                                  f"was the update applied to this base?")
-        return Verified(encoded, self.update_type, new)
+            return Verified(encoded, self.update_type, new)
 
     def _verify_promoted(self, where: str, group: str, parts: dict[str, np.ndarray], new: np.ndarray,
                          previous: np.ndarray, rtol: float, atol: float) -> Verified:
@@ -239,6 +236,34 @@ class UpdateData:
         return Verified(encoded, "sparse", new)
 
 
+def _ia3_fixes(new: np.ndarray, previous: np.ndarray, vec: np.ndarray, rtol: float, atol: float
+               ) -> tuple[dict[str, np.ndarray], int, float | None]:
+    """(fix parts, fix count, None) making previous * vec give ``new`` bit for bit, computed block of rows by
+    block of rows (memory: a block and the fixes); the third item is the largest difference instead of None
+    when a block that needs fixes is not within tolerance. No fixes: the update gives the file exactly;
+    otherwise the check is for a wrong base or vector (errors the size of the update), not for rounding: a
+    few ulps of the operands pass."""
+    from theta.updates.delta import changed_mask
+    from theta.updates.sparse import encode_indices
+
+    flat_new = np.ascontiguousarray(new).reshape(-1)
+    per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
+    found, values, worst = [], [], None
+    for rows, value in scaled_blocks(previous, vec):
+        start = rows.start * per_row if isinstance(rows, slice) else 0
+        want, prev = np.ascontiguousarray(new[rows]), previous[rows]
+        changed = np.flatnonzero(changed_mask(want, value))
+        if not changed.size:
+            continue
+        if not _agrees(value, want, prev, rtol, atol):
+            worst = max(worst or 0.0, _max_abs(value, want))
+        found.append(changed + start)
+        values.append(flat_new[changed + start])
+    indices = np.concatenate(found) if found else np.empty(0, np.int64)
+    fix_values = np.concatenate(values) if values else flat_new[:0].copy()
+    return {"fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values}, int(indices.size), worst
+
+
 def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> bool:
     """|value - new| <= atol + rtol |new| + 4 eps (|previous| + |value - previous|), NaN equal to NaN; in
     float64, chunk by chunk (never three float64 copies of the group)."""
@@ -256,7 +281,7 @@ def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: floa
     return True
 
 
-_AGREE_CHUNK = 1 << 20
+_AGREE_CHUNK = 1 << 16  # float64 temporaries of a chunk: ~3 MiB (1 << 20 cost ~50 MiB)
 
 
 def open_for_clean(options, lsd, previous) -> UpdateData | None:
@@ -325,6 +350,72 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
 
 
+def _worktree_form(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, have: np.ndarray,
+                   rtol: float, atol: float, group: str, path: "str | os.PathLike"):
+    """"original" when the work-tree value ``have`` is ``previous`` bit for bit, "updated" when it is
+    previous-with-update (Git-Theta's arithmetic, numpy's promoted dtype or cast back to the group's) within
+    rtol/atol, else (max abs difference to previous, to previous-with-update). Block of rows by block of rows
+    for ia3 and low-rank (memory: the two values the caller holds and a block; each element's arithmetic is
+    the one Git-Theta's whole-array expression gives, up to the matmul's summation order, which the
+    tolerance covers); a sparse update is applied whole."""
+    same_layout = have.shape == previous.shape and have.dtype == previous.dtype
+    if same_layout and _bits_equal(have, previous):
+        return "original"
+    promoted = promoted_dtype(update_type, parts, previous.dtype)
+    if have.shape == previous.shape and have.dtype in (promoted, previous.dtype):
+        agree = True
+        for rows, applied in _applied_blocks(update_type, parts, previous, group, path):
+            want = applied.astype(have.dtype, copy=False)
+            if not _agrees(want, have[rows], previous[rows], rtol, atol):
+                agree = False
+                break
+        if agree:
+            return "updated"
+    to_previous = _max_abs(have, previous)
+    to_applied = (max((_max_abs(have[rows], applied) for rows, applied in _applied_blocks(update_type, parts, previous, group, path)),
+                      default=0.0) if have.shape == previous.shape else float("inf"))
+    return to_previous, to_applied
+
+
+_APPLY_BLOCK_ELEMENTS = 1 << 18
+
+
+def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
+                    path: "str | os.PathLike"):
+    """(rows, previous[rows] with the update applied by Git-Theta's arithmetic) for blocks of rows (the whole
+    value at once for sparse updates, 0-d groups and update parts that do not split by rows)."""
+    R, C = parts.get("R"), parts.get("C")
+    by_rows = previous.ndim >= 1 and (
+        (update_type == "ia3" and "parameter" not in parts)
+        or (update_type == "low-rank" and "parameter" not in parts and R is not None and C is not None
+            and previous.ndim == 2 and np.ndim(R) == 2 and np.shape(R)[0] == previous.shape[0]))
+    if not by_rows:
+        yield Ellipsis, git_theta_apply(update_type, parts, previous, group, path)
+        return
+    vec = np.asarray(parts.get("ia3")) if update_type == "ia3" else None
+    vec_rows = vec is not None and vec.ndim == previous.ndim and vec.shape[0] == previous.shape[0] != 1
+    per_row = max(1, int(np.prod(previous.shape[1:], dtype=np.int64)))
+    step = max(1, _APPLY_BLOCK_ELEMENTS // per_row)
+    for a in range(0, previous.shape[0], step):
+        rows = slice(a, min(previous.shape[0], a + step))
+        if vec is not None:
+            block = {"ia3": vec[rows] if vec_rows else vec}
+        else:
+            block = {"R": np.asarray(R)[rows], "C": C}
+        yield rows, git_theta_apply(update_type, block, previous[rows], group, path)
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same bytes, compared chunk by chunk (no copy of either)."""
+    from zipslice import dtypes
+
+    x, y = dtypes.le_bytes(a), dtypes.le_bytes(b)
+    if len(x) != len(y):
+        return False
+    step = 16 << 20
+    return all(x[i:i + step] == y[i:i + step] for i in range(0, len(x), step))
+
+
 def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_value, rtol: float = 1e-5,
                       atol: float = 1e-8) -> WorktreeForm:
     """Git-Theta's documented workflow: the work-tree file holds the ORIGINAL checkpoint and FILE the update.
@@ -351,28 +442,21 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
                 raise UpdateDataError(f"update data {data.path}: group {group!r} has no previous version to "
                                       f"apply a {data.update_type} update to (commit the base model first)")
             have = np.asarray(ckpt.numpy(group))
-            if have.shape == previous.shape and have.dtype == previous.dtype and \
-                    bytes(dtypes.le_bytes(have)) == bytes(dtypes.le_bytes(previous)):
+            parts = data.parts(group)
+            form_of = _worktree_form(data.update_type, parts, previous, have, rtol, atol, group, data.path)
+            if form_of == "original":
                 form.original.append(group)
                 # Git-Theta's checkout has numpy's promoted dtype (e.g. float64 factors on float32 weights)
-                promoted[group] = promoted_dtype(data.update_type, data.parts(group), previous.dtype)
-                continue
-            applied = git_theta_apply(data.update_type, data.parts(group), previous, group, data.path)
-            # the current form: previous-with-update as Git-Theta checks it out (numpy's promoted dtype) or
-            # cast back to the group's dtype by whoever applied it
-            for want in (applied, applied.astype(previous.dtype)):
-                if have.shape == want.shape and have.dtype == want.dtype and _agrees(want, have, previous, rtol, atol):
-                    form.updated.append(group)
-                    break
+                promoted[group] = promoted_dtype(data.update_type, parts, previous.dtype)
+            elif form_of == "updated":
+                form.updated.append(group)
             else:
-                want = None
-            if want is not None:
-                continue
-            raise UpdateDataError(
-                f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
-                f"{_max_abs(have, previous):.3g}) nor the previous version with the {data.update_type} update "
-                f"applied (max abs difference {_max_abs(have, applied):.3g}): it differs from the saved model "
-                f"{path}; refusing to add it")
+                to_previous, to_applied = form_of
+                raise UpdateDataError(
+                    f"update data {data.path}: group {group!r} is neither the previous version (max abs difference "
+                    f"{to_previous:.3g}) nor the previous version with the {data.update_type} update applied (max "
+                    f"abs difference {to_applied:.3g}): it differs from the saved model {path}; refusing to add it")
+            del previous, have, parts
         if not form.original:
             return form
         plan = plan_write(ckpt, ckpt.format)

@@ -7,8 +7,13 @@ from its own blob, also frame by frame. Memory: one block and a few codec frames
 size. Each pass re-reads the blobs (the page cache keeps them); the first complete pass checks the value's
 sha256 against the group's hash (ChainError at its end, before anything built on it is stored).
 
-Only chains of that shape stream (:func:`source`); others (low-rank, ia3, rows, a change of layout, delta
-blobs of the old ``planes`` layout) are rebuilt whole by :func:`theta.updates.reconstruct`.
+``ia3`` and ``low-rank`` steps stream too: the block is scaled by the vector's elements at its positions, or
+``R @ C`` of the rows the block covers is added to it (the same per-element arithmetic as the whole-value
+``apply``, so the same bits), then their fixes are applied like a sparse step's. A *positional* ``rows`` step
+(the rows before it kept in place, cut or followed by appended rows: a trim, a growth) streams as well: the
+steps before it cover the start of each block, its appended rows the rest. Chains with other ``rows`` steps
+(rows moved), a change of dtype or delta blobs of the old ``planes`` layout are rebuilt whole by
+:func:`theta.updates.reconstruct`.
 """
 from __future__ import annotations
 
@@ -21,16 +26,16 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.errors import ChainError, IntegrityError, MergeError, UpdateTypeError
+from theta.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
-from theta.updates import DTYPE_KEY, SHAPE_KEY, bounds
+from theta.updates import DTYPE_KEY, bounds, step_layout
 from theta.updates.delta import OPS, _uncombine, raw_words
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
     from theta.storage.store import LfsStore
 
-STREAMED_STEPS = ("delta", "sparse")
+STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank", "rows")
 
 
 class _Cursor:
@@ -39,7 +44,10 @@ class _Cursor:
     def __init__(self, blob: memoryview):
         _, shape = codec.array_info(blob)
         self.size = int(np.prod(shape, dtype=np.int64))
-        self._frames = codec.iter_decode_array(blob)
+        # one frame decoded ahead per cursor: a merge reads a cursor per step of each of its three chains, and
+        # the codec's default (2 per thread) held ~5 frames of 4 MiB each per cursor (issue #17: a merge of
+        # 8-step chains went over the bound on frames alone); the cursors together keep the threads busy
+        self._frames = codec.iter_decode_array(blob, ahead=1)
         self._frame = np.empty(0)
         self._at = 0
 
@@ -123,8 +131,138 @@ class _Sparse:
         self.values.close()
 
 
+class _Fixes:
+    """The ``fix_gaps``/``fix_values`` of a low-rank or ia3 step, applied as blocks pass (a sparse step's)."""
+
+    def __init__(self, blobs: dict, value_dtype: np.dtype, size: int):
+        has = "fix_gaps" in blobs, "fix_values" in blobs
+        if has[0] != has[1]:
+            raise UpdateTypeError(f"update fixes are incomplete (parts {sorted(blobs)})")
+        self.sparse = _Sparse({"gaps": blobs["fix_gaps"], "values": blobs["fix_values"]}, value_dtype, size) \
+            if has[0] else None
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        if self.sparse is not None:
+            self.sparse.apply(block, words, start)
+
+    def close(self) -> None:
+        if self.sparse is not None:
+            self.sparse.close()
+
+
+def _small_part(blobs: dict, name: str, limit: int) -> np.ndarray:
+    """A step's part decoded whole, after checking it is at most ``limit`` elements (a factor or a vector)."""
+    if name not in blobs:
+        raise UpdateTypeError(f"the step is missing its part {name!r} (has {sorted(blobs)})")
+    _, shape = codec.array_info(blobs[name])
+    if int(np.prod(shape, dtype=np.int64)) > limit:
+        raise UpdateTypeError(f"part {name!r} of shape {list(shape)} is larger than its group")
+    return codec.decode_array(blobs[name])
+
+
+class _IA3:
+    """new = previous * ia3 (broadcast), block by block: the vector's elements at the block's positions."""
+
+    def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
+        from theta.updates.ia3 import check_vector, compute_dtype
+
+        vec = _small_part(blobs, "ia3", max(1, int(np.prod(shape, dtype=np.int64))))
+        problem = check_vector(shape, vec)
+        if problem:
+            raise UpdateTypeError(f"ia3 update: {problem}")
+        self.cdt, self.dtype, self.shape = compute_dtype(dtype), dtype, shape
+        self.vec = vec.astype(self.cdt)
+        self.per_row = max(1, int(np.prod(shape[1:], dtype=np.int64))) if shape else 1
+        self.by_row = bool(shape) and self.vec.ndim == len(shape) and self.vec.shape[0] != 1
+        self.fixes = _Fixes(blobs, dtype, int(np.prod(shape, dtype=np.int64)))
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        end = start + block.size
+        if not self.shape:
+            factors = np.broadcast_to(self.vec, ()).reshape(1)
+        else:
+            r0, r1 = start // self.per_row, -(-end // self.per_row)
+            rows = self.vec[r0:r1] if self.by_row else self.vec
+            factors = np.broadcast_to(rows, (r1 - r0,) + tuple(self.shape[1:])).reshape(-1)
+            factors = factors[start - r0 * self.per_row:end - r0 * self.per_row]
+        block[...] = (block.astype(self.cdt) * factors).astype(self.dtype)  # as ia3.scale, element by element
+        self.fixes.apply(block, words, start)
+
+    def close(self) -> None:
+        self.fixes.close()
+
+
+class _LowRank:
+    """new = previous + R @ C, block by block: the rows the block covers (low_rank.add_low_rank's arithmetic)."""
+
+    def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
+        from theta.updates.low_rank import check_factors, matrix_shape
+
+        shape2 = matrix_shape(shape)
+        if shape2 is None:
+            raise UpdateTypeError(f"a group of shape {list(shape)} has no low-rank form")
+        size = shape2[0] * shape2[1]
+        self.R, self.C = _small_part(blobs, "R", size), _small_part(blobs, "C", size)
+        problem = check_factors(shape, self.R, self.C)
+        if problem:
+            raise UpdateTypeError(f"low-rank update: {problem}")
+        self.dtype, self.cols = dtype, shape2[1]
+        self.fixes = _Fixes(blobs, dtype, size)
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        from theta.updates.low_rank import add_low_rank
+
+        end, cols = start + block.size, self.cols
+        r0, r1 = start // cols, -(-end // cols)
+        rows = np.zeros((r1 - r0, cols), self.dtype)  # each element's sum depends on its own previous value only
+        at = start - r0 * cols
+        rows.reshape(-1)[at:at + block.size] = block
+        block[...] = add_low_rank(rows, self.R[r0:r1], self.C, out=rows).reshape(-1)[at:at + block.size]
+        self.fixes.apply(block, words, start)
+
+    def close(self) -> None:
+        self.fixes.close()
+
+
+def positional_rows(blobs: dict, rows_before: int) -> tuple[int, int] | None:
+    """(rows kept, rows appended) of a ``rows`` step that keeps the first rows of the value before it in place
+    and appends new ones (a trim, a growth: what a commit that resizes AND changes a group stores), else None."""
+    if "source_gaps" not in blobs or "extra" not in blobs:
+        return None
+    gaps = codec.decode_array(blobs["source_gaps"]).astype(np.int64, copy=False).reshape(-1)
+    sources = np.cumsum(gaps)
+    n = sources.size
+    kept = min(n, rows_before)
+    if not (np.array_equal(sources[:kept], np.arange(kept)) and np.all(sources[kept:] == -1)):
+        return None
+    return kept, n - kept
+
+
+class _Rows:
+    """A positional ``rows`` step: the value before it, cut or followed by the appended rows (``extra``)."""
+
+    def __init__(self, blobs: dict, rows_before: int, per_row: int, size_after: int):
+        got = positional_rows(blobs, rows_before)
+        if got is None:
+            raise UpdateTypeError("rows step does not keep the rows before it in place")
+        kept, added = got
+        self.extra = _Cursor(blobs["extra"])
+        if self.extra.size != added * per_row or (kept + added) * per_row != size_after:
+            raise UpdateTypeError(f"rows step appends {self.extra.size} elements, expected {added * per_row}")
+        self.first_new = kept * per_row  # flat index of the first appended element
+
+    def fill(self, block: np.ndarray, start: int, length: int) -> None:
+        """Write the appended elements that fall in ``block[:length]`` (block starts at flat index ``start``)."""
+        lo = max(0, self.first_new - start)
+        if lo < length:
+            block[lo:length] = self.extra.take(length - lo)
+
+    def close(self) -> None:
+        self.extra.close()
+
+
 class GroupSource:
-    """The value of a group whose chain is a dense step followed by delta/sparse steps, block by block.
+    """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
 
     ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
     and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
@@ -148,25 +286,43 @@ class GroupSource:
                          for s in steps]
                 if set(blobs[0]) != {"values"}:
                     raise UpdateTypeError(f"dense step has parts {sorted(blobs[0])}, expected values")
+                shapes = [step_layout(s, g)[1] for s in steps]
+                sizes = [int(np.prod(sh, dtype=np.int64)) for sh in shapes]
                 dt, shape = codec.array_info(blobs[0]["values"])
-                if dt != self.dtype or int(np.prod(shape, dtype=np.int64)) != self.size:
-                    raise UpdateTypeError(f"dense step holds {list(shape)} x {dt}, the group is "
-                                          f"{list(self.shape)} x {self.dtype}")
+                if dt != self.dtype or int(np.prod(shape, dtype=np.int64)) != sizes[0]:
+                    raise UpdateTypeError(f"dense step holds {list(shape)} x {dt}, its layout is "
+                                          f"{list(shapes[0])} x {self.dtype}")
                 first = _Cursor(blobs[0]["values"])
                 stack.callback(first.close)
                 later = []
                 for i, (s, b) in enumerate(zip(steps[1:], blobs[1:]), start=1):
-                    ap = (_Delta(b, s.params, word, self.size * per) if s.type == "delta"
-                          else _Sparse(b, self.dtype, self.size))
+                    shape = shapes[i]
+                    if s.type == "delta":
+                        ap = _Delta(b, s.params, word, sizes[i] * per)
+                    elif s.type == "ia3":
+                        ap = _IA3(b, self.dtype, shape)
+                    elif s.type == "low-rank":
+                        ap = _LowRank(b, self.dtype, shape)
+                    elif s.type == "rows":
+                        ap = _Rows(b, shapes[i - 1][0], int(np.prod(shape[1:], dtype=np.int64)), sizes[i])
+                    else:
+                        ap = _Sparse(b, self.dtype, sizes[i])
                     stack.callback(ap.close)
                     later.append(ap)
                 for start in range(0, self.size, n):
                     m = min(n, self.size - start)
                     i = 0
-                    block = np.array(first.take(m), copy=True)  # ours to update in place
+                    # the value of step k covers [start, start + length(k)) of this block: a chain that trims or
+                    # grows (positional rows steps) has steps shorter or longer than the value
+                    length = [max(0, min(m, size - start)) for size in sizes]
+                    block = np.empty(m, self.dtype)  # ours to update in place
+                    block[:length[0]] = first.take(length[0])
                     words = raw_words(block)
                     for i, ap in enumerate(later, start=1):
-                        ap.apply(block, words, start)
+                        if isinstance(ap, _Rows):
+                            ap.fill(block, start, length[i])
+                        elif length[i]:
+                            ap.apply(block[:length[i]], words[:length[i] * per], start)
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + m), block
@@ -186,13 +342,34 @@ class GroupSource:
 
 def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> GroupSource | None:
     """A :class:`GroupSource` for ``group`` when its chain streams (checked from the metadata: a dense first
-    step, then delta/sparse steps, all with the group's own layout), else None (rebuild it whole)."""
+    step, then delta/sparse/ia3/low-rank steps, all with the group's own layout), else None (rebuild it whole)."""
     bounds.check_group(group, file)
     steps = group.steps
     if not steps or steps[0].type != "dense" or any(s.type not in STREAMED_STEPS for s in steps[1:]):
         return None
-    if any(SHAPE_KEY in s.params or DTYPE_KEY in s.params for s in steps):
+    if len(group.shape) < 2 and any(s.type == "low-rank" for s in steps):
+        return None  # reconstruct reports the malformed chain, located
+    if any(DTYPE_KEY in s.params for s in steps):
         return None
+    try:
+        shapes = [step_layout(s, group)[1] for s in steps]
+    except MetadataError:
+        return None
+    for before, after, s in zip(shapes, shapes[1:], steps[1:]):
+        # only a rows step changes the layout, and only the number of rows
+        if after != before and (s.type != "rows" or not before or len(after) != len(before) or after[1:] != before[1:]):
+            return None
+        if s.type == "low-rank" and len(after) < 2:
+            return None
+    if any(s.type == "rows" for s in steps):
+        try:
+            for s, before in zip(steps[1:], shapes):
+                if s.type == "rows":
+                    with store.mapped(s.blob, group=group.name, file=file) as blob:
+                        if positional_rows(codec.part_blobs(blob), before[0]) is None:
+                            return None
+        except (IntegrityError, UpdateTypeError, ValueError):
+            return None  # reconstruct reports it, located
     if group.numel == 0:
         return None
     if dtypes.get(group.dtype).itemsize not in (1, 2, 4, 8, 16):
