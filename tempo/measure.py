@@ -4,8 +4,9 @@
 `torch.autograd.graph.saved_tensors_hooks` and records every tensor autograd saves. Bytes are counted per
 storage, once, and charged to the innermost module running when the storage was first saved (so a GELU
 output that the next Linear also keeps counts once, under the GELU). Storages of the model's own
-parameters and buffers are reported apart (they exist whether or not you train). The forward's output and
-graph are dropped before returning: nothing stays allocated.
+parameters and buffers are reported apart (they exist whether or not you train). Empty tensors hold no
+bytes and are not counted as storages. The forward's output and graph are dropped before returning:
+nothing stays allocated.
 """
 from __future__ import annotations
 
@@ -117,7 +118,10 @@ def measure(model: nn.Module, inputs: Any) -> SavedReport:
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple | None:
+    """(device, data pointer) of the tensor's storage; None when it holds no bytes to count."""
     if tensor.layout != torch.strided or tensor.device.type == "meta":
         return None
     storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:  # every empty storage has data pointer 0: they would pass for one storage
+        return None
     return (tensor.device.type, tensor.device.index, storage.data_ptr())
