@@ -29,6 +29,12 @@ def test_counts_each_storage_once_and_charges_the_innermost_module():
     assert report.total_bytes == 4 * 256
     assert report.parameter_bytes == 256  # the weight is saved too (not the bias), reported apart
     assert [m.storages for m in report.modules] == [2, 2]
+    assert [(s.path, s.shape, s.dtype, s.bytes) for s in report.storages] == [
+        ("lin", (8, 8), torch.float32, 256),     # x
+        ("(root)", (8, 8), torch.float32, 256),  # h
+        ("lin", (8, 8), torch.float32, 256),     # a
+        ("(root)", (8, 8), torch.float32, 256),  # tanh's output
+    ]
 
 
 def test_views_count_their_whole_storage():
