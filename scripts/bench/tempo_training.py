@@ -192,32 +192,16 @@ def child_grads(args) -> dict:
     import torch
     from transformers.models.bert.modeling_bert import BertLayer
 
+    from tempo.numerics import gradient_errors
+
     torch.manual_seed(0)
     stock = BertLayer(_bert_config()).train()
     patched = _patch(copy.deepcopy(stock), "tempo")
-    reference = copy.deepcopy(stock).double()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, args.seq, 768, generator=gen)
     g = torch.randn(args.batch, args.seq, 768, generator=gen)
-
-    def grads(model, dtype):
-        inp = x.to(dtype).clone().requires_grad_()
-        torch.manual_seed(5)  # the same dropout masks in every run (bernoulli_ draws alike in any dtype)
-        out = model(inp)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(g.to(dtype))
-        result = {name: p.grad.double() for name, p in model.named_parameters()}
-        result["(input)"] = inp.grad.double()
-        return result
-
-    ref, ours, theirs = grads(reference, torch.float64), grads(patched, torch.float32), grads(stock, torch.float32)
-    rows = []
-    for name, r in ref.items():
-        norm = r.norm().item()
-        rows.append({"name": name, "ref_norm": norm,
-                     "stock": ((theirs[name] - r).norm() / r.norm()).item(),
-                     "tempo": ((ours[name] - r).norm() / r.norm()).item()})
-    return {"rows": rows}
+    return {"rows": [{"name": r.name, "ref_norm": r.reference_norm, "stock": r.stock, "tempo": r.patched}
+                     for r in gradient_errors(stock, patched, x, g)]}
 
 
 def child_train(args) -> dict:
