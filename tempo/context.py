@@ -27,6 +27,10 @@ class _Context:
     version: int  # the context tensor's version when marked: an in-place change since voids the recipe
 
 
+# Under torch.compile both run eagerly (graph breaks): dynamo cannot trace Python attributes on tensors,
+# `_base` or `_version`. If a compiled graph hands the projection a context that is not a view of the
+# marked tensor, the projection falls back to keeping its input (correct, no saving).
+@torch.compiler.disable
 def mark_context(context: torch.Tensor, kept: KeptAttention | None) -> torch.Tensor:
     """Mark `context` == kept.output().transpose(1, 2).contiguous() (the layout attention hands to its
     output projection) as rebuildable from `kept`; returns it."""
@@ -86,6 +90,7 @@ class ContextProjectionFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None
 
 
+@torch.compiler.disable
 def project_context(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     weight_in_out: bool = False) -> torch.Tensor | None:
     """The projection through ContextProjectionFunction when `input` is a marked context and a gradient
