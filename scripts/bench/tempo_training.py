@@ -13,7 +13,7 @@ layer   One BERT-base layer, B=8, S=128.
         cost in a deep model, where a layer's output is the next one's input (kept once).
         Where the bytes go in the isolated layer: per module, stock with boolean masks beside tempo, the
         storages tempo keeps, and how much of tempo's total is full-size float tensors (T*H elements or
-        more: what none of the techniques removes), GELU's branch bits, and the rest.
+        more), GELU's branch bits, and the rest.
         Forward output and the RNG state it leaves, each variant against stock (torch.equal).
         Forward + backward time: stock and the --timed variants interleaved in one process, wall and
         process CPU time of --reps steps each: best (min), median, and paired (median over reps of the
@@ -366,8 +366,8 @@ def section_layer(args) -> dict:
 
 
 def _print_where_bytes_go(result: dict) -> None:
-    """Per module, the isolated layer: stock with boolean masks and tempo; tempo's storages; and the floor
-    tempo's float tensors set (what no technique here removes) with and without GELU's branch bits."""
+    """Per module, the isolated layer: stock with boolean masks and tempo; tempo's storages; and how tempo's
+    total splits into full-size float tensors, GELU's branch bits (which nothing can rebuild) and the rest."""
     stock, ours = result["modules"]["stock-bool"], result["modules"]["tempo"]
     stock_total = result["saved"]["stock-bool"]["isolated"]
     print("\nwhere the bytes go, isolated layer (MiB; tempo.measure: each storage once, charged to the innermost "
@@ -376,8 +376,8 @@ def _print_where_bytes_go(result: dict) -> None:
     for path in dict.fromkeys([*stock, *ours]):
         kept = [f"{dtype} {'x'.join(map(str, shape))}" for where, dtype, shape, _ in result["storages"] if where == path]
         print(f"{path:<36}{stock.get(path, 0) / MiB:>11.3f}{ours.get(path, 0) / MiB:>9.3f}   {', '.join(kept)}")
-    # float tensors of T*H elements or more: the activations tempo keeps in full (inputs of the Linears and
-    # of Q K^T and P V, softmax's output, the last LayerNorm's output); everything else is bits, stash, rstd
+    # float tensors of T*H elements or more: the activations tempo keeps in full (the layer input, Q, K, V,
+    # softmax's output P, the LayerNorms' and GELU's outputs); everything else is bits, stash, rstd
     full = 4 * result["tokens_hidden"]
     floats = sum(b for _, dtype, _, b in result["storages"] if dtype == "float32" and b >= full)
     gelu_bits = sum(b for where, dtype, _, b in result["storages"] if dtype == "uint8" and where.endswith("act_fn"))
