@@ -13,7 +13,7 @@ from .attention import softmax_dropout_matmul
 from .dropout import TempoDropout, dropout
 from .gelu import TempoGELU, gelu
 from .layernorm import TempoLayerNorm, layer_norm
-from .measure import ModuleSaved, SavedReport, measure
+from .measure import ModuleSaved, SavedReport, SavedStorage, measure
 from .patch import TECHNIQUES, Left, PatchReport, Swapped, patch, unpatch
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ModuleSaved",
     "PatchReport",
     "SavedReport",
+    "SavedStorage",
     "Swapped",
     "TempoDropout",
     "TempoGELU",

@@ -12,6 +12,9 @@ implies it), so tempo never imports transformers itself otherwise.
   runs the model's own eager attention unless the module is training with dropout, and then the same
   ops with softmax -> dropout -> matmul fused by tempo.attention (bit-identical forward, same RNG use).
   Only eager attention is taken over: sdpa/flash implementations are left (reported by tempo.patch).
+- The projection after a patched attention (BERT/RoBERTa `attention.output.dense`, GPT-2 `attn.c_proj`)
+  gets tempo.context's subclass: it rebuilds the attention context in backward from what the attention
+  keeps, instead of keeping it (technique "attention" too).
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers import activations as hf_activations
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.pytorch_utils import Conv1D
 
-from .attention import softmax_dropout_matmul
+from .attention import softmax_dropout_matmul_kept
+from .context import TempoContextLinear, mark_context, project_context
 from .gelu import gelu_from_output
 
 TEMPO_ATTENTION = "tempo"
@@ -100,8 +105,9 @@ def tempo_attention_forward(module, query, key, value, attention_mask, scaling=N
     if attention_mask is not None:
         scores = scores + attention_mask
     probs_dtype = value.dtype if cls._tempo_cast_probs else None
-    output, weights = softmax_dropout_matmul(scores, value, dropout, True, probs_dtype)
-    return output.transpose(1, 2).contiguous(), weights
+    output, weights, kept = softmax_dropout_matmul_kept(scores, value, dropout, True, probs_dtype)
+    # the output projection rebuilds this context from `kept` in backward instead of keeping it
+    return mark_context(output.transpose(1, 2).contiguous(), kept), weights
 
 
 AttentionInterface.register(TEMPO_ATTENTION, tempo_attention_forward)
@@ -137,12 +143,54 @@ def _gelu_subclass(base: type, kind: str) -> type:
     }))
 
 
+class TempoContextConv1D(Conv1D):
+    """HF Conv1D (GPT-2's c_proj) after a tempo attention: keeps nothing of its input when it is the
+    attention context. Same parameters, forward bits and state_dict."""
+
+    _tempo_base = Conv1D
+    _tempo_technique = "attention"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = project_context(x, self.weight, self.bias, weight_in_out=True)
+        return super().forward(x) if out is None else out
+
+
+_register(TempoContextConv1D)
+# (class of the module holding the projection, its attribute, the projection's class) -> tempo class;
+# BERT/RoBERTa: the projection's grandparent holds the attention as `.self`; GPT-2: its parent is it.
+_PROJECTIONS = (
+    ("transformers.models.bert.modeling_bert", "BertSelfOutput", "dense", nn.Linear, TempoContextLinear),
+    ("transformers.models.roberta.modeling_roberta", "RobertaSelfOutput", "dense", nn.Linear, TempoContextLinear),
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Attention", "c_proj", Conv1D, TempoContextConv1D),
+)
+
+
+@dataclass(frozen=True)
+class ContextProjectionRule:
+    """The output projection of an attention tempo swapped (visited after it: named_modules' order)."""
+
+    technique = "attention"
+    holders: dict  # holder class -> (attribute, projection class, tempo class)
+
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
+        holder = parent_of(module)
+        holder_cls = type(holder).__dict__.get("_tempo_base", type(holder))  # GPT-2's is swapped already
+        spec = self.holders.get(holder_cls)
+        if spec is None:
+            return None
+        attribute, base, swap = spec
+        if type(module) is not base or getattr(holder, attribute, None) is not module:
+            return None
+        attention = holder if attribute == "c_proj" else getattr(parent_of(holder), "self", None)
+        return swap if "_tempo_base" in type(attention).__dict__ else None
+
+
 @dataclass(frozen=True)
 class AttentionRule:
     technique = "attention"
     swaps: dict
 
-    def classify(self, module: nn.Module) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
         new_cls = self.swaps.get(type(module))
         if new_cls is None:
             return None
@@ -161,7 +209,7 @@ class GeluRule:
     technique = "gelu"
     swaps: dict
 
-    def classify(self, module: nn.Module) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
         return self.swaps.get(type(module))
 
 
@@ -178,7 +226,14 @@ def _build_rules() -> list:
         base = getattr(hf_activations, class_name, None)
         if base is not None:
             gelus[base] = _gelu_subclass(base, kind)
-    return [AttentionRule(attention), GeluRule(gelus)]
+    holders = {}
+    for module_name, class_name, attribute, base, swap in _PROJECTIONS:
+        try:
+            holder = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+        holders[holder] = (attribute, base, swap)
+    return [AttentionRule(attention), ContextProjectionRule(holders), GeluRule(gelus)]
 
 
 RULES = _build_rules()

@@ -4,8 +4,9 @@
 `torch.autograd.graph.saved_tensors_hooks` and records every tensor autograd saves. Bytes are counted per
 storage, once, and charged to the innermost module running when the storage was first saved (so a GELU
 output that the next Linear also keeps counts once, under the GELU). Storages of the model's own
-parameters and buffers are reported apart (they exist whether or not you train). The forward's output and
-graph are dropped before returning: nothing stays allocated.
+parameters and buffers are reported apart (they exist whether or not you train). Empty tensors hold no
+bytes and are not counted as storages. The forward's output and graph are dropped before returning:
+nothing stays allocated.
 """
 from __future__ import annotations
 
@@ -28,12 +29,24 @@ class ModuleSaved:
 
 
 @dataclass(frozen=True)
+class SavedStorage:
+    """One storage kept for backward: the module charged, and the shape and dtype of the tensor that first
+    kept it (a view's shape may cover less than `bytes`, which is the whole storage)."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    bytes: int
+
+
+@dataclass(frozen=True)
 class SavedReport:
-    """Result of `measure`: activation bytes kept for backward, in total and per module."""
+    """Result of `measure`: activation bytes kept for backward, in total, per module and per storage."""
 
     total_bytes: int
     parameter_bytes: int
     modules: tuple[ModuleSaved, ...]
+    storages: tuple[SavedStorage, ...] = ()
 
     def by_path(self) -> dict[str, int]:
         return {m.path: m.bytes for m in self.modules}
@@ -67,6 +80,7 @@ def measure(model: nn.Module, inputs: Any) -> SavedReport:
     type_names: dict[str, str] = {}
     order: list[str] = []
     per_module: dict[str, list[int]] = {}
+    storages: list[SavedStorage] = []
     seen: set[tuple] = set()
     parameter_bytes = 0
 
@@ -86,6 +100,7 @@ def measure(model: nn.Module, inputs: Any) -> SavedReport:
             order.append(path)
         per_module[path][0] += nbytes
         per_module[path][1] += 1
+        storages.append(SavedStorage(path, tuple(tensor.shape), tensor.dtype, nbytes))
         return tensor
 
     def enter(path: str) -> None:
@@ -113,11 +128,14 @@ def measure(model: nn.Module, inputs: Any) -> SavedReport:
         for handle in handles:
             handle.remove()
     modules = tuple(ModuleSaved(path, type_names.get(path, "?"), *per_module[path]) for path in order)
-    return SavedReport(sum(m.bytes for m in modules), parameter_bytes, modules)
+    return SavedReport(sum(m.bytes for m in modules), parameter_bytes, modules, tuple(storages))
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple | None:
+    """(device, data pointer) of the tensor's storage; None when it holds no bytes to count."""
     if tensor.layout != torch.strided or tensor.device.type == "meta":
         return None
     storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:  # every empty storage has data pointer 0: they would pass for one storage
+        return None
     return (tensor.device.type, tensor.device.index, storage.data_ptr())

@@ -9,7 +9,8 @@ pretrained gamma/beta and eps).
 Techniques (each can be switched off):
   gelu       nn.GELU; HF GELUActivation, NewGELUActivation, GELUTanh, FastGELUActivation
   layernorm  nn.LayerNorm
-  attention  HF BERT / RoBERTa / GPT-2 eager self- and cross-attention (tempo.hf)
+  attention  HF BERT / RoBERTa / GPT-2 eager self- and cross-attention, and the projection after it,
+             which then rebuilds the attention context in backward instead of keeping it (tempo.hf)
   dropout    nn.Dropout (not in-place): 1-bit masks
 Modules that look related but have no rule (other GELUs, norms, attention, dropouts) are reported as left,
 with the reason.
@@ -74,7 +75,7 @@ class _ExactClassRule:
     base: type
     swap: type
 
-    def classify(self, module: nn.Module) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
         if type(module) is self.base:
             return self.swap
         if isinstance(module, self.base):
@@ -86,7 +87,7 @@ class _ExactClassRule:
 class _DropoutRule:
     technique = "dropout"
 
-    def classify(self, module: nn.Module) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
         if type(module) is nn.Dropout:
             return "inplace=True: left as is" if module.inplace else TempoDropout
         if isinstance(module, nn.Dropout):
@@ -98,7 +99,7 @@ class _DropoutRule:
 class _PlainAttentionRule:
     technique = "attention"
 
-    def classify(self, module: nn.Module) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
         if isinstance(module, nn.MultiheadAttention):
             return ("nn.MultiheadAttention has no tempo rule (use tempo.softmax_dropout_matmul in your own "
                     "attention)")
@@ -143,6 +144,7 @@ def patch(
     rules = _rules()
     handled: list[str] = []  # paths some rule spoke for (swapped or left with a reason)
     unruled: list[tuple[str, str]] = []
+    parents = {id(child): parent for parent in model.modules() for child in parent.children()}
     for path, module in model.named_modules():
         type_name = type(module).__name__
         if _is_tempo(module):
@@ -150,7 +152,7 @@ def patch(
             handled.append(path)
             continue
         for rule in rules:
-            result = rule.classify(module)
+            result = rule.classify(module, lambda m: parents.get(id(m)))
             if result is None:
                 continue
             handled.append(path)

@@ -11,6 +11,9 @@ layer   One BERT-base layer, B=8, S=128.
         torch.native_dropout, bit-identical on CPU), tempo and each technique alone. "isolated": the layer
         alone; "in a stack": what one more layer adds to a stack (2 layers minus 1), i.e. the per-layer
         cost in a deep model, where a layer's output is the next one's input (kept once).
+        Where the bytes go in the isolated layer: per module, stock with boolean masks beside tempo, the
+        storages tempo keeps, and how much of tempo's total is full-size float tensors (T*H elements or
+        more), GELU's branch bits, and the rest.
         Forward output and the RNG state it leaves, each variant against stock (torch.equal).
         Forward + backward time: stock and the --timed variants interleaved in one process, wall and
         process CPU time of --reps steps each: best (min), median, and paired (median over reps of the
@@ -105,14 +108,15 @@ class _BooleanMaskDropout:
         F.dropout = self.original
 
 
-def _measure(model, inputs, variant: str) -> int:
+def _measure(model, inputs, variant: str):
+    """tempo.measure's report for `variant` (stock-bool: with boolean dropout masks)."""
     import contextlib
 
     import tempo
 
     context = _BooleanMaskDropout() if variant == "stock-bool" else contextlib.nullcontext()
     with context:
-        return tempo.measure(model, inputs).total_bytes
+        return tempo.measure(model, inputs)
 
 
 def child_layer(args) -> dict:
@@ -134,15 +138,18 @@ def child_layer(args) -> dict:
             return self.b(self.a(x))
 
     x = torch.randn(args.batch, args.seq, 768, generator=torch.Generator().manual_seed(1))
-    saved = {}
+    saved, modules, storages = {}, {}, []
     for variant in VARIANTS:
         one = _patch(copy.deepcopy(base), variant)
         two = _patch(Stack(copy.deepcopy(base), copy.deepcopy(second)), variant)
         torch.manual_seed(2)
         isolated = _measure(one, (x.clone().requires_grad_(),), variant)
         torch.manual_seed(2)
-        stacked = _measure(two, (x.clone().requires_grad_(),), variant)
-        saved[variant] = {"isolated": isolated, "stack": stacked - isolated}
+        stacked = _measure(two, (x.clone().requires_grad_(),), variant).total_bytes
+        saved[variant] = {"isolated": isolated.total_bytes, "stack": stacked - isolated.total_bytes}
+        modules[variant] = isolated.by_path()
+        if variant == "tempo":
+            storages = [[s.path, str(s.dtype).removeprefix("torch."), list(s.shape), s.bytes] for s in isolated.storages]
 
     timed = [v for v in VARIANTS if v != "stock-bool" and (v == "stock" or v in args.timed.split(","))]
     layers = {v: _patch(copy.deepcopy(base), v) for v in timed}
@@ -177,7 +184,8 @@ def child_layer(args) -> dict:
             step(layers[v])
             wall[v].append(time.perf_counter() - w0)
             cpu[v].append(time.process_time() - c0)
-    return {"saved": saved, "identical": identical, "threads": torch.get_num_threads(),
+    return {"saved": saved, "modules": modules, "storages": storages, "tokens_hidden": args.batch * args.seq * 768,
+            "identical": identical, "threads": torch.get_num_threads(),
             "wall": {v: statistics.median(t) for v, t in wall.items()},
             "cpu": {v: statistics.median(t) for v, t in cpu.items()},
             "wall_best": {v: min(t) for v, t in wall.items()}, "cpu_best": {v: min(t) for v, t in cpu.items()},
@@ -192,32 +200,16 @@ def child_grads(args) -> dict:
     import torch
     from transformers.models.bert.modeling_bert import BertLayer
 
+    from tempo.numerics import gradient_errors
+
     torch.manual_seed(0)
     stock = BertLayer(_bert_config()).train()
     patched = _patch(copy.deepcopy(stock), "tempo")
-    reference = copy.deepcopy(stock).double()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, args.seq, 768, generator=gen)
     g = torch.randn(args.batch, args.seq, 768, generator=gen)
-
-    def grads(model, dtype):
-        inp = x.to(dtype).clone().requires_grad_()
-        torch.manual_seed(5)  # the same dropout masks in every run (bernoulli_ draws alike in any dtype)
-        out = model(inp)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(g.to(dtype))
-        result = {name: p.grad.double() for name, p in model.named_parameters()}
-        result["(input)"] = inp.grad.double()
-        return result
-
-    ref, ours, theirs = grads(reference, torch.float64), grads(patched, torch.float32), grads(stock, torch.float32)
-    rows = []
-    for name, r in ref.items():
-        norm = r.norm().item()
-        rows.append({"name": name, "ref_norm": norm,
-                     "stock": ((theirs[name] - r).norm() / r.norm()).item(),
-                     "tempo": ((ours[name] - r).norm() / r.norm()).item()})
-    return {"rows": rows}
+    return {"rows": [{"name": r.name, "ref_norm": r.reference_norm, "stock": r.stock, "tempo": r.patched}
+                     for r in gradient_errors(stock, patched, x, g)]}
 
 
 def child_train(args) -> dict:
@@ -288,7 +280,7 @@ def child_model_saved(args) -> dict:
     for variant in ("stock", "stock-bool", "tempo"):
         model = _patch(_bert_base(), variant)
         torch.manual_seed(2)
-        saved[variant] = _measure(model, _bert_batch(args.batch, args.seq), variant)
+        saved[variant] = _measure(model, _bert_batch(args.batch, args.seq), variant).total_bytes
     return {"saved": saved}
 
 
@@ -353,6 +345,7 @@ def section_layer(args) -> dict:
         print(f"{v:<18}{s['isolated'] / MiB:>10.2f}{ratio(s['isolated'], saved['stock-bool']['isolated']):>9}"
               f"{ratio(s['isolated'], saved['stock']['isolated']):>8}{s['stack'] / MiB:>11.2f}"
               f"{ratio(s['stack'], saved['stock-bool']['stack']):>9}{ratio(s['stack'], saved['stock']['stack']):>8}")
+    _print_where_bytes_go(result)
     wall_best, cpu_best = result["wall_best"], result["cpu_best"]
     print(f"\nforward + backward, {args.reps} interleaved steps per variant: best (min) and median; wall and "
           f"process CPU time")
@@ -370,6 +363,28 @@ def section_layer(args) -> dict:
             "wall_ratio": wall_best["tempo"] / wall_best["stock"], "cpu_ratio": cpu_best["tempo"] / cpu_best["stock"],
             "wall_paired": result["wall_paired"]["tempo"], "cpu_paired": result["cpu_paired"]["tempo"],
             "forward_differs": float(not all(result["identical"].values()))}
+
+
+def _print_where_bytes_go(result: dict) -> None:
+    """Per module, the isolated layer: stock with boolean masks and tempo; tempo's storages; and how tempo's
+    total splits into full-size float tensors, GELU's branch bits (which nothing can rebuild) and the rest."""
+    stock, ours = result["modules"]["stock-bool"], result["modules"]["tempo"]
+    stock_total = result["saved"]["stock-bool"]["isolated"]
+    print("\nwhere the bytes go, isolated layer (MiB; tempo.measure: each storage once, charged to the innermost "
+          "module that kept it first)")
+    print(f"{'module':<36}{'stock-bool':>11}{'tempo':>9}   tempo keeps")
+    for path in dict.fromkeys([*stock, *ours]):
+        kept = [f"{dtype} {'x'.join(map(str, shape))}" for where, dtype, shape, _ in result["storages"] if where == path]
+        print(f"{path:<36}{stock.get(path, 0) / MiB:>11.3f}{ours.get(path, 0) / MiB:>9.3f}   {', '.join(kept)}")
+    # float tensors of T*H elements or more: the activations tempo keeps in full (the layer input, Q, K, V,
+    # softmax's output P, the LayerNorms' and GELU's outputs); everything else is bits, stash, rstd
+    full = 4 * result["tokens_hidden"]
+    floats = sum(b for _, dtype, _, b in result["storages"] if dtype == "float32" and b >= full)
+    gelu_bits = sum(b for where, dtype, _, b in result["storages"] if dtype == "uint8" and where.endswith("act_fn"))
+    other = sum(b for *_, b in result["storages"]) - floats - gelu_bits
+    print(f"tempo: full-size float tensors {floats / MiB:.3f} MiB ({ratio(floats, stock_total)} stock-bool), "
+          f"+ GELU branch bits {gelu_bits / MiB:.3f} ({ratio(floats + gelu_bits, stock_total)}), "
+          f"+ dropout bits, GELU stash, rstd {other / MiB:.3f} ({ratio(floats + gelu_bits + other, stock_total)})")
 
 
 def section_grads(args) -> dict:

@@ -74,7 +74,7 @@ def test_swaps_everything_in_eager_models(name):
         "layernorm": _count(model, nn.LayerNorm),
         "dropout": _count(model, nn.Dropout),
         "gelu": 2,
-        "attention": 2,
+        "attention": 4,  # 2 attentions and the 2 projections after them
     }
     report = tempo.patch(model)
     assert report.counts() == expected
@@ -108,6 +108,24 @@ def test_training_forward_bit_identical_gradients_close(name):
     scale = max(g.norm() for g in grads_s.values())
     for key in grads_s:
         assert (grads_p[key] - grads_s[key]).norm() <= 1e-5 * max(grads_s[key].norm(), 1e-3 * scale), key
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "gpt2"])
+def test_attention_alone_bit_identical_gradients(name):
+    """The fused attention and the projection rebuilding its context run stock's ops on the same values:
+    forward, RNG and every gradient bit for bit."""
+    stock, patched = _model(name), _model(name)
+    report = tempo.patch(patched, gelu=False, layernorm=False, dropout=False)
+    projection = {"gpt2": "attn.c_proj", "bert": "attention.output.dense", "roberta": "attention.output.dense"}[name]
+    assert [s.after for s in report.swapped if s.path.endswith(projection)] == [
+        "TempoContextConv1D" if name == "gpt2" else "TempoContextLinear"] * 2
+    batch = _batch(name)
+    logits_s, grads_s = _loss_and_grads(stock, batch)
+    rng_s = torch.get_rng_state()
+    logits_p, grads_p = _loss_and_grads(patched, batch)
+    assert torch.equal(logits_s, logits_p) and torch.equal(torch.get_rng_state(), rng_s)
+    assert grads_s.keys() == grads_p.keys()
+    assert all(torch.equal(grads_s[key], grads_p[key]) for key in grads_s)
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
@@ -150,6 +168,7 @@ def test_gpt2_upcast_attention_is_left():
     report = tempo.patch(model)
     assert [m.reason for m in report.left if m.type_name == "GPT2Attention"] == [
         "reorder_and_upcast_attn=True (its own upcast attention path): left as is"] * 2
+    assert "attention" not in report.counts()  # nor the projections after them
 
 
 def test_attention_implementation_switched_after_patching_is_honoured():

@@ -29,6 +29,12 @@ def test_counts_each_storage_once_and_charges_the_innermost_module():
     assert report.total_bytes == 4 * 256
     assert report.parameter_bytes == 256  # the weight is saved too (not the bias), reported apart
     assert [m.storages for m in report.modules] == [2, 2]
+    assert [(s.path, s.shape, s.dtype, s.bytes) for s in report.storages] == [
+        ("lin", (8, 8), torch.float32, 256),     # x
+        ("(root)", (8, 8), torch.float32, 256),  # h
+        ("lin", (8, 8), torch.float32, 256),     # a
+        ("(root)", (8, 8), torch.float32, 256),  # tanh's output
+    ]
 
 
 def test_views_count_their_whole_storage():
@@ -64,3 +70,26 @@ def test_hooks_are_removed():
     tempo.measure(model, (torch.randn(2, 4),))
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not model[0]._forward_hooks and not model[0]._forward_pre_hooks
+
+
+class _KeepsAnEmptyTensor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x, x.new_zeros(0))  # like tempo's LayerNorm with no kept columns
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class _EmptyKeeper(nn.Module):
+    def forward(self, x):
+        return _KeepsAnEmptyTensor.apply(x)
+
+
+def test_empty_saved_tensors_are_not_storages():
+    """Every empty storage has data pointer 0: counted, they would pass for one shared storage."""
+    model = nn.Sequential(_EmptyKeeper(), _EmptyKeeper())
+    report = tempo.measure(model, (torch.randn(4, requires_grad=True),))
+    assert [(m.path, m.bytes, m.storages) for m in report.modules] == [("0", 16, 1), ("1", 16, 1)]
