@@ -670,7 +670,12 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
     w.text_list([c for c in offered if c in caps])
 
     from theta.commands.hooks import ensure_installed_quietly
+    from theta.errors import GitError
 
+    try:
+        gitutil.remember_reads(cwd)  # one git config -l and one rev-parse instead of one process per read
+    except GitError:
+        pass  # not a repository: Filter() below says so in its own words
     ensure_installed_quietly(cwd)
     filt = Filter(cwd)
     while True:
