@@ -30,12 +30,13 @@ from theta.storage import codec
 from theta import lsh
 from theta import numeric
 from theta import parallel
-from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_THREADS
+from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
 from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, IntegrityError, MetadataError,
                           NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import bind_steps, content_hash, decode_proven_dense, fast_hash, reconstruct_proven
+from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_hash, fast_hash_pieces,
+                           reconstruct_proven)
 
 
 @dataclass
@@ -204,6 +205,10 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
     # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
     largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
+
+    def read_whole(key: str) -> bool:
+        """A side-loaded group is checked against its update even when its bytes did not change."""
+        return update_data is not None and key in update_data
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -213,17 +218,19 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous, options.exact)
+                got = _read_group(lsd, key, previous, options.exact, read_whole(key))
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
-            held = got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
+            held = 0 if got.raw is None else (
+                got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2))
             budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
-            while nxt < len(group_keys) and len(pending) < READ_AHEAD_THREADS:
+            while nxt < len(group_keys) and len(pending) < READ_AHEAD_GROUPS:
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
                     break
-                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, group_keys[nxt], previous,
-                                                                options.exact)))
+                k = group_keys[nxt]
+                pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, k, previous, options.exact,
+                                                                read_whole(k))))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
@@ -252,8 +259,9 @@ class _Read:
 
     key: str
     info: object
-    raw: np.ndarray            # carrier dtype (unsigned ints of the same width): the exact bits
-    arr: np.ndarray            # the same memory viewed with the real dtype
+    raw: np.ndarray | None     # carrier dtype (unsigned ints of the same width): the exact bits; None for
+                               # a group hashed in place and found unchanged (nothing to encode)
+    arr: np.ndarray | None     # the same memory viewed with the real dtype
     digest: str                # sha256 (the previous version's when the fast hash says unchanged)
     fast: str                  # xxh3-128
     prev: GroupMeta | None
@@ -262,11 +270,32 @@ class _Read:
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
 
 
-def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False) -> _Read:
+_HASH_PIECE = 4 << 20  # bytes per read when a group is hashed in place (one buffer per reader thread)
+_pieces = threading.local()
+
+
+def _fast_hash_in_place(lsd, key: str) -> str | None:
+    """The fast hash of ``key``'s bytes read piece by piece through a reused buffer (no group-sized buffer:
+    an unchanged group costs its read and its hash only), or None when the format cannot read it that way."""
+    buf = getattr(_pieces, "buf", None)
+    if buf is None:
+        buf = _pieces.buf = bytearray(_HASH_PIECE)
+    pieces = lsd.iter_plain(key, buf) if hasattr(lsd, "iter_plain") else None
+    return None if pieces is None else fast_hash_pieces(pieces)
+
+
+def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False,
+                whole: bool = False) -> _Read:
+    """Read and hash group ``key``. A group whose fast hash equals its previous version's is not held: its
+    ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway)."""
     info = lsd.info(key)
+    prev = _previous_group(previous, key, info.dtype, info.shape)
+    if prev is not None and prev.fast is not None and not exact and not whole:
+        fast = _fast_hash_in_place(lsd, key)
+        if fast is not None and fast == prev.fast:
+            return _Read(key, info, None, None, prev.hash, fast, prev, None)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
-    prev = _previous_group(previous, key, info.dtype, info.shape)
     fast = fast_hash(raw)
     if prev is not None and prev.fast == fast and not exact:
         # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dtypes, pagecache
 from .errors import UnsupportedCheckpointError, ZipsliceError
-from .fileio import pread_array, pread_exact
+from .fileio import pread_array, pread_exact, pread_into
 from .info import TensorInfo, TensorSource
 
 
@@ -138,6 +138,34 @@ class LazyCheckpoint(Mapping):
         """Total size of the files holding this checkpoint's tensor data."""
         files = {i.file for i in self._infos.values()} or {self.path}
         return sum(os.path.getsize(f) for f in files)
+
+    #: the format keeps each uncompressed tensor's bytes at ``info.offset`` in ``info.file``, read as they are
+    #: (no decoding, no child process): :meth:`iter_plain` may read them piece by piece
+    plain_spans: bool = False
+
+    def iter_plain(self, key: str, buf: "bytearray | memoryview") -> "Iterator[memoryview] | None":
+        """The values of ``key`` as contiguous little-endian bytes (what :meth:`read_bytes` returns), read
+        piece by piece into ``buf`` -- each piece valid until the next is asked for -- when the file holds
+        exactly those bytes at a known offset; None otherwise (then use :meth:`read_bytes`). Hashing a tensor
+        this way costs no tensor-sized buffer (no allocation, no page faults, nothing held)."""
+        info = self.info(key)
+        dt = dtypes.get(info.dtype)
+        if not (self.plain_spans and info.offset is not None and info.is_contiguous
+                and (info.byteorder == "little" or dt.itemsize == 1) and info.span_nbytes == info.nbytes):
+            return None
+        view = memoryview(buf).cast("B")
+        if view.nbytes == 0:
+            raise ValueError("iter_plain needs a non-empty buffer")
+        return self._pieces(self._fd(info.file), info, view)
+
+    def _pieces(self, fd: int, info: TensorInfo, view: memoryview) -> Iterator[memoryview]:
+        done = 0
+        while done < info.nbytes:
+            n = min(view.nbytes, info.nbytes - done)
+            pread_into(fd, view[:n], info.offset + done, info.file, info.name)
+            self._read_done(fd, info.offset + done, n)
+            done += n
+            yield view[:n]
 
     def numpy(self, key: str, raw: bool = False) -> np.ndarray:
         info = self.info(key)

@@ -39,6 +39,12 @@ def pread_exact(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
     return buf
 
 
+def pread_into(fd: int, buf, offset: int, path: str, entry: str | None = None) -> None:
+    """Fill ``buf`` (a writable buffer, reused by the caller) from ``offset``, or raise CorruptCheckpointError."""
+    _check_span(fd, memoryview(buf).nbytes, offset, path, entry)
+    _fill(fd, buf, offset, path, entry)
+
+
 def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None = None):
     """Like :func:`pread_exact`, into a fresh numpy uint8 array.
 

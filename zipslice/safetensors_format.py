@@ -138,6 +138,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
     """
 
     format = "safetensors"
+    plain_spans = True  # every tensor is a plain span at its offset
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)

@@ -271,6 +271,7 @@ class TorchCheckpoint(LazyCheckpoint):
     """A torch zip checkpoint as a lazy, read-only ``Mapping[str, torch.Tensor]``."""
 
     format = "torch"
+    plain_spans = True  # stored members: offset set; compressed ones have none (iter_plain declines)
     #: read the next large tensor on a background thread while keys are read in order (see ReadAhead).
     #: Off by default: on the 2-core reference VM the thread's copy competes with the caller's own work
     #: for the cores and memory bandwidth, and it needs a second pooled buffer. Streaming read + sum,

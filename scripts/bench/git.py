@@ -637,18 +637,20 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
           f"{info['changed_bytes'] / MiB:.1f} MiB); v3 fine-tunes all; v4 trims the vocabulary "
           f"{info['vocab']} -> {info['trimmed']} rows", flush=True)
     results: dict[str, list] = {}
-    for tool in tools:
-        for t in (threads if tool == "theta" else [None]):
-            label = tool if t is None else f"{tool}-{t}t"
-            e = env if t is None else theta_env(env, t)
-            runs = []
-            for r in range(args.runs):
-                print(f"running {label} ({r + 1}/{args.runs}) ...", flush=True)
-                runs.append(run_history(root, paths, tool, e, name=label, cgroup=cgroup))
-            results[label] = best_of_runs(runs)
+    setups = [(tool if t is None else f"{tool}-{t}t", tool, env if t is None else theta_env(env, t))
+              for tool in tools for t in (threads if tool == "theta" else [None])]
+    runs: dict[str, list] = {label: [] for label, _, _ in setups}
+    # round after round, every tool and thread count back to back: on a shared machine the load drifts, and
+    # running all of one tool's runs before the other's would hand the drift to one side of the ratios
+    for r in range(args.runs):
+        for label, tool, e in setups:
+            print(f"running {label} ({r + 1}/{args.runs}) ... (load average {os.getloadavg()[0]:.1f})", flush=True)
+            runs[label].append(run_history(root, paths, tool, e, name=label, cgroup=cgroup))
             if not args.keep:
                 for suffix in ("", "-remote.git", "-clone"):
                     shutil.rmtree(root / (label + suffix), ignore_errors=True)
+    for label, _, _ in setups:
+        results[label] = best_of_runs(runs[label])
 
     print()
     print(load_line())
@@ -680,11 +682,16 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
         spool(root, paths[0], env)
         shutil.rmtree(repo, ignore_errors=True)
     if len(theta_labels) > 1:
-        print("\nthread scaling (theta, CPU seconds / wall seconds per step):")
-        print(f"  {'step':<23}" + "".join(f"{label:>22}" for label in theta_labels))
+        base = theta_labels[0]
+        print(f"\nthread scaling (theta; CPU s / wall s / wall speed-up over {base} / peak RSS of the tree):")
+        print(f"  {'step':<23}" + "".join(f"{label:>34}" for label in theta_labels))
         for i, step in enumerate(STEPS + THETA_STEPS + CHAIN_STEPS):
-            print(f"  {step:<23}" + "".join(f"{results[lb][i][1].cpu:9.2f} / {results[lb][i][1].seconds:6.2f}s    "
-                                           for lb in theta_labels))
+            cells = []
+            for lb in theta_labels:
+                m, m0 = results[lb][i][1], results[base][i][1]
+                cells.append(f"{m.cpu:7.2f} / {m.seconds:5.2f}s / {m0.seconds / m.seconds:4.2f}x / "
+                             f"{m.peak_tree_rss / MiB:4.0f} MiB")
+            print(f"  {step:<23}" + "".join(f"{c:>34}" for c in cells))
     return 0 if ok else 1
 
 

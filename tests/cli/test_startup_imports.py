@@ -16,9 +16,17 @@ def modules_after(code: str) -> set[str]:
 
 
 def test_the_command_line_and_every_registered_command_import_no_numerical_module():
+    loaded = modules_after("import theta.commands.app\ntheta.commands.app._register_areas()")
+    assert "theta.commands.app" in loaded and "theta.commands.care" in loaded
+    assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
+
+
+def test_the_entry_point_imports_neither_typer_nor_the_command_tree():
+    """git waits for the filter's handshake: `git-theta filter-process` must not pay for the CLI."""
     loaded = modules_after("import theta.commands.cli")
     assert "theta.commands.cli" in loaded
-    assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
+    assert not {m.split(".")[0] for m in loaded} & {"typer", "click", "rich", *HEAVY}
+    assert "theta.commands.app" not in loaded
 
 
 def test_import_zipslice_alone_brings_no_numpy_until_a_checkpoint_is_opened():

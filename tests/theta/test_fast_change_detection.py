@@ -178,3 +178,59 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     assert again.groups["w2"] == third.groups["w2"]
     # the new value, the previous value (on the hash thread) and the chain's intermediate value
     assert hashed == [arrays["w2"].nbytes] * 2 and rebuilt == [arrays["w2"].nbytes]
+
+
+def whole_reads_spy(monkeypatch):
+    """Record the names of the groups clean reads whole (zipslice's LazyCheckpoint.numpy)."""
+    import zipslice.base
+
+    read = []
+    real = zipslice.base.LazyCheckpoint.numpy
+    monkeypatch.setattr(zipslice.base.LazyCheckpoint, "numpy",
+                        lambda self, key, raw=False: read.append(key) or real(self, key, raw))
+    return read
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_unchanged_groups_are_hashed_in_place_not_read_whole(tmp_path, store, monkeypatch, fmt):
+    arrays = model()
+    p = tmp_path / f"m.{fmt}"
+
+    def write():
+        if fmt == "torch":
+            import torch
+
+            torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, p)
+        else:
+            save(p, arrays)
+
+    write()
+    first = clean_checkpoint(p, store)
+    arrays["w1"] = arrays["w1"] + np.float32(1)
+    write()
+    read = whole_reads_spy(monkeypatch)
+    monkeypatch.setattr(theta.clean, "_HASH_PIECE", 100)  # several pieces per group (a fresh thread's buffer)
+    stats = CleanStats()
+    second = clean_checkpoint(p, store, first, stats=stats)
+    assert read == ["w1"]  # only the changed group is read whole (the others cost their streamed xxh3)
+    assert stats.unchanged == 4 and stats.written == 1
+    for k in ("w0", "w2", "w3", "ids"):
+        assert second.groups[k] == first.groups[k]
+    assert second.groups["w1"].fast == xxhash.xxh3_128_hexdigest(arrays["w1"].tobytes())
+
+
+def test_a_sideloaded_group_is_still_read_whole(tmp_path, store, monkeypatch):
+    """_read_group(whole=True): the value is needed even when its bytes did not change."""
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    first = clean_checkpoint(p, store)
+    import zipslice
+
+    with zipslice.load(p) as lsd:
+        got = theta.clean._read_group(lsd, "w0", first, whole=True)
+        assert got.raw is not None and got.digest == first.groups["w0"].hash
+        assert np.array_equal(got.arr, arrays["w0"])
+        lean = theta.clean._read_group(lsd, "w0", first)
+        assert lean.raw is None and lean.arr is None and lean.digest == first.groups["w0"].hash
+        assert lean.fast == first.groups["w0"].fast

@@ -106,3 +106,17 @@ def test_property_any_bits_round_trip(name, data):
         raw %= 2
     a = raw.view(dt.to_numpy())
     assert bits(codec.decode_array(codec.encode_array(a))) == bits(a)
+
+
+@pytest.mark.parametrize("item", [1, 2, 3, 4, 8, 16])
+def test_byte_planes_through_words_equal_the_transposed_bytes(item):
+    """codec._to_planes (shift-and-narrow of whole words where the width allows) is bit for bit the strided
+    transpose the blob format defines: plane i = byte i of every element."""
+    from theta.storage.codec import _to_planes
+
+    frame = np.random.default_rng(item).integers(0, 256, 1000 * item, dtype=np.uint8)
+    want = frame.reshape(-1, item).T
+    got = _to_planes(frame, item)
+    assert len(got) == item
+    for i in range(item):
+        assert got[i].dtype == np.uint8 and got[i].tobytes() == want[i].tobytes()

@@ -59,12 +59,16 @@ def toplevel(cwd=None) -> Path:
 
 def common_dir(cwd=None) -> Path:
     """The shared .git directory (the same for every worktree): home of lfs/objects and hooks."""
+    if (r := _snapshot(cwd)) is not None:
+        return r.common_dir
     d = Path(run_text(["rev-parse", "--git-common-dir"], cwd))
     return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
 
 
 def hooks_dir(cwd=None) -> Path:
     """Where git looks for hooks, honouring core.hooksPath."""
+    if (r := _snapshot(cwd)) is not None:
+        return r.hooks_dir
     d = Path(run_text(["rev-parse", "--git-path", "hooks"], cwd))
     return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
 
@@ -150,8 +154,75 @@ def scratch_dir(cwd=None) -> Path:
     return scratch.owned_dir(parent)
 
 
+# -- reads remembered for a process's life (the filter) ---------------------------------------------
+class _Remembered:
+    """One ``git config -l -z`` and one ``git rev-parse`` for a repository, answering the filter's reads of
+    config keys and directories (they were 6 git processes before the first byte of a `git add` was cleaned,
+    ~5 ms each). Only while :func:`remember_reads` is on, for that repository; a config write forgets it."""
+
+    def __init__(self, cwd):
+        self.cwd = os.path.realpath(cwd or ".")
+        self.config: dict[str, list[str]] = {}
+        proc = subprocess.run(["git", "config", "-l", "-z"], cwd=cwd, capture_output=True)
+        if proc.returncode != 0:
+            raise GitError(f"git config -l: {proc.stderr.decode('utf-8', 'replace').strip()}")
+        for item in proc.stdout.decode("utf-8").split("\0"):
+            if item:
+                key, nl, value = item.partition("\n")
+                self.config.setdefault(key, []).append(value if nl else "")
+        common, hooks = run_text(["rev-parse", "--git-common-dir", "--git-path", "hooks"], cwd).split("\n")
+        self.common_dir = _absolute(common, cwd)
+        self.hooks_dir = _absolute(hooks, cwd)
+
+    def get(self, key: str) -> str | None:
+        values = self.config.get(_canonical_key(key))
+        return values[-1] if values else None  # as `git config --get`: the last value wins
+
+    def get_regexp(self, pattern: str) -> dict[str, str]:
+        import re
+
+        rx = re.compile(pattern)
+        return {k: v[-1] for k, v in self.config.items() if rx.search(k)}
+
+
+def _canonical_key(key: str) -> str:
+    """git's spelling of a config key in ``git config -l``: section and name lower-cased, subsection as is."""
+    section, _, rest = key.partition(".")
+    sub, dot, name = rest.rpartition(".")
+    return f"{section.lower()}.{sub}{dot}{name.lower()}" if dot else f"{section.lower()}.{rest.lower()}"
+
+
+def _absolute(d: str, cwd) -> Path:
+    p = Path(d)
+    return p if p.is_absolute() else (Path(cwd or ".") / p).resolve()
+
+
+_remembered: _Remembered | None = None
+
+
+def remember_reads(cwd) -> None:
+    """From now on, answer config reads (no scope) and the common/hooks directories of the repository at
+    ``cwd`` from one snapshot: for a process that serves git for one command (the filter process)."""
+    global _remembered
+    _remembered = _Remembered(cwd)
+
+
+def _snapshot(cwd) -> "_Remembered | None":
+    r = _remembered
+    if r is not None and os.path.realpath(cwd or ".") == r.cwd:
+        return r
+    return None
+
+
+def _forget() -> None:
+    global _remembered
+    _remembered = None
+
+
 # -- config -------------------------------------------------------------------------------------------
 def config_get(key: str, cwd=None, scope: str | None = None) -> str | None:
+    if scope is None and (r := _snapshot(cwd)) is not None:
+        return r.get(key)
     args = ["config"] + ([f"--{scope}"] if scope else []) + ["--get", key]
     proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True)
     if proc.returncode == 1:  # key not set
@@ -163,6 +234,8 @@ def config_get(key: str, cwd=None, scope: str | None = None) -> str | None:
 
 def config_get_regexp(pattern: str, cwd=None) -> dict[str, str]:
     """All config keys matching ``pattern`` (keys are lower-cased by git)."""
+    if (r := _snapshot(cwd)) is not None:
+        return r.get_regexp(pattern)
     proc = subprocess.run(["git", "config", "-z", "--get-regexp", pattern], cwd=cwd, capture_output=True)
     if proc.returncode == 1:
         return {}
@@ -177,11 +250,13 @@ def config_get_regexp(pattern: str, cwd=None) -> dict[str, str]:
 
 
 def config_set(key: str, value: str, cwd=None, scope: str = "global") -> None:
+    _forget()
     run(["config", f"--{scope}", key, value], cwd=cwd)
 
 
 def config_unset(key: str, cwd=None, scope: str = "global") -> bool:
     """Remove every value of ``key`` in ``scope``; False when it was not set."""
+    _forget()
     proc = subprocess.run(["git", "config", f"--{scope}", "--unset-all", key], cwd=cwd, capture_output=True)
     if proc.returncode == 5:  # not set
         return False
@@ -192,6 +267,7 @@ def config_unset(key: str, cwd=None, scope: str = "global") -> bool:
 
 def config_remove_section_if_empty(section: str, cwd=None, scope: str = "global") -> bool:
     """Remove ``[section]`` (e.g. ``filter.theta``) from ``scope`` when no key is left in it."""
+    _forget()
     keys = subprocess.run(["git", "config", f"--{scope}", "--get-regexp", "^" + section.replace(".", r"\.") + r"\."],
                           cwd=cwd, capture_output=True)
     if keys.returncode == 0 and keys.stdout.strip():

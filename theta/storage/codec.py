@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Union
@@ -164,8 +165,7 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
         frame = frame_bytes(b)
         c = _compressor(level, planes)
         if planes:
-            grouped = frame.reshape(-1, item).T.copy()  # plane i = byte i of every element
-            return [c.compress(grouped[i].data) for i in range(item)]
+            return [c.compress(p.data) for p in _to_planes(frame, item)]
         return [c.compress(frame.data)]
 
     yield ARRAY_MAGIC
@@ -310,6 +310,24 @@ def _forget(blob: memoryview, start: int, stop: int) -> None:
         pass  # closed map or no madvise on this platform: only a memory optimisation
 
 
+# byte-planing through whole words: shifting and narrowing a word array is ~1.7x faster than numpy's strided
+# byte copy (4 MiB frames; encode_array of 64 MiB fp32: 167 -> 102 ms CPU). Decoding gained nothing that way
+# (42 ms either way): it keeps the strided write.
+_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_WORD_PLANES = sys.byteorder == "little"  # plane i = byte i in memory = bits 8i.. of a native word
+
+
+def _to_planes(frame: np.ndarray, item: int) -> list[np.ndarray]:
+    """The byte planes of ``frame`` (uint8, little-endian elements of ``item`` bytes): plane i holds byte i
+    of every element."""
+    word = _WORDS.get(item)
+    if word is None or not _WORD_PLANES or frame.nbytes % item:
+        grouped = frame.reshape(-1, item).T.copy()
+        return [grouped[i] for i in range(item)]
+    words = frame.view(word)
+    return [words.astype(np.uint8)] + [(words >> word(8 * i)).astype(np.uint8) for i in range(1, item)]
+
+
 def _frame_jobs(layout: "_ArrayLayout") -> list:
     """(byte start in the decoded array, element count, offset in the blob, compressed sizes) per frame."""
     item, jobs, start, off = layout.dtype.itemsize, [], 0, 4
@@ -328,6 +346,8 @@ def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) 
     d = _decompressor()
     try:
         if enc == "planes":
+            if len(sizes) != item:
+                raise CodecError(f"theta array blob frame has {len(sizes)} planes, its dtype {item} bytes")
             grid = dest.reshape(count, item)
             for i, c in enumerate(sizes):
                 grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count), np.uint8)

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
@@ -87,6 +87,14 @@ def fast_hash(arr: np.ndarray) -> str:
     sha256. It only ever decides "this group's bytes equal its previous version's" in clean (see
     docs/design/performance.md, "Change detection"); values and blobs stay identified by sha256."""
     return xxhash.xxh3_128_hexdigest(dtypes.le_bytes(arr))
+
+
+def fast_hash_pieces(pieces: "Iterable[bytes | bytearray | memoryview]") -> str:
+    """:func:`fast_hash` of the concatenation of ``pieces`` (contiguous little-endian bytes, in order)."""
+    h = xxhash.xxh3_128()
+    for piece in pieces:
+        h.update(piece)
+    return h.hexdigest()
 
 
 def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:

@@ -1,0 +1,75 @@
+"""The light pieces of theta's entry points, shared by :mod:`theta.commands.cli` (the console scripts) and
+:mod:`theta.commands.app` (the typer app): names, the version, and git's filter process, which starts
+without typer or the command tree (git waits for its handshake before it sends a byte)."""
+from __future__ import annotations
+
+import os
+import sys
+
+PROG = "git theta"           # how users type it (help, usage and error lines)
+SCRIPT = "git-theta"         # the console script git runs (shell completion asks it)
+EXIT_USAGE = 2               # zipslice.clistyle's codes (not imported here: it brings typer)
+EXIT_INTERRUPTED = 130
+
+
+def version() -> str:
+    """This installation's version (package metadata; the source tree's pyproject when not installed)."""
+    from zipslice.version import package_version
+
+    return package_version()
+
+
+FILTER_HELP = """\
+Usage: git-theta-filter
+
+  git's long-running filter process for theta-tracked checkpoints (the pkt-line protocol of
+  gitattributes(5), "Long Running Filter Process"). git starts it; it is not meant to be run by hand.
+  `git theta install` configures git to start it (filter.theta.process = git-theta filter-process).
+
+Options:
+  --version   Print the version and exit.
+  -h, --help  Show this message and exit.
+"""
+
+
+def single_threaded_blas() -> None:
+    """One OpenBLAS thread in the filter (unless the user chose otherwise), set before numpy is imported: the
+    filter's few BLAS calls are tiny (the LSH norm of a group), yet OpenBLAS's idle threads spin for a while
+    after each one, taking ~7% of a `git add`'s CPU from the threads doing the work (measured with perf)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def filter_main(argv: list[str] | None = None) -> int:
+    """The `git-theta-filter` entry point: the long-running filter process (or its help)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write(FILTER_HELP)
+        return 0
+    if args and args[0] == "--version":
+        print(f"git-theta-filter {version()}")
+        return 0
+    if args:
+        print(f"git-theta-filter: error: unexpected argument {args[0]!r}; git starts this filter without "
+              f"arguments (see git-theta-filter -h)", file=sys.stderr)
+        return EXIT_USAGE
+    if sys.stdin.isatty():
+        print("git-theta-filter: error: this is git's filter process and speaks git's protocol on stdin; "
+              "run `git theta install` and use git (see git-theta-filter -h)", file=sys.stderr)
+        return EXIT_USAGE
+    single_threaded_blas()
+    from theta.commands.filter_process import serve
+    from theta.errors import ThetaError
+
+    try:
+        return serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd())
+    except ThetaError as e:
+        from zipslice.clistyle import one_line
+
+        print(f"git-theta: error: {one_line(e)}", file=sys.stderr)
+        return 1
+    except EOFError:
+        print("git-theta-filter: error: stdin ended before git's filter handshake; git starts this filter "
+              "(see git-theta-filter -h)", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
