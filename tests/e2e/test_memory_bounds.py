@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ADDS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim")
+ADDS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "20%, embedding frozen")
 CHAIN_ADDS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add")
 
 
@@ -44,6 +44,8 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     assert rows["full fine-tune"]["stored"] - rows["20% of groups changed"]["stored"] < 0.7 * (
         rows["first version"]["stored"])
     assert rows["vocabulary trim"]["stored"] - rows["full fine-tune"]["stored"] < 1 << 20
+    # the frozen-embedding partial add stored its changed groups only (the embedding, a quarter of the model, not)
+    assert rows["20%, embedding frozen"]["stored"] - rows["clone"]["stored"] < 0.3 * rows["first version"]["stored"]
     # the squash stored every group anew (dense), the merge every merged group
     assert rows["squash"]["stored"] - rows["vocabulary trim"]["stored"] > 0.5 * rows["first version"]["stored"]
     assert rows["merge"]["stored"] - rows["squash"]["stored"] > 0.5 * rows["first version"]["stored"]
