@@ -34,6 +34,14 @@ def model(seed=0):
         "ids": np.arange(10, dtype=np.int64)}
 
 
+def first_version(tmp_path, store):
+    """The model saved as safetensors and cleaned once: (arrays, path, metadata of that first clean)."""
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    return arrays, p, clean_checkpoint(p, store)
+
+
 def without_fast(meta):
     """The same metadata as a theta before fast hashes wrote it."""
     return dataclasses.replace(meta, groups={k: dataclasses.replace(g, fast=None) for k, g in meta.groups.items()})
@@ -59,10 +67,7 @@ def test_every_group_records_the_xxh3_of_its_bytes(tmp_path, store):
 
 
 def test_unchanged_groups_are_not_sha256_hashed(tmp_path, store, monkeypatch):
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     arrays["w2"] = arrays["w2"] * np.float32(2)
     save(p, arrays)
     hashed = sha256_spy(monkeypatch)
@@ -98,10 +103,7 @@ def test_metadata_without_fast_hashes_still_detects_unchanged_groups(tmp_path, s
 
 
 def test_same_content_still_sees_a_changed_group(tmp_path, store):
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     arrays["w1"][0, 0] += 1
     save(p, arrays)
     second = clean_checkpoint(p, store, first)
@@ -110,10 +112,7 @@ def test_same_content_still_sees_a_changed_group(tmp_path, store):
 
 
 def test_a_stale_fast_hash_falls_back_to_sha256(tmp_path, store):
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     wrong = dataclasses.replace(first, groups={**first.groups,
                                                "w0": dataclasses.replace(first.groups["w0"], fast="0" * 32)})
     stats = CleanStats()
@@ -124,10 +123,7 @@ def test_a_stale_fast_hash_falls_back_to_sha256(tmp_path, store):
 
 def test_exact_mode_decides_by_sha256(tmp_path, store):
     """With exact=True only identical bytes (by sha256) count as unchanged, whatever the fast hash says."""
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     arrays["w3"] = arrays["w3"] + np.float32(1)
     save(p, arrays)
     new_fast = xxhash.xxh3_128_hexdigest(arrays["w3"].tobytes())
@@ -154,10 +150,7 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     frames without a sha256; without the bindings (blobs fetched from elsewhere) every step's value is hashed."""
     import shutil
 
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     arrays["w2"] = arrays["w2"] * np.float32(1.001)
     save(p, arrays)
     second = clean_checkpoint(p, store, first)
@@ -221,10 +214,7 @@ def test_unchanged_groups_are_hashed_in_place_not_read_whole(tmp_path, store, mo
 
 def test_a_sideloaded_group_is_still_read_whole(tmp_path, store, monkeypatch):
     """_read_group(whole=True): the value is needed even when its bytes did not change."""
-    arrays = model()
-    p = tmp_path / "m.safetensors"
-    save(p, arrays)
-    first = clean_checkpoint(p, store)
+    arrays, p, first = first_version(tmp_path, store)
     import zipslice
 
     with zipslice.load(p) as lsd:

@@ -646,9 +646,7 @@ def _big_buffered(stdin: BinaryIO) -> BinaryIO:
     per 64 KiB packet, each of which released the GIL and waited to take it back. Other streams as they are."""
     try:
         fd = stdin.fileno()
-    except (AttributeError, OSError, ValueError):
-        return stdin
-    if isinstance(stdin, io.BytesIO):
+    except (AttributeError, OSError, ValueError):  # io.BytesIO in tests: no descriptor
         return stdin
     return open(fd, "rb", buffering=_PIPE_BYTES, closefd=False)
 

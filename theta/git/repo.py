@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -36,8 +37,6 @@ def exec_or_passthrough(args: Sequence[str], env: dict | None = None) -> int:
     """``git args`` in place of this process when it is the ``git-theta`` program on a POSIX system (exec: the
     command's memory, e.g. what a side-loaded add checked, is not held beside git and its filter while they
     run; git's exit status is the command's); otherwise :func:`passthrough` (e.g. called in-process)."""
-    import sys
-
     if os.name == "posix" and Path(sys.argv[0]).name == "git-theta":
         sys.stdout.flush()
         sys.stderr.flush()
@@ -61,22 +60,19 @@ def common_dir(cwd=None) -> Path:
     """The shared .git directory (the same for every worktree): home of lfs/objects and hooks."""
     if (r := _snapshot(cwd)) is not None:
         return r.common_dir
-    d = Path(run_text(["rev-parse", "--git-common-dir"], cwd))
-    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+    return _absolute(run_text(["rev-parse", "--git-common-dir"], cwd), cwd)
 
 
 def hooks_dir(cwd=None) -> Path:
     """Where git looks for hooks, honouring core.hooksPath."""
     if (r := _snapshot(cwd)) is not None:
         return r.hooks_dir
-    d = Path(run_text(["rev-parse", "--git-path", "hooks"], cwd))
-    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+    return _absolute(run_text(["rev-parse", "--git-path", "hooks"], cwd), cwd)
 
 
 def git_path(name: str, cwd=None) -> Path:
     """``git rev-parse --git-path NAME`` made absolute (honours GIT_INDEX_FILE for "index", worktrees...)."""
-    d = Path(run_text(["rev-parse", "--git-path", name], cwd))
-    return d if d.is_absolute() else (Path(cwd or ".") / d).resolve()
+    return _absolute(run_text(["rev-parse", "--git-path", name], cwd), cwd)
 
 
 def object_format(cwd=None) -> str:
@@ -193,6 +189,7 @@ def _canonical_key(key: str) -> str:
 
 
 def _absolute(d: str, cwd) -> Path:
+    """A path git printed (relative to ``cwd`` unless absolute) made absolute."""
     p = Path(d)
     return p if p.is_absolute() else (Path(cwd or ".") / p).resolve()
 

@@ -97,6 +97,15 @@ def fast_hash_pieces(pieces: "Iterable[bytes | bytearray | memoryview]") -> str:
     return h.hexdigest()
 
 
+def row_blocks(shape: tuple, block_elements: int) -> "Iterable[slice]":
+    """Consecutive slices of the first axis of ``shape``, each about ``block_elements`` elements (at least one
+    row): how the streamed update paths walk a group block of rows by block of rows."""
+    per_row = max(1, int(np.prod(shape[1:], dtype=np.int64)))
+    step = max(1, block_elements // per_row)
+    for a in range(0, shape[0], step):
+        yield slice(a, min(shape[0], a + step))
+
+
 def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:
     """The value of a group whose chain is one dense step, when its blob proves its own bytes: every zstd
     frame carries a checksum (verified while decoding) and the store has bound the blob to the group's hash

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from theta.errors import UpdateTypeError
-from theta.updates import Encoded
+from theta.updates import Encoded, row_blocks
 from theta.updates.delta import same_layout
 from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough
 from theta.updates.sparse import apply_residual, residual
@@ -48,12 +48,9 @@ def scaled_blocks(previous: np.ndarray, ia3: np.ndarray):
         return
     # a vector with the group's dims and more than one row varies along the rows: slice it with them
     by_row = vec.ndim == previous.ndim and vec.shape[0] != 1
-    per_row = max(1, int(np.prod(previous.shape[1:], dtype=np.int64)))
-    step = max(1, BLOCK_ELEMENTS // per_row)
-    for a in range(0, previous.shape[0], step):
-        b = min(previous.shape[0], a + step)
-        part = vec[a:b] if by_row else vec
-        yield slice(a, b), (previous[a:b].astype(cdt) * part).astype(previous.dtype)
+    for rows in row_blocks(previous.shape, BLOCK_ELEMENTS):
+        part = vec[rows] if by_row else vec
+        yield rows, (previous[rows].astype(cdt) * part).astype(previous.dtype)
 
 
 def check_vector(shape: tuple[int, ...], ia3: np.ndarray) -> str | None:

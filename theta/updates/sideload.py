@@ -29,8 +29,8 @@ from typing import Mapping
 import numpy as np
 
 from theta.errors import UpdateDataError
-from theta.updates import Encoded
-from theta.updates.ia3 import check_vector, compute_dtype, scaled_blocks
+from theta.updates import Encoded, row_blocks
+from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
 from theta.updates.sparse import SparseUpdate
 
@@ -377,9 +377,6 @@ def _worktree_form(update_type: str, parts: dict[str, np.ndarray], previous: np.
     return to_previous, to_applied
 
 
-_APPLY_BLOCK_ELEMENTS = 1 << 18
-
-
 def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np.ndarray, group: str,
                     path: "str | os.PathLike"):
     """(rows, previous[rows] with the update applied by Git-Theta's arithmetic) for blocks of rows (the whole
@@ -394,10 +391,7 @@ def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np
         return
     vec = np.asarray(parts.get("ia3")) if update_type == "ia3" else None
     vec_rows = vec is not None and vec.ndim == previous.ndim and vec.shape[0] == previous.shape[0] != 1
-    per_row = max(1, int(np.prod(previous.shape[1:], dtype=np.int64)))
-    step = max(1, _APPLY_BLOCK_ELEMENTS // per_row)
-    for a in range(0, previous.shape[0], step):
-        rows = slice(a, min(previous.shape[0], a + step))
+    for rows in row_blocks(previous.shape, BLOCK_ELEMENTS):
         if vec is not None:
             block = {"ia3": vec[rows] if vec_rows else vec}
         else:
