@@ -185,9 +185,11 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     aliases: dict[str, Alias] = {}
     tie_owner: dict = {}
     same_lsh = previous is not None and previous.lsh == lsh.PARAMS
-    from theta.updates.sideload import open_for_clean
+    update_data = None
+    if options.update_data is not None:  # (imported only then: every filter start pays for what it imports)
+        from theta.updates.sideload import open_for_clean
 
-    update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
+        update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
     bar = Bar(f"theta clean {Path(path).name}", sum(lsd.info(k).nbytes for k in order), options.progress)
     group_keys = []
     for key in order:
@@ -334,7 +336,7 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
             return _Read(key, info, None, None, prev.hash, fast, prev, None)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
-    fast = fast_hash(raw)
+    fast = fast_hash(raw)  # again: these are the bytes the metadata will describe
     if prev is not None and prev.fast == fast and not exact:
         # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
         # value's, and the sha256 of the bytes is never computed
