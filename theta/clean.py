@@ -209,6 +209,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
     # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
     largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
+    if any(lsh.hashable(lsd.info(k).dtype) for k in group_keys):
+        # the signatures' random directions (~20 ms to draw) while the first group is still being read
+        parallel.pool("hash").submit(lsh.directions)
 
     def read_whole(key: str) -> bool:
         """A side-loaded group is checked against its update even when its bytes did not change."""

@@ -23,6 +23,7 @@ a near-identical value again (probability < 1e-9 per group with ``SLACK = 6``).
 from __future__ import annotations
 
 import math
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -39,9 +40,23 @@ PARAMS = {"family": "e2lsh-fold", "k": K, "pool": POOL, "seed": SEED, "w": BUCKE
 _ROWS_PER_CHUNK = 64  # rows of POOL elements widened to float32 at a time (16 MiB)
 
 
+_drawing = threading.Lock()  # one thread draws the directions; one asking meanwhile waits for them
+
+
 @lru_cache(maxsize=1)
-def _pool() -> np.ndarray:
+def _drawn() -> np.ndarray:
     return np.random.RandomState(SEED).standard_normal((POOL, K))
+
+
+def _pool() -> np.ndarray:
+    with _drawing:
+        return _drawn()
+
+
+def directions() -> None:
+    """Draw the family's random directions now (once per process, ~20 ms), e.g. on a thread of their own
+    before the first signature is needed."""
+    _pool()
 
 
 def hashable(dtype_name: str) -> bool:
