@@ -216,6 +216,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     def read_whole(key: str) -> bool:
         """A side-loaded group is checked against its update even when its bytes did not change."""
         return update_data is not None and key in update_data
+
     def rebuild(key: str, prev: GroupMeta) -> Future | None:
         """The previous value of a changed group, rebuilt ahead on its own thread (not when the chain is full:
         the change is then stored whole)."""

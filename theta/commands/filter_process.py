@@ -265,7 +265,7 @@ class Filter:
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
         otherwise it is stored in theta's format, building on the Git-Theta version as its previous one.
         ``received``: the future of :func:`receive` already draining ``chunks`` (the first request,
-        :class:`_FirstClean`), else they are received here."""
+        :class:`_FirstRequest`), else they are received here."""
         from theta.gittheta_files import is_git_theta, to_theta_metadata
         from theta.storage.metadata import dumps, is_metadata, same_content
 
@@ -789,8 +789,12 @@ class _FirstRequest:
 
     @staticmethod
     def settle(received: "Future") -> None:
-        """After a failure: wait until every byte of the request was received, and remove a spool file."""
-        if received.exception() is None:
+        """After a failure: wait until every byte of the request was received, and remove a spool file (a
+        broken protocol is raised: nothing more can be read)."""
+        error = received.exception()
+        if isinstance(error, ProtocolError):
+            raise error
+        if error is None:
             received.result().cleanup()
 
 
