@@ -123,10 +123,10 @@ def ia3_step(prev: np.ndarray, vec: np.ndarray):
 
 
 def low_rank_step(prev: np.ndarray, R: np.ndarray, C: np.ndarray):
-    from theta.updates.low_rank import exact_encoding
+    from theta.updates.low_rank import exact_encoding_by_rows
 
     value = get("low-rank").apply({"R": R, "C": C}, {}, prev)
-    enc, count, _ = exact_encoding(value, prev, R, C)
+    enc, count = exact_encoding_by_rows(value, prev, R, C)
     assert count == 0
     return value, enc
 
