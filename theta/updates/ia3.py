@@ -151,17 +151,19 @@ class IA3Update:
         return apply_residual(scale(previous, parts["ia3"]), parts)
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
-        """:meth:`apply` from the step's part blobs (the vector and the fixes: small); with ``in_place`` the
-        previous value is scaled itself, block of rows by block of rows (no second value)."""
+        """:meth:`apply` from the step's part blobs: the vector decoded, the fixes applied frame by frame
+        (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the previous value is scaled itself,
+        block of rows by block of rows (no second value)."""
         from theta.storage.codec import decode_parts_of
         from theta.updates.bounds import check_parts_fit
+        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
 
         check_parts_fit(blobs, previous, "ia3")
-        parts = decode_parts_of(blobs)
-        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
-                and "ia3" in parts):
-            return self.apply(parts, params, previous)
+        parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
+        if previous is None or "ia3" not in parts:
+            return self.apply(parts, params, previous)  # says what is missing
         problem = check_vector(previous.shape, np.asarray(parts["ia3"]))
         if problem:
             raise UpdateTypeError(f"ia3 update: {problem}")
-        return apply_residual(scale(previous, parts["ia3"], out=previous), parts)
+        mine = in_place and previous.flags.writeable and previous.flags.c_contiguous
+        return apply_fix_blobs(scale(previous, parts["ia3"], out=previous if mine else None), blobs, "ia3 update")

@@ -332,18 +332,20 @@ class LowRankUpdate:
         return apply_residual(add_low_rank(previous, parts["R"], parts["C"]), parts)
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
-        """:meth:`apply` from the step's part blobs (factors and fixes: small next to the group); with
-        ``in_place`` the sum is written over the previous value, block of rows by block of rows."""
+        """:meth:`apply` from the step's part blobs: the factors decoded, the fixes applied frame by frame
+        (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the sum is written over the previous
+        value, block of rows by block of rows."""
         from theta.storage.codec import decode_parts_of
         from theta.updates.bounds import check_parts_fit
+        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
 
         check_parts_fit(blobs, previous, "low-rank")
-        parts = decode_parts_of(blobs)
-        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
-                and "R" in parts and "C" in parts):
-            return self.apply(parts, params, previous)
+        parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
+        if previous is None or "R" not in parts or "C" not in parts:
+            return self.apply(parts, params, previous)  # says what is missing
         problem = check_factors(previous.shape, parts["R"], parts["C"])
         if problem:
             raise UpdateTypeError(f"low-rank update: {problem}")
-        return apply_residual(add_low_rank(previous, parts["R"], parts["C"], out=previous).reshape(previous.shape),
-                              parts)
+        mine = in_place and previous.flags.writeable and previous.flags.c_contiguous
+        value = add_low_rank(previous, parts["R"], parts["C"], out=previous if mine else None)
+        return apply_fix_blobs(value.reshape(previous.shape), blobs, "low-rank update")

@@ -71,6 +71,55 @@ def residual(value: np.ndarray, target: np.ndarray) -> tuple[dict[str, np.ndarra
             "fix_values": np.ascontiguousarray(target).reshape(-1)[indices]}, int(indices.size)
 
 
+def scatter_blobs(gaps_blob, values_blob, out: np.ndarray, what: str) -> None:
+    """``out.flat[indices] = values`` for the delta-coded indices and the values of two array blobs, frame by
+    frame (memory: a frame of each, whatever the number of changes). Checked before anything is written
+    (as many indices as values, integer gaps) and per frame (indices in range, never decreasing); a value
+    already updated by earlier frames is the caller's to discard when a later frame is refused."""
+    from theta.storage.codec import array_info, iter_decode_array
+
+    gdt, gshape = array_info(gaps_blob)
+    vdt, vshape = array_info(values_blob)
+    count = int(np.prod(gshape, dtype=np.int64))
+    if gdt.kind not in "iu" or count != int(np.prod(vshape, dtype=np.int64)) or count > out.size:
+        raise UpdateTypeError(f"{what} does not fit a group of shape {out.shape} ({count} {gdt} indices, "
+                              f"{int(np.prod(vshape, dtype=np.int64))} values)")
+    flat = out.reshape(-1)
+    values = iter_decode_array(values_blob, ahead=1)
+    pending = np.empty(0, out.dtype)  # values decoded but not used yet
+    last = -1  # the index before the next frame's first gap
+    try:
+        for _, gaps in iter_decode_array(gaps_blob, ahead=1):
+            idx = np.cumsum(gaps, dtype=np.int64)
+            idx += last if last >= 0 else 0
+            if idx.size and (idx[0] < max(last, 0) or idx[-1] >= flat.size or np.any(np.diff(idx) < 0)):
+                raise UpdateTypeError(f"{what} indices are not increasing within a group of {flat.size} elements")
+            while pending.size < idx.size:
+                pending = np.concatenate([pending, next(values)[1].astype(out.dtype, copy=False)])
+            flat[idx] = pending[:idx.size]
+            pending = pending[idx.size:]
+            if idx.size:
+                last = int(idx[-1])
+    finally:
+        values.close()
+
+
+FIX_PARTS = ("fix_gaps", "fix_values")
+
+
+def apply_fix_blobs(value: np.ndarray, blobs: dict, what: str) -> np.ndarray:
+    """``value`` with the fixes of :func:`residual` applied from their part blobs, frame by frame (in place
+    when writable)."""
+    has = [name in blobs for name in FIX_PARTS]
+    if has[0] != has[1]:
+        raise UpdateTypeError(f"{what} fixes are incomplete (parts {sorted(blobs)})")
+    if not has[0]:
+        return value
+    value = value if value.flags.writeable and value.flags.c_contiguous else np.array(value, order="C")
+    scatter_blobs(blobs["fix_gaps"], blobs["fix_values"], value, f"{what} fixes")
+    return value
+
+
 def apply_residual(value: np.ndarray, parts: dict[str, np.ndarray]) -> np.ndarray:
     """``value`` with the fixes of :func:`residual` applied (in place when writable)."""
     if "fix_gaps" not in parts:
@@ -130,16 +179,17 @@ class SparseUpdate:
         return out
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
-        """:meth:`apply` from the step's part blobs; with ``in_place`` the previous value is updated itself
-        (no group-sized copy)."""
-        from theta.storage.codec import decode_parts_of
-
-        parts = decode_parts_of(blobs)
-        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous):
-            return self.apply(parts, params, previous)
-        indices, values = _checked_changes(parts, previous)
-        previous.reshape(-1)[indices] = values
-        return previous
+        """:meth:`apply` from the step's part blobs, frame by frame (:func:`scatter_blobs`): with ``in_place``
+        the previous value is updated itself, else a copy of it; never the indices or values whole (a step
+        changing half of a group held them: up to two groups beside the value)."""
+        if previous is None:
+            raise UpdateTypeError("sparse update needs the previous value of its group")
+        if "gaps" not in blobs or "values" not in blobs:
+            raise UpdateTypeError(f"sparse update is missing parts (has {sorted(blobs)}, needs gaps and values)")
+        mine = in_place and previous.flags.writeable and previous.flags.c_contiguous
+        out = previous if mine else np.array(previous, copy=True, order="C")
+        scatter_blobs(blobs["gaps"], blobs["values"], out, "sparse update")
+        return out
 
 
 def _checked_changes(parts: dict[str, np.ndarray], previous: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
