@@ -88,33 +88,27 @@ def least_squares_sums(new: np.ndarray, previous: np.ndarray) -> list[tuple[np.n
 
 
 def fixes_within(previous: np.ndarray, new: np.ndarray, vec: np.ndarray, rtol: float, atol: float,
-                 max_fixes: int) -> tuple[dict[str, np.ndarray], int] | None:
+                 max_fixes: int) -> tuple[dict, int] | None:
     """(fix parts, count) that make previous * vec give ``new`` bit for bit (:func:`sparse.residual` of the
-    whole product), block of rows by block of rows; None as soon as a block is not within rtol/atol of
-    ``new`` or more than ``max_fixes`` elements need a fix."""
+    whole product, as lazy parts: :class:`theta.updates.sparse.FixCollector`), block of rows by block of rows;
+    None as soon as a block is not within rtol/atol of ``new`` or more than ``max_fixes`` elements need a fix."""
     from theta.updates.delta import changed_mask
-    from theta.updates.sparse import encode_indices, index_dtype
+    from theta.updates.sparse import FixCollector
 
     flat_new = np.ascontiguousarray(new).reshape(-1)
     per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
-    idt = index_dtype(new.size)
-    found, values, count = [], [], 0
+    fixes = FixCollector(new.size, new.dtype)
     for rows, value in scaled_blocks(previous, vec):
         want = new[rows]
         if not close_enough(value, want, rtol, atol):
             return None
         changed = np.flatnonzero(changed_mask(np.ascontiguousarray(want), value))
         if changed.size:
-            count += int(changed.size)
-            if count > max_fixes:
+            if fixes.count + changed.size > max_fixes:
                 return None
-            start = rows.start * per_row if isinstance(rows, slice) else 0
-            at = changed + start
-            found.append(at.astype(idt))
-            values.append(flat_new[at])
-    indices = np.concatenate(found) if found else np.empty(0, idt)
-    fix_values = np.concatenate(values) if values else flat_new[:0].copy()
-    return {"fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values}, count
+            at = changed + (rows.start * per_row if isinstance(rows, slice) else 0)
+            fixes.add(at, flat_new[at])
+    return fixes.parts(lazy=True), fixes.count
 
 
 class IA3Update:

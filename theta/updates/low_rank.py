@@ -244,38 +244,34 @@ def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str |
 
 
 def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.ndarray,
-                           check=None, max_fixes: int | None = None) -> tuple[Encoded, int] | None:
+                           check=None, max_fixes: int | None = None, lazy: bool = False) -> tuple[Encoded, int] | None:
     """The low-rank step for factors R, C with the fixes that make it exact, and the fix count, without the
-    value: previous + R @ C is computed block of rows by block of rows
-    (each element's arithmetic does not depend on the split), compared with ``new`` and dropped, so memory is
-    ``new``, ``previous``, a block and the fixes. ``check(value_block, new_block, previous_block)`` is called
-    on every block that needs fixes (e.g. a tolerance check). None as soon as more than ``max_fixes`` elements
-    need a fix (when given)."""
-    from theta.updates.sparse import encode_indices, index_dtype
+    value: previous + R @ C is computed block of rows by block of rows (each element's arithmetic does not
+    depend on the split), compared with ``new`` and dropped, so memory is ``new``, ``previous``, a block and the
+    fixes. ``check(value_block, new_block, previous_block)`` is called on every block that needs fixes (e.g. a
+    tolerance check). None as soon as more than ``max_fixes`` elements need a fix (when given). ``lazy``: the
+    fix parts are :class:`theta.storage.codec.LazyArray` s read from the blocks' pieces (held once, never
+    concatenated; for storing), else arrays."""
+    from theta.updates.sparse import FixCollector
     from theta.updates.delta import changed_mask
 
     rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
     new2 = np.ascontiguousarray(new).reshape(rows, cols)
     step = max(1, VERIFY_BLOCK_ELEMENTS // max(cols, 1))
-    found, values, idt, count = [], [], index_dtype(new.size), 0
+    fixes = FixCollector(new.size, new.dtype)
     for a in range(0, rows, step):
         b = min(rows, a + step)
         value = add_low_rank(prev2[a:b], R[a:b], C)
         changed = np.flatnonzero(changed_mask(new2[a:b], value))
         if changed.size:
-            count += int(changed.size)
-            if max_fixes is not None and count > max_fixes:
+            if max_fixes is not None and fixes.count + changed.size > max_fixes:
                 return None
             if check is not None:
                 check(value, new2[a:b], prev2[a:b])
-            found.append((changed + a * cols).astype(idt))  # the narrow type the step stores
-            values.append(new2[a:b].reshape(-1)[changed])
-    indices = np.concatenate(found) if found else np.empty(0, idt)
-    fix_values = np.concatenate(values) if values else new.reshape(-1)[:0].copy()
-    count = int(indices.size)
-    return Encoded(parts={"R": R, "C": C, "fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values},
-                   params={"rank": int(R.shape[1]), "fixes": count}), count
+            fixes.add(changed + a * cols, new2[a:b].reshape(-1)[changed])
+    return Encoded(parts={"R": R, "C": C, **fixes.parts(lazy)},
+                   params={"rank": int(R.shape[1]), "fixes": fixes.count}), fixes.count
 
 
 class LowRankUpdate:
@@ -316,7 +312,8 @@ class LowRankUpdate:
             if not close_enough(value, new_rows, rtol, atol):
                 far.append(True)
 
-        got = exact_encoding_by_rows(new, previous, R, C, check, max_fixes=int(new.size * MAX_FIX_FRACTION))
+        got = exact_encoding_by_rows(new, previous, R, C, check, max_fixes=int(new.size * MAX_FIX_FRACTION),
+                                     lazy=True)
         if got is None or far:
             return None
         return got[0]
