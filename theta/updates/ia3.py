@@ -18,7 +18,7 @@ from theta.errors import UpdateTypeError
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import same_layout
 from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough
-from theta.updates.sparse import apply_residual, residual
+from theta.updates.sparse import apply_residual
 
 
 def compute_dtype(group_dtype: np.dtype) -> np.dtype:

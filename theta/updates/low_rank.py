@@ -22,7 +22,7 @@ from theta import parallel
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
-from theta.updates.sparse import apply_residual, residual
+from theta.updates.sparse import apply_residual
 
 MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix

@@ -429,7 +429,7 @@ class _SparseByPosition:
                                   f"{self.gaps.dtype} indices, {self.values.size} values)")
         self.value_dtype, self.size, self.what = value_dtype, size, what
         self.firsts, self.bases, self.positions = [], [], []  # per frame: first index, index before, position
-        last, pos = 0, 0
+        last = 0
         for start, frame in codec.iter_decode_array(gaps_blob, ahead=1):
             idx = np.cumsum(frame, dtype=np.int64) + last
             if idx.size and (idx[0] < last or idx[-1] >= size or np.any(np.diff(idx) < 0)):
