@@ -70,7 +70,12 @@ THETA_STEPS = ("squash", "merge")  # theta only (git-lfs cannot merge or squash 
 # theta only, the kinds of commit issue #17's bound names beyond the history (a chain of 8 steps for the largest
 # group, every kind of step in it): on a branch from the squashed trimmed fine-tune
 CHAIN_STEPS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add", "chain of 8: checkout",
-               "chain of 8: squash", "merge of the chains")
+               "chain of 8: squash", "merge of the chains",
+               # the cases docs/design/performance.md listed as not bounded yet (round 3): inferring ia3 and low-rank,
+               # Git-Theta's original-form side-load, a sparse step changing half of the embedding, a merge of
+               # chains whose rows step moves rows
+               "ia3 inferred", "low-rank inferred", "low-rank, original form", "50% pruned: add",
+               "50% pruned: checkout", "merge, rows moved")
 CHAIN_TUNES = 3  # fine-tunes after the low-rank step: the embedding's chain reaches 8 steps
 LORA_RANK = 8
 
@@ -160,13 +165,18 @@ def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
     tune1..3 full fine-tunes of the version before (auto stores deltas): the embedding's chain reaches 8 steps
              (dense, rows, delta, ia3, low-rank, delta, delta, delta)
     alt      another full fine-tune of lora (the other side of the merge of the chains)
+    pruned   grow with every matrix pruned by magnitude to 50% zeros (auto stores sparse steps changing half of
+             each matrix: its zeros compress to nothing)
+    midcut   v4 with 500 embedding rows deleted from the middle (a vocabulary pruned of unused tokens: a rows step
+             that moves rows), midcut-a and midcut-b two fine-tunes of it (the sides of a merge)
     Returns {name: path} (update files under ``<name>-update``)."""
     import numpy as np
     import torch
     from safetensors.torch import save_file
 
     vocab, _, _ = model_dims(scale)
-    names = ["grow", "ia3", "lora"] + [f"tune{i}" for i in range(1, CHAIN_TUNES + 1)] + ["alt"]
+    names = (["grow", "ia3", "lora"] + [f"tune{i}" for i in range(1, CHAIN_TUNES + 1)]
+             + ["alt", "pruned", "midcut", "midcut-a", "midcut-b"])
     out = {n: data / f"issue17-s{scale:g}-{n}.pt" for n in names}
     out.update({f"{n}-update": data / f"issue17-s{scale:g}-{n}-update.safetensors" for n in ("ia3", "lora")})
     if all(p.exists() for p in out.values()):
@@ -207,6 +217,22 @@ def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
         sd = OrderedDict((k, tune(v)) for k, v in sd.items())
         save(f"tune{i}", sd)
     save("alt", OrderedDict((k, tune(v)) for k, v in lora_sd.items()))
+    grow_sd = OrderedDict((k, v.numpy()) for k, v in torch.load(out["grow"]).items())
+
+    def prune(x):
+        if x.ndim != 2:
+            return x
+        out_ = x.copy()
+        out_[np.abs(x) < np.median(np.abs(x))] = 0
+        return out_
+    save("pruned", OrderedDict((k, prune(v)) for k, v in grow_sd.items()))
+    v4sd = OrderedDict((k, v.numpy()) for k, v in v4.items())
+    emb = v4sd["embed.weight"]
+    cut = emb.shape[0] // 6
+    midcut = OrderedDict(v4sd, **{"embed.weight": np.ascontiguousarray(np.concatenate([emb[:cut], emb[cut + 500:]]))})
+    save("midcut", midcut)
+    save("midcut-a", OrderedDict((k, tune(v)) for k, v in midcut.items()))
+    save("midcut-b", OrderedDict((k, tune(v)) for k, v in midcut.items()))
     return out
 
 
@@ -441,7 +467,64 @@ def chain_steps(repo: Path, paths: list[Path], env: dict, cgroup: MemCgroup | No
     m = run_measured(["git", "merge", "-q", "--no-edit", "chain"], repo,
                      {**env, "GIT_THETA_MERGE_STRATEGY": "average"}, cgroup, check=cgroup is None)
     rows.append(("merge of the chains", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    unbounded_before_steps(repo, chain, squashed, env, cgroup, base, add, rows)
     return rows
+
+
+STEP_KINDS: dict[str, list[str]] = {}  # the embedding's step types after each of the steps below (printed, --json)
+
+
+def unbounded_before_steps(repo: Path, chain: dict, squashed: str, env: dict, cgroup: MemCgroup | None, base: int,
+                           add, rows: list) -> None:
+    """The commits docs/design/performance.md listed as not bounded by two groups before round 3, each on a
+    branch of its own: ia3 then low-rank inferred (`git theta add --update-type ia3|low-rank`, no update data)
+    from the grown fine-tune; Git-Theta's original-form LoRA side-load (the work tree holds the ia3 version, the
+    previous one, and `git theta add` rewrites it); the 50%-pruned matrices (sparse steps changing half of each
+    group) added, then checked out; the merge of two fine-tunes of a vocabulary pruned in the middle (every
+    version's embedding chain holds a rows step that moves rows). Rows are appended to ``rows`` (``add``'s too)."""
+
+    def kinds(label):
+        STEP_KINDS[label] = embedding_chain(repo, env)
+        print(f"  {label}: embedding's chain {', '.join(STEP_KINDS[label])}", flush=True)
+
+    def measured(label, cmd, extra_env=None):
+        m = run_measured(cmd, repo, {**env, **(extra_env or {})}, cgroup, check=cgroup is None)
+        rows.append((label, m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+        return m
+
+    sh(["git", "checkout", "-q", "-f", "-b", "inferred", f"chain~{CHAIN_TUNES + 2}"], repo, env)  # the grown tune
+    add("ia3 inferred", "ia3", ("--update-type", "ia3"))
+    kinds("ia3 inferred")
+    add("low-rank inferred", "lora", ("--update-type", "low-rank"))
+    kinds("low-rank inferred")
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "original-form", f"chain~{CHAIN_TUNES + 1}"], repo, env)  # the ia3 one
+    settle(repo, env)
+    m = run_measured(["git", "theta", "add", "model.pt", "--update-type", "low-rank", "--update-data",
+                      str(chain["lora-update"])], repo, env, cgroup, check=cgroup is None)
+    if m.ok:
+        m = combine(m, run_measured(["git", "commit", "-q", "-m", "original form"], repo, env, cgroup,
+                                    check=cgroup is None))
+    rows.append(("low-rank, original form", m, stored_bytes(repo) - base, recover(repo, env) if not m.ok else ""))
+    kinds("low-rank, original form")
+    sh(["git", "checkout", "-q", "-f", "-b", "pruned", f"chain~{CHAIN_TUNES + 2}"], repo, env)
+    add("50% pruned: add", "pruned")
+    kinds("50% pruned: add")
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", f"chain~{CHAIN_TUNES + 2}"], repo, env)
+    settle(repo, env)
+    measured("50% pruned: checkout", ["git", "checkout", "-q", "pruned"])
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "-b", "midcut", squashed], repo, env)
+    add("vocabulary pruned in the middle", "midcut", measure=False)
+    sh(["git", "branch", "midcut-b"], repo, env)
+    add("a fine-tune of it", "midcut-a", measure=False)
+    settle(repo, env)
+    sh(["git", "checkout", "-q", "-f", "midcut-b"], repo, env)
+    add("another fine-tune of it", "midcut-b", measure=False)
+    kinds("merge, rows moved (each side)")
+    settle(repo, env)
+    measured("merge, rows moved", ["git", "merge", "-q", "--no-edit", "midcut"], {"GIT_THETA_MERGE_STRATEGY": "average"})
 
 
 EMBED_CHAIN: list[str] = []  # the step types of the embedding at the chain's tip (printed, and in --json)
@@ -538,7 +621,8 @@ def print_targets(lfs: list, theta: list, largest: int) -> bool:
 
 # steps whose smudged output git itself holds whole (the work-tree file written by git): their bound is checked on
 # theta's own processes (filter, merge driver); the tree is printed
-GIT_BUFFERS = ("checkout v1", "merge", "chain of 8: checkout", "merge of the chains")
+GIT_BUFFERS = ("checkout v1", "merge", "chain of 8: checkout", "merge of the chains", "50% pruned: checkout",
+               "merge, rows moved")
 
 
 def within_bound(step: str, m: Measure, limit: int) -> bool:
@@ -565,6 +649,7 @@ def write_json(path: Path, results: dict, info: dict) -> None:
     import json
 
     out = {"largest": info["largest"], "limit": memory_limit(info["largest"]), "embedding_chain": EMBED_CHAIN,
+           "step_kinds": STEP_KINDS,
            "tools": {
         label: [{"step": step, "seconds": m.seconds, "cpu": m.cpu, "peak_tree_rss": m.peak_tree_rss,
                  "peak_proc_rss": m.peak_proc_rss, "peak_proc_name": m.peak_proc_name,

@@ -79,13 +79,17 @@ def test_a_chain_streams_bit_for_bit(tmp_path, dtype, block):
     assert src.checked
 
 
-def test_chains_that_cannot_stream_are_rebuilt_whole(tmp_path):
+def test_chains_that_cannot_stream_in_one_pass_are_read_by_position(tmp_path):
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(2)
     a = weights(rng, (30, 8))
     moved = chain(store, [a, np.ascontiguousarray(a[::-1])], ["rows"])  # rows moved: not positional
-    assert stream.source(moved, store) is None
-    assert stream.source(chain(store, [a], []), store) is not None
+    src = stream.source(moved, store)
+    assert isinstance(src, stream.PositionalSource)
+    assert bits(np.concatenate([b for _, b in src.chunks(50)])) == bits(a[::-1])
+    assert isinstance(stream.source(chain(store, [a], []), store), stream.GroupSource)
+    empty = chain(store, [np.empty((0, 8), np.float32)], [])
+    assert stream.source(empty, store) is None  # nothing to stream: rebuilt (an empty array)
 
 
 def test_a_chain_whose_value_differs_from_its_hash_is_refused(tmp_path):

@@ -246,8 +246,9 @@ def _finite(a: np.ndarray) -> np.ndarray:
 
 
 def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> CheckpointMeta:
-    """Merge the pending groups one at a time (memory: the result, inputs read block by block) and build the
-    metadata.
+    """Merge the pending groups one at a time (memory: the result, inputs read block by block; a third-party
+    strategy without ``streams = True`` gets its inputs rebuilt whole: up to 4 groups, its documented contract)
+    and build the metadata.
 
     A strategy that turns finite inputs into NaN or inf (an overflowing alpha, an extreme t) makes that
     group a conflict: MergeConflict naming every such group, raised once all groups were tried; nothing
@@ -261,8 +262,9 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
         else:
             cache: dict = {}
             if getattr(strategy, "streams", False):
-                # read block by block (theta.updates.stream): memory is the result and a few frames, not
-                # three groups; a chain that cannot stream is rebuilt whole
+                # read block by block (theta.updates.stream: in one pass, or by position when rows moved or
+                # the dtype changed): memory is the result and a few frames, not three groups; only an empty
+                # group or a malformed chain (reconstruct reports it, located) is rebuilt whole
                 def value(g):
                     return stream.source(g, store, plan.path) or reconstruct(g, store, file=plan.path)
             else:

@@ -5,9 +5,10 @@ Arithmetic runs in float32 (float64 for float64 groups), chunk by chunk, so beyo
 result only a few MiB of temporaries are alive; the result is cast back to the group's dtype.
 
 The built-in strategies (``streams = True``) also take their inputs as sources of blocks
-(:class:`theta.updates.stream.GroupSource`: ``shape``, ``dtype``, ``chunks(n)``) instead of arrays, so a merge
-holds the result and a few frames, not the three inputs; a strategy that needs several passes (TIES' thresholds,
-SLERP's angle) reads its sources again.
+(:class:`theta.updates.stream.GroupSource` or ``PositionalSource``: ``shape``, ``dtype``, ``chunks(n)``) instead
+of arrays, so a merge holds the result and a few frames, not the three inputs; a strategy that needs several passes
+(TIES' thresholds, SLERP's angle) reads its sources again. A strategy without ``streams = True`` (a third party's)
+gets whole arrays: the three inputs and its result, outside the memory bound by contract (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class Strategy:
     # parameter -> (low, high, low included): values outside are refused before any tensor is read
     ranges: ClassVar[dict[str, tuple[float, float, bool]]] = {}
     integers: ClassVar[frozenset[str]] = frozenset()  # parameters that must be whole numbers
-    # True: ``merge`` also takes sources of blocks (theta.updates.stream) for ours/theirs/ancestor
+    # True: ``merge`` also takes sources of blocks (theta.updates.stream) for ours/theirs/ancestor; False: whole
+    # arrays (ancestor, ours and theirs rebuilt whole: up to 4 x the group with the result)
     streams: ClassVar[bool] = False
 
     def applies(self, dtype: str, has_ancestor: bool) -> bool:

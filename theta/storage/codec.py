@@ -423,6 +423,51 @@ def iter_decode_array(blob: "bytes | bytearray | memoryview", ahead: int | None 
     yield from _ordered(work, jobs, ahead)
 
 
+class ArrayReader:
+    """Any range of an array blob's flattened elements, decoding only the frames it covers (in the calling
+    thread; the last decoded frame is kept, so reading in order decodes each frame once). Memory: one frame
+    plus what :meth:`read` returns, whatever the array's size."""
+
+    def __init__(self, blob: "bytes | bytearray | memoryview"):
+        self._blob = memoryview(blob).cast("B")
+        layout = _array_layout(self._blob)
+        self._enc, self._item = layout.enc, layout.dtype.itemsize
+        self.dtype, self.shape = layout.dtype.to_numpy(), layout.shape
+        self.size = math.prod(layout.shape)
+        self._jobs = _frame_jobs(layout)
+        self._starts = [job[0] // self._item for job in self._jobs]  # first element of each frame
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def _frame(self, f: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != f:
+            job = self._jobs[f]
+            dest = np.empty(job[1] * self._item, dtype=np.uint8)
+            _decode_frame(self._blob, self._enc, self._item, job, dest)
+            self._cached = (f, dest.view(self.dtype))
+        return self._cached[1]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``start:stop`` of the flattened array (fresh memory)."""
+        import bisect
+
+        if not 0 <= start <= stop <= self.size:
+            raise CodecError(f"theta array blob of {self.size} elements has no elements {start}:{stop}")
+        out = np.empty(stop - start, self.dtype)
+        at = start
+        f = max(0, bisect.bisect_right(self._starts, start) - 1)
+        while at < stop:
+            frame = self._frame(f)
+            lo = at - self._starts[f]
+            k = min(stop - at, frame.size - lo)
+            if k <= 0:  # an empty frame
+                f += 1
+                continue
+            out[at - start:at - start + k] = frame[lo:lo + k]
+            at += k
+            f += 1
+        return out
+
+
 def iter_encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> Iterator[bytes]:
     """Several named arrays in one blob, streamed; names are stored sorted so the blob is deterministic."""
     yield PARTS_MAGIC

@@ -538,7 +538,7 @@ def apply_sparse(parts: Mapping[str, np.ndarray], previous: np.ndarray) -> np.nd
         raise ValueError(f"indices must lie in [0, {n})")
     dense = np.zeros(n, dtype=data.dtype)
     np.add.at(dense, indices, data)
-    return np.reshape(dense, dims) + previous
+    return _plus_previous(np.reshape(dense, dims), previous)
 
 
 def apply_low_rank(parts: Mapping[str, np.ndarray], previous: np.ndarray) -> np.ndarray:
@@ -546,7 +546,16 @@ def apply_low_rank(parts: Mapping[str, np.ndarray], previous: np.ndarray) -> np.
     difference: ``parameter + previous``."""
     if "parameter" in parts:
         return parts["parameter"] + previous
-    return parts["R"] @ parts["C"] + previous
+    return _plus_previous(parts["R"] @ parts["C"], previous)
+
+
+def _plus_previous(update: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """``update + previous`` for an ``update`` this module just computed: added in place when that gives the
+    same array (same shape, and numpy's promotion keeps update's dtype), so the group is held twice (previous
+    and the result), not three times; the same bits, element by element, in the same operand order."""
+    if update.shape == np.shape(previous) and np.result_type(update, previous) == update.dtype:
+        return np.add(update, previous, out=update)
+    return update + previous
 
 
 def apply_ia3(parts: Mapping[str, np.ndarray], previous: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from theta.errors import UpdateTypeError
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import same_layout
 from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough
-from theta.updates.sparse import apply_residual, residual
+from theta.updates.sparse import apply_residual
 
 
 def compute_dtype(group_dtype: np.dtype) -> np.dtype:
@@ -66,30 +66,72 @@ def check_vector(shape: tuple[int, ...], ia3: np.ndarray) -> str | None:
     return None
 
 
+def least_squares_sums(new: np.ndarray, previous: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per axis, (sum of previous * new, sum of previous * previous) over the other axes (keepdims, float64):
+    the least-squares factor of new over previous along that axis is their ratio. One pass, block of rows by
+    block of rows; the first axis's sums are per row (computed within each block), the others' are added up
+    block after block (float64, so the order of the additions moves the sums by a few float64 ulps)."""
+    ndim = new.ndim
+    first = [np.empty((new.shape[0],) + (1,) * (ndim - 1) if ndim > 1 else new.shape, np.float64) for _ in (0, 1)]
+    rest = {axis: [np.zeros(tuple(n if a == axis else 1 for a, n in enumerate(new.shape)), np.float64)
+                   for _ in (0, 1)] for axis in range(1, ndim)}
+    for rows in row_blocks(new.shape, BLOCK_ELEMENTS):
+        p = previous[rows].astype(np.float64)
+        q = new[rows].astype(np.float64)
+        pq, pp = p * q, p * p
+        del p, q
+        for k, x in enumerate((pq, pp)):
+            first[k][rows] = np.sum(x, axis=tuple(range(1, ndim)), keepdims=True)
+            for axis, acc in rest.items():
+                acc[k] += np.sum(x, axis=tuple(a for a in range(ndim) if a != axis), keepdims=True)
+    return [tuple(first)] + [tuple(rest[axis]) for axis in range(1, ndim)]
+
+
+def fixes_within(previous: np.ndarray, new: np.ndarray, vec: np.ndarray, rtol: float, atol: float,
+                 max_fixes: int) -> tuple[dict, int] | None:
+    """(fix parts, count) that make previous * vec give ``new`` bit for bit (:func:`sparse.residual` of the
+    whole product, as lazy parts: :class:`theta.updates.sparse.FixCollector`), block of rows by block of rows;
+    None as soon as a block is not within rtol/atol of ``new`` or more than ``max_fixes`` elements need a fix."""
+    from theta.updates.delta import changed_mask
+    from theta.updates.sparse import FixCollector
+
+    flat_new = np.ascontiguousarray(new).reshape(-1)
+    per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
+    fixes = FixCollector(new.size, new.dtype)
+    for rows, value in scaled_blocks(previous, vec):
+        want = new[rows]
+        if not close_enough(value, want, rtol, atol):
+            return None
+        changed = np.flatnonzero(changed_mask(np.ascontiguousarray(want), value))
+        if changed.size:
+            if fixes.count + changed.size > max_fixes:
+                return None
+            at = changed + (rows.start * per_row if isinstance(rows, slice) else 0)
+            fixes.add(at, flat_new[at])
+    return fixes.parts(lazy=True), fixes.count
+
+
 class IA3Update:
     name = "ia3"
     incremental = True
 
     def encode(self, new: np.ndarray, previous: np.ndarray | None, rtol: float = 1e-5, atol: float = 1e-6,
                **options) -> Encoded | None:
+        """Infer the vector (see module docstring), block of rows by block of rows: the least-squares sums of
+        every axis in one pass, then per axis one pass scaling, checking and collecting fixes. Memory: the
+        vector, a block's float64 temporaries and the fixes (never a float64 copy of the group)."""
         if not same_layout(new, previous) or new.ndim == 0 or new.dtype.kind not in "fV":
             return None
         cdt = compute_dtype(new.dtype)
-        prev64, new64 = previous.astype(np.float64), new.astype(np.float64)
-        for axis in range(new.ndim):
-            others = tuple(a for a in range(new.ndim) if a != axis)
-            # least squares along the other axes: averages out the rounding of each new element
-            num = np.sum(prev64 * new64, axis=others, keepdims=True)
-            den = np.sum(prev64 * prev64, axis=others, keepdims=True)
+        for axis, (num, den) in enumerate(least_squares_sums(new, previous)):
             with np.errstate(divide="ignore", invalid="ignore"):
                 vec = np.where(den > 0, num / den, 1.0).astype(cdt)
             if not np.all(np.isfinite(vec)):
                 continue
-            value = scale(previous, vec)
-            if close_enough(value, new, rtol, atol):
-                fixes, count = residual(value, new)
-                if count <= new.size * MAX_FIX_FRACTION:
-                    return Encoded(parts={"ia3": vec, **fixes}, params={"axis": axis, "fixes": count})
+            got = fixes_within(previous, new, vec, rtol, atol, int(new.size * MAX_FIX_FRACTION))
+            if got is not None:
+                fixes, count = got
+                return Encoded(parts={"ia3": vec, **fixes}, params={"axis": axis, "fixes": count})
         return None
 
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
@@ -103,17 +145,19 @@ class IA3Update:
         return apply_residual(scale(previous, parts["ia3"]), parts)
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
-        """:meth:`apply` from the step's part blobs (the vector and the fixes: small); with ``in_place`` the
-        previous value is scaled itself, block of rows by block of rows (no second value)."""
+        """:meth:`apply` from the step's part blobs: the vector decoded, the fixes applied frame by frame
+        (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the previous value is scaled itself,
+        block of rows by block of rows (no second value)."""
         from theta.storage.codec import decode_parts_of
         from theta.updates.bounds import check_parts_fit
+        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
 
         check_parts_fit(blobs, previous, "ia3")
-        parts = decode_parts_of(blobs)
-        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
-                and "ia3" in parts):
-            return self.apply(parts, params, previous)
+        parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
+        if previous is None or "ia3" not in parts:
+            return self.apply(parts, params, previous)  # says what is missing
         problem = check_vector(previous.shape, np.asarray(parts["ia3"]))
         if problem:
             raise UpdateTypeError(f"ia3 update: {problem}")
-        return apply_residual(scale(previous, parts["ia3"], out=previous), parts)
+        mine = in_place and previous.flags.writeable and previous.flags.c_contiguous
+        return apply_fix_blobs(scale(previous, parts["ia3"], out=previous if mine else None), blobs, "ia3 update")

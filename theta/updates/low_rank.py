@@ -22,7 +22,7 @@ from theta import parallel
 from theta.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
-from theta.updates.sparse import apply_residual, residual
+from theta.updates.sparse import apply_residual
 
 MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
@@ -102,23 +102,101 @@ def _add_rows(prev2, RT, C64, out, first: int, last: int, dts) -> None:
             out[start:stop] = rc.astype(out.dtype)
 
 
-def truncated_svd(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """U (rows, rank), S (rank,), Vt (rank, cols) of the best rank-``rank`` approximation of ``matrix``.
+PASS_BLOCK_ELEMENTS = 1 << 18  # elements per block of rows in each pass over new - previous (2 MiB of float64)
 
-    A randomized range finder (fixed seed, two power iterations) keeps this fast on large matrices; a
-    matrix whose rank is at most ``rank`` is recovered to rounding error."""
-    rows, cols = matrix.shape
-    if min(rows, cols) <= 4 * (rank + 8):
-        U, S, Vt = np.linalg.svd(matrix, full_matrices=False)
-        return U[:, :rank], S[:rank], Vt[:rank]
-    rng = np.random.default_rng(0)
-    Y = matrix @ rng.standard_normal((cols, rank + 8))
-    for _ in range(2):
+
+class Difference:
+    """new - previous (viewed as a (rows, cols) matrix) in float64, never held: each pass over it computes
+    it block of rows by block of rows. What the SVD needs of it: products with small matrices."""
+
+    def __init__(self, new: np.ndarray, previous: np.ndarray):
+        self.rows, self.cols = matrix_shape(new.shape)
+        self.new = np.ascontiguousarray(new).reshape(self.rows, self.cols)
+        self.previous = np.ascontiguousarray(previous).reshape(self.rows, self.cols)
+
+    def blocks(self):
+        """(row slice, the difference's rows in float64) for consecutive blocks of rows."""
+        from theta.updates import row_blocks
+
+        for rows in row_blocks((self.rows, self.cols), PASS_BLOCK_ELEMENTS):
+            yield rows, self.new[rows].astype(np.float64) - self.previous[rows].astype(np.float64)
+
+    def finite(self) -> bool:
+        return all(np.all(np.isfinite(d)) for _, d in self.blocks())
+
+    def times(self, X: np.ndarray) -> np.ndarray:
+        """D @ X (rows, k)."""
+        out = np.empty((self.rows, X.shape[1]), np.float64)
+        for rows, d in self.blocks():
+            out[rows] = d @ X
+        return out
+
+    def transposed_times(self, Q: np.ndarray) -> np.ndarray:
+        """D.T @ Q (cols, k), summed block after block."""
+        out = np.zeros((self.cols, Q.shape[1]), np.float64)
+        for rows, d in self.blocks():
+            out += d.T @ Q[rows]
+        return out
+
+    def gram(self) -> np.ndarray:
+        """D.T @ D (cols, cols) when cols <= rows, else D @ D.T (rows, rows): the small side."""
+        if self.cols <= self.rows:
+            out = np.zeros((self.cols, self.cols), np.float64)
+            for _, d in self.blocks():
+                out += d.T @ d
+            return out
+        return self._row_gram()
+
+    def _row_gram(self) -> np.ndarray:
+        out = np.zeros((self.rows, self.rows), np.float64)
+        step = max(1, PASS_BLOCK_ELEMENTS // max(self.rows, 1))
+        for a in range(0, self.cols, step):  # blocks of columns: D D^T = sum of D[:, c] D[:, c]^T
+            d = self.new[:, a:a + step].astype(np.float64) - self.previous[:, a:a + step].astype(np.float64)
+            out += d @ d.T
+        return out
+
+    def left_project(self, U: np.ndarray) -> np.ndarray:
+        """U.T @ D (k, cols), U (rows, k)."""
+        return self.transposed_times(U).T
+
+    def spectrum(self, rank: int):
+        """(S, factors): the largest ``rank`` singular values of D (descending) and ``factors(r)`` giving
+        R = U[:, :r] * S[:r] (rows, r) and C = Vt[:r] (r, cols) in float64, the best rank-r approximation.
+
+        A matrix whose small side is at most 4 (rank + 8), or whose Gram matrix on that side fits
+        ``GRAM_BYTES``, is decomposed through that Gram matrix (D^T D or D D^T, summed block by block; its
+        eigenvalues are the squared singular values); otherwise by a randomized range finder (fixed seed, two
+        power iterations: a matrix whose rank is at most ``rank`` is recovered to rounding error), every
+        product with D computed block by block. Only the r columns asked for are ever built on the large side."""
+        rows, cols = self.rows, self.cols
+        small = min(rows, cols)
+        if small <= 4 * (rank + 8) or small * small * 8 <= GRAM_BYTES:
+            w, V = np.linalg.eigh(self.gram())
+            order = np.argsort(w)[::-1][:rank]
+            S = np.sqrt(np.clip(w[order], 0.0, None))
+            V = np.ascontiguousarray(V[:, order])
+            if cols <= rows:  # V: right singular vectors; U S = D V
+                return S, lambda r: (self.times(V[:, :r]), np.ascontiguousarray(V[:, :r].T))
+
+            def wide(r):  # V: left singular vectors; Vt = U^T D / S
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    inv = np.where(S[:r] > 0, 1.0 / S[:r], 0.0)
+                return V[:, :r] * S[:r], self.left_project(V[:, :r]) * inv[:, None]
+            return S, wide
+        rng = np.random.default_rng(0)
+        Y = self.times(rng.standard_normal((cols, rank + 8)))
+        for _ in range(2):
+            Q, _ = np.linalg.qr(Y)
+            del Y
+            Y = self.times(self.transposed_times(Q))
+            del Q
         Q, _ = np.linalg.qr(Y)
-        Y = matrix @ (matrix.T @ Q)
-    Q, _ = np.linalg.qr(Y)
-    U, S, Vt = np.linalg.svd(Q.T @ matrix, full_matrices=False)
-    return Q @ U[:, :rank], S[:rank], Vt[:rank]
+        del Y
+        U, S, Vt = np.linalg.svd(self.left_project(Q), full_matrices=False)
+        return S[:rank], lambda r: ((Q @ U[:, :r]) * S[:r], np.ascontiguousarray(Vt[:r]))
+
+
+GRAM_BYTES = 8 << 20  # a Gram matrix up to 1024 x 1024 float64 (eigh's work ~3 x that): exact and cheap
 
 
 def noise_level(previous: np.ndarray, rows: int, cols: int) -> float:
@@ -127,15 +205,26 @@ def noise_level(previous: np.ndarray, rows: int, cols: int) -> float:
     import ml_dtypes
 
     eps = float(ml_dtypes.finfo(previous.dtype).eps)
-    rms = float(np.sqrt(np.mean(np.square(previous, dtype=np.float64)))) if previous.size else 0.0
+    flat = np.ascontiguousarray(previous).reshape(-1)
+    # the mean square block by block: never a float64 copy of the group
+    squares = sum(float(np.sum(np.square(flat[a:a + VERIFY_BLOCK_ELEMENTS], dtype=np.float64)))
+                  for a in range(0, flat.size, VERIFY_BLOCK_ELEMENTS))
+    rms = float(np.sqrt(squares / flat.size)) if flat.size else 0.0
     return 2.0 * eps * rms * (np.sqrt(rows) + np.sqrt(cols))
 
 
 def close_enough(result: np.ndarray, target: np.ndarray, rtol: float, atol: float) -> bool:
-    """allclose in float64, with NaN equal to NaN at the same places."""
-    a = np.asarray(result, dtype=np.float64)
-    b = np.asarray(target, dtype=np.float64)
-    return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
+    """allclose in float64, with NaN equal to NaN at the same places; chunk by chunk (allclose's float64
+    temporaries of a whole block of rows were ~10 x that block)."""
+    a = np.ascontiguousarray(result).reshape(-1)
+    b = np.ascontiguousarray(target).reshape(-1)
+    if a.size != b.size:
+        return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True))
+    return all(np.allclose(a[s:s + CLOSE_CHUNK].astype(np.float64), b[s:s + CLOSE_CHUNK].astype(np.float64),
+                           rtol=rtol, atol=atol, equal_nan=True) for s in range(0, a.size, CLOSE_CHUNK))
+
+
+CLOSE_CHUNK = 1 << 16  # elements compared at a time (float64 temporaries: a few MiB)
 
 
 def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str | None:
@@ -154,43 +243,35 @@ def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str |
     return None
 
 
-def exact_encoding(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.ndarray
-                   ) -> tuple[Encoded, int, np.ndarray]:
-    """The low-rank step for factors R, C, with the fixes that make it exact; also the fix count and the
-    value before the fixes (what the factors alone give)."""
-    value = add_low_rank(previous, R, C)
-    fixes, count = residual(value, new)
-    return Encoded(parts={"R": R, "C": C, **fixes}, params={"rank": int(R.shape[1]), "fixes": count}), count, value
-
-
 def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray, C: np.ndarray,
-                           check=None) -> tuple[Encoded, int]:
-    """:func:`exact_encoding` without the value: previous + R @ C is computed block of rows by block of rows
-    (each element's arithmetic does not depend on the split), compared with ``new`` and dropped, so memory is
-    ``new``, ``previous``, a block and the fixes. ``check(value_block, new_block, previous_block)`` is called
-    on every block that needs fixes (e.g. a tolerance check)."""
-    from theta.updates.sparse import encode_indices
+                           check=None, max_fixes: int | None = None, lazy: bool = False) -> tuple[Encoded, int] | None:
+    """The low-rank step for factors R, C with the fixes that make it exact, and the fix count, without the
+    value: previous + R @ C is computed block of rows by block of rows (each element's arithmetic does not
+    depend on the split), compared with ``new`` and dropped, so memory is ``new``, ``previous``, a block and the
+    fixes. ``check(value_block, new_block, previous_block)`` is called on every block that needs fixes (e.g. a
+    tolerance check). None as soon as more than ``max_fixes`` elements need a fix (when given). ``lazy``: the
+    fix parts are :class:`theta.storage.codec.LazyArray` s read from the blocks' pieces (held once, never
+    concatenated; for storing), else arrays."""
+    from theta.updates.sparse import FixCollector
     from theta.updates.delta import changed_mask
 
     rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
     new2 = np.ascontiguousarray(new).reshape(rows, cols)
     step = max(1, VERIFY_BLOCK_ELEMENTS // max(cols, 1))
-    found, values = [], []
+    fixes = FixCollector(new.size, new.dtype)
     for a in range(0, rows, step):
         b = min(rows, a + step)
         value = add_low_rank(prev2[a:b], R[a:b], C)
         changed = np.flatnonzero(changed_mask(new2[a:b], value))
         if changed.size:
+            if max_fixes is not None and fixes.count + changed.size > max_fixes:
+                return None
             if check is not None:
                 check(value, new2[a:b], prev2[a:b])
-            found.append(changed + a * cols)
-            values.append(new2[a:b].reshape(-1)[changed])
-    indices = np.concatenate(found) if found else np.empty(0, np.int64)
-    fix_values = np.concatenate(values) if values else new.reshape(-1)[:0].copy()
-    count = int(indices.size)
-    return Encoded(parts={"R": R, "C": C, "fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values},
-                   params={"rank": int(R.shape[1]), "fixes": count}), count
+            fixes.add(changed + a * cols, new2[a:b].reshape(-1)[changed])
+    return Encoded(parts={"R": R, "C": C, **fixes.parts(lazy)},
+                   params={"rank": int(R.shape[1]), "fixes": fixes.count}), fixes.count
 
 
 class LowRankUpdate:
@@ -202,7 +283,10 @@ class LowRankUpdate:
         """Infer R, C from new - previous by a truncated SVD. None (the caller stores something else)
         when no rank small enough to be worth it (factors at most half the group) reproduces ``new``
         within rtol/atol, or more than 1/4 of the elements would need an exact fix. Without ``rank`` the
-        rank is read off the singular values: those above the rounding noise (see noise_level)."""
+        rank is read off the singular values: those above the rounding noise (see noise_level).
+
+        Streamed (:class:`Difference`): new - previous is never held, only computed block of rows by block of
+        rows in float64 in each pass; memory is the factors, the SVD's small matrices and the fixes."""
         if not same_layout(new, previous) or matrix_shape(new.shape) is None or new.dtype.kind not in "fV":
             return None
         rows, cols = matrix_shape(new.shape)
@@ -211,21 +295,28 @@ class LowRankUpdate:
         if limit < 1:
             return None
         fdt = factor_dtype(new.dtype)
-        diff = (new.astype(np.float64) - previous.astype(np.float64)).reshape(rows, cols)
-        if not np.all(np.isfinite(diff)):
+        diff = Difference(new, previous)
+        if not diff.finite():
             return None
-        U, S, Vt = truncated_svd(diff, limit)
-        del diff
+        S, factors = diff.spectrum(limit)
         if rank:
             r = int(rank)
         else:  # singular values above the rounding noise of the group's dtype (and 1e-6 of the largest)
             r = int(np.count_nonzero(S > max(noise_level(previous, rows, cols), S[0] * 1e-6))) if S.size else 1
         r = max(1, min(r, limit))
-        R, C = (U[:, :r] * S[:r]).astype(fdt), np.ascontiguousarray(Vt[:r]).astype(fdt)
-        encoded, count, value = exact_encoding(new, previous, R, C)
-        if count > new.size * MAX_FIX_FRACTION or not close_enough(value, new, rtol, atol):
+        R, C = factors(r)
+        R, C = R.astype(fdt), C.astype(fdt)
+        far: list = []
+
+        def check(value, new_rows, previous_rows):
+            if not close_enough(value, new_rows, rtol, atol):
+                far.append(True)
+
+        got = exact_encoding_by_rows(new, previous, R, C, check, max_fixes=int(new.size * MAX_FIX_FRACTION),
+                                     lazy=True)
+        if got is None or far:
             return None
-        return encoded
+        return got[0]
 
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray:
         if previous is None:
@@ -238,18 +329,20 @@ class LowRankUpdate:
         return apply_residual(add_low_rank(previous, parts["R"], parts["C"]), parts)
 
     def apply_blob(self, blobs: dict, params: dict, previous: np.ndarray | None, in_place: bool) -> np.ndarray:
-        """:meth:`apply` from the step's part blobs (factors and fixes: small next to the group); with
-        ``in_place`` the sum is written over the previous value, block of rows by block of rows."""
+        """:meth:`apply` from the step's part blobs: the factors decoded, the fixes applied frame by frame
+        (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the sum is written over the previous
+        value, block of rows by block of rows."""
         from theta.storage.codec import decode_parts_of
         from theta.updates.bounds import check_parts_fit
+        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
 
         check_parts_fit(blobs, previous, "low-rank")
-        parts = decode_parts_of(blobs)
-        if not (in_place and previous is not None and previous.flags.writeable and previous.flags.c_contiguous
-                and "R" in parts and "C" in parts):
-            return self.apply(parts, params, previous)
+        parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
+        if previous is None or "R" not in parts or "C" not in parts:
+            return self.apply(parts, params, previous)  # says what is missing
         problem = check_factors(previous.shape, parts["R"], parts["C"])
         if problem:
             raise UpdateTypeError(f"low-rank update: {problem}")
-        return apply_residual(add_low_rank(previous, parts["R"], parts["C"], out=previous).reshape(previous.shape),
-                              parts)
+        mine = in_place and previous.flags.writeable and previous.flags.c_contiguous
+        value = add_low_rank(previous, parts["R"], parts["C"], out=previous if mine else None)
+        return apply_fix_blobs(value.reshape(previous.shape), blobs, "low-rank update")

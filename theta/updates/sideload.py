@@ -159,8 +159,9 @@ class UpdateData:
                     err = float(np.max(np.abs(value.astype(np.float64) - new_rows.astype(np.float64))))
                     bad.append(err)
 
-            # block of rows by block of rows: never previous, new AND the value they give (3 groups)
-            encoded, fixes = exact_encoding_by_rows(new, previous, R, C, check)
+            # block of rows by block of rows: never previous, new AND the value they give (3 groups); the fixes
+            # held once (lazy parts read from the blocks' pieces while the blob is written)
+            encoded, fixes = exact_encoding_by_rows(new, previous, R, C, check, lazy=True)
             if bad:
                 raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from "
                                       f"the saved model (max abs difference {max(bad):.3g}, rtol {rtol:g}, atol "

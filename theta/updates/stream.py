@@ -12,8 +12,9 @@ sha256 against the group's hash (ChainError at its end, before anything built on
 ``apply``, so the same bits), then their fixes are applied like a sparse step's. A *positional* ``rows`` step
 (the rows before it kept in place, cut or followed by appended rows: a trim, a growth) streams as well: the
 steps before it cover the start of each block, its appended rows the rest. Chains with other ``rows`` steps
-(rows moved), a change of dtype or delta blobs of the old ``planes`` layout are rebuilt whole by
-:func:`theta.updates.reconstruct`.
+(rows moved), a change of dtype or delta blobs of the old ``planes`` layout are read by position
+(:class:`PositionalSource`, at the end of this module): the same blocks, a block per step and a frame per blob
+in memory.
 """
 from __future__ import annotations
 
@@ -340,48 +341,47 @@ class GroupSource:
             self.checked = True
 
 
-def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> GroupSource | None:
-    """A :class:`GroupSource` for ``group`` when its chain streams (checked from the metadata: a dense first
-    step, then delta/sparse/ia3/low-rank steps, all with the group's own layout), else None (rebuild it whole)."""
+def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> "GroupSource | PositionalSource | None":
+    """A :class:`GroupSource` for ``group`` when its chain streams in one pass (checked from the metadata: a
+    dense first step, then delta/sparse/ia3/low-rank steps and positional rows steps, all with the group's own
+    dtype), else a :class:`PositionalSource` when it is read by position (rows moved, a change of dtype, old
+    ``planes`` deltas), else None (rebuild it whole: a chain :func:`theta.updates.reconstruct` reports)."""
     bounds.check_group(group, file)
     steps = group.steps
     if not steps or steps[0].type != "dense" or any(s.type not in STREAMED_STEPS for s in steps[1:]):
         return None
-    if len(group.shape) < 2 and any(s.type == "low-rank" for s in steps):
-        return None  # reconstruct reports the malformed chain, located
-    if any(DTYPE_KEY in s.params for s in steps):
+    if group.numel == 0:
         return None
     try:
-        shapes = [step_layout(s, group)[1] for s in steps]
-    except MetadataError:
+        layouts = [step_layout(s, group) for s in steps]
+        items = {dtypes.get(d).itemsize for d, _ in layouts}
+    except (MetadataError, KeyError, ValueError):
+        return None  # reconstruct reports it, located
+    if not items <= {1, 2, 4, 8, 16}:
         return None
+    shapes = [shape for _, shape in layouts]
     for before, after, s in zip(shapes, shapes[1:], steps[1:]):
         # only a rows step changes the layout, and only the number of rows
         if after != before and (s.type != "rows" or not before or len(after) != len(before) or after[1:] != before[1:]):
             return None
-        if s.type == "low-rank" and len(after) < 2:
+        if s.type in ("low-rank", "rows") and len(after) < (2 if s.type == "low-rank" else 1):
             return None
-    if any(s.type == "rows" for s in steps):
-        try:
-            for s, before in zip(steps[1:], shapes):
-                if s.type == "rows":
-                    with store.mapped(s.blob, group=group.name, file=file) as blob:
-                        if positional_rows(codec.part_blobs(blob), before[0]) is None:
-                            return None
-        except (IntegrityError, UpdateTypeError, ValueError):
-            return None  # reconstruct reports it, located
-    if group.numel == 0:
-        return None
-    if dtypes.get(group.dtype).itemsize not in (1, 2, 4, 8, 16):
-        return None
-    for s in steps[1:]:
-        if s.type == "delta":  # blobs written before code words hold planes across the whole group
-            try:
-                with store.mapped(s.blob, group=group.name, file=file) as blob:
-                    if "codes" not in codec.part_blobs(blob):
-                        return None
-            except IntegrityError:
-                return None  # reconstruct reports it, located
+    if len(group.shape) < 2 and any(s.type == "low-rank" for s in steps):
+        return None  # reconstruct reports the malformed chain, located
+    if any(DTYPE_KEY in s.params for s in steps):
+        return PositionalSource(group, store, file)
+    try:
+        for s, before in zip(steps[1:], shapes):
+            if s.type not in ("rows", "delta"):
+                continue
+            with store.mapped(s.blob, group=group.name, file=file) as blob:
+                parts = codec.part_blobs(blob)
+                if s.type == "rows" and positional_rows(parts, before[0]) is None:
+                    return PositionalSource(group, store, file)  # rows moved
+                if s.type == "delta" and "codes" not in parts:
+                    return PositionalSource(group, store, file)  # planes across the whole group
+    except (IntegrityError, UpdateTypeError, ValueError):
+        return None  # reconstruct reports it, located
     return GroupSource(group, store, file)
 
 
@@ -405,3 +405,258 @@ def side_by_side(inputs: "tuple | list", n: int) -> Iterator[tuple]:
             raise MergeError("merge inputs of different sizes")
         got = dict(zip(live, row))
         yield (row[0][0], *(got[i][1] if i in got else None for i in range(len(inputs))))
+
+
+# ---------------------------------------------------------------- chains read by position (rows moved, dtypes)
+# A chain whose rows step moves rows (a vocabulary reordered, rows deleted in the middle), that changes dtype
+# on the way or holds a delta blob of the old ``planes`` layout cannot be read in one sequential pass of
+# cursors: the value before a moving rows step is needed at other positions than the block being built. The
+# chain is read instead as levels, one per step, each giving any range of its value (``read(start, stop)``,
+# flat elements, fresh memory) from the range(s) of the level below it that it needs: blobs are read through
+# codec.ArrayReader (the frames a range covers, the last one kept), so reading in order decodes each frame
+# about once, and memory stays at a block per level and a frame per blob, whatever the group's size.
+
+
+class _SparseByPosition:
+    """A sparse step's (or fixes') changes for any range of flat positions: the first index of each ``gaps``
+    frame is found in one pass up front (memory: one number per frame), then a range decodes the gaps frames
+    it covers and reads the matching values."""
+
+    def __init__(self, gaps_blob, values_blob, value_dtype: np.dtype, size: int, what: str):
+        self.gaps, self.values = codec.ArrayReader(gaps_blob), codec.ArrayReader(values_blob)
+        if self.gaps.dtype.kind not in "iu" or self.gaps.size != self.values.size or self.gaps.size > size:
+            raise UpdateTypeError(f"{what} does not fit a group of {size} elements ({self.gaps.size} "
+                                  f"{self.gaps.dtype} indices, {self.values.size} values)")
+        self.value_dtype, self.size, self.what = value_dtype, size, what
+        self.firsts, self.bases, self.positions = [], [], []  # per frame: first index, index before, position
+        last = 0
+        for start, frame in codec.iter_decode_array(gaps_blob, ahead=1):
+            idx = np.cumsum(frame, dtype=np.int64) + last
+            if idx.size and (idx[0] < last or idx[-1] >= size or np.any(np.diff(idx) < 0)):
+                raise UpdateTypeError(f"{what} indices are not increasing within a group of {size} elements")
+            if idx.size:
+                self.firsts.append(int(idx[0]))
+                self.bases.append(last)
+                self.positions.append(start)
+                last = int(idx[-1])
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def _indices(self, f: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != f:
+            start = self.positions[f]
+            stop = self.positions[f + 1] if f + 1 < len(self.positions) else self.gaps.size
+            self._cached = (f, np.cumsum(self.gaps.read(start, stop), dtype=np.int64) + self.bases[f])
+        return self._cached[1]
+
+    def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        import bisect
+
+        end = start + block.size
+        f = max(0, bisect.bisect_right(self.firsts, start) - 1)
+        while f < len(self.firsts) and self.firsts[f] < end:
+            idx = self._indices(f)
+            lo, hi = np.searchsorted(idx, start, "left"), np.searchsorted(idx, end, "left")
+            if hi > lo:
+                at = self.positions[f]
+                block[idx[lo:hi] - start] = self.values.read(at + int(lo), at + int(hi)).astype(self.value_dtype,
+                                                                                                copy=False)
+            f += 1
+
+    def close(self) -> None:
+        pass
+
+
+def _fixes_by_position(blobs: dict, dtype: np.dtype, size: int, what: str):
+    has = "fix_gaps" in blobs, "fix_values" in blobs
+    if has[0] != has[1]:
+        raise UpdateTypeError(f"{what} fixes are incomplete (parts {sorted(blobs)})")
+    return _SparseByPosition(blobs["fix_gaps"], blobs["fix_values"], dtype, size, f"{what} fixes") if has[0] else None
+
+
+class _Level:
+    """The value of one step of a chain, any range at a time."""
+
+    dtype: np.dtype
+    size: int
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _DenseLevel(_Level):
+    def __init__(self, blobs: dict, dtype: np.dtype, size: int):
+        if set(blobs) != {"values"}:
+            raise UpdateTypeError(f"dense step has parts {sorted(blobs)}, expected values")
+        self.values = codec.ArrayReader(blobs["values"])
+        if self.values.size != size:
+            raise UpdateTypeError(f"dense step holds {self.values.size} elements, its layout {size}")
+        self.dtype, self.size = dtype, size
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.values.read(start, stop).astype(self.dtype, copy=False)  # _coerce's cast, element by element
+
+
+class _ElementwiseLevel(_Level):
+    """A step whose every element depends on the same element of the value before it (delta, sparse, ia3,
+    low-rank: the row's factors): the range below, updated, cast to this step's dtype."""
+
+    def __init__(self, below: _Level, step_type: str, blobs: dict, params: dict, dtype: np.dtype, shape: tuple):
+        self.below, self.dtype, self.size = below, dtype, int(np.prod(shape, dtype=np.int64))
+        if below.size != self.size:
+            raise UpdateTypeError(f"a {step_type} step keeps its value's size ({below.size} elements), its layout "
+                                  f"says {self.size}")
+        work = below.dtype  # the update type works in the previous value's dtype; the result is then cast
+        self.per = raw_words(np.empty(1, work)).size
+        self.op = None
+        if step_type == "delta":
+            op = params.get("op")
+            word = raw_words(np.empty(1, work)).dtype
+            if op not in OPS or not ({"codes", "planes"} & set(blobs)):
+                raise UpdateTypeError(f"delta step is malformed (op {op!r}, parts {sorted(blobs)})")
+            self.op = op
+            key = "codes" if "codes" in blobs else "planes"
+            self.codes = codec.ArrayReader(blobs[key])
+            n = self.size * self.per
+            want = (n,) if key == "codes" else (word.itemsize, n)
+            if (self.codes.dtype != (word if key == "codes" else np.uint8)
+                    or int(np.prod(self.codes.shape, dtype=np.int64)) != int(np.prod(want, dtype=np.int64))
+                    or (key == "planes" and tuple(self.codes.shape) != want)):
+                raise UpdateTypeError(f"delta {key} are {list(self.codes.shape)} x {self.codes.dtype}, expected "
+                                      f"{list(want)} for {self.size} elements of {work}")
+            self.planes = key == "planes"
+            self.word = word
+            self.apply = self._delta
+        elif step_type == "sparse":
+            if "gaps" not in blobs or "values" not in blobs:
+                raise UpdateTypeError(f"sparse update is missing parts (has {sorted(blobs)}, needs gaps and values)")
+            self.apply = _SparseByPosition(blobs["gaps"], blobs["values"], work, self.size, "sparse update").apply
+        elif step_type == "ia3":
+            ap = _IA3({k: v for k, v in blobs.items() if not k.startswith("fix_")}, work, shape)
+            ap.fixes = _fixes_by_position(blobs, work, self.size, "ia3 update") or ap.fixes
+            self.apply = ap.apply
+        elif step_type == "low-rank":
+            ap = _LowRank({k: v for k, v in blobs.items() if not k.startswith("fix_")}, work, shape)
+            ap.fixes = _fixes_by_position(blobs, work, self.size, "low-rank update") or ap.fixes
+            self.apply = ap.apply
+        else:
+            raise UpdateTypeError(f"step type {step_type!r} is not read by position")
+
+    def _delta(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
+        a, b = start * self.per, start * self.per + words.size
+        if self.planes:
+            n = self.size * self.per
+            planes = np.stack([self.codes.read(p * n + a, p * n + b) for p in range(self.word.itemsize)])
+            from theta.updates.delta import from_planes
+
+            codes = from_planes(planes, self.word)
+        else:
+            codes = self.codes.read(a, b)
+        _uncombine(codes, words, self.op, out=words)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        block = self.below.read(start, stop)
+        if not block.flags.writeable or not block.flags.c_contiguous:
+            block = np.array(block, order="C")
+        self.apply(block, raw_words(block), start)
+        return block.astype(self.dtype, copy=False)
+
+
+class _RowsLevel(_Level):
+    """A rows step: each row of its value is a row of the value before it (``source_gaps``: any order, any
+    repetition) or the next of the new rows (``extra``)."""
+
+    def __init__(self, below: _Level, blobs: dict, before: tuple, shape: tuple, dtype: np.dtype):
+        if "source_gaps" not in blobs or "extra" not in blobs:
+            raise UpdateTypeError(f"rows update is missing parts (has {sorted(blobs)}, needs source_gaps and extra)")
+        self.below, self.dtype = below, dtype
+        self.per_row = int(np.prod(shape[1:], dtype=np.int64))
+        self.size = int(np.prod(shape, dtype=np.int64))
+        gdt, gshape = codec.array_info(blobs["source_gaps"])
+        if gdt.kind not in "iu" or int(np.prod(gshape, dtype=np.int64)) != shape[0]:
+            raise UpdateTypeError(f"rows step maps {list(gshape)} x {gdt} rows, its layout has {shape[0]}")
+        # one number per row (the row map is what a rows step stores: rows x 8 bytes, far below the group)
+        self.sources = np.cumsum(codec.decode_array(blobs["source_gaps"]).reshape(-1), dtype=np.int64)
+        new = self.sources < 0
+        if np.any(self.sources >= before[0]) or np.any(self.sources < -1):
+            raise UpdateTypeError(f"rows step copies rows outside the {before[0]} rows before it")
+        self.extra = codec.ArrayReader(blobs["extra"])
+        if self.extra.size != int(new.sum()) * self.per_row:
+            raise UpdateTypeError(f"rows step has {self.extra.size} new elements, expected "
+                                  f"{int(new.sum()) * self.per_row}")
+        self.rank = np.cumsum(new, dtype=np.int64) - 1  # the new rows' positions in extra
+        self.work = below.dtype
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        per = self.per_row
+        if per == 0 or stop <= start:
+            return np.empty(stop - start, self.dtype)
+        r0, r1 = start // per, -(-stop // per)
+        out = np.empty((r1 - r0) * per, self.work)
+        src = self.sources[r0:r1]
+        # runs of rows read together: consecutive sources, or consecutive new rows
+        old_run = (src[1:] >= 0) & (src[:-1] >= 0) & (np.diff(src) == 1)
+        new_run = (src[1:] < 0) & (src[:-1] < 0)
+        edges = [0, *(np.flatnonzero(~(old_run | new_run)) + 1).tolist(), src.size]
+        for a, b in zip(edges, edges[1:]):
+            if src[a] < 0:
+                k = int(self.rank[r0 + a])
+                out[a * per:b * per] = self.extra.read(k * per, (k + b - a) * per).astype(self.work, copy=False)
+            else:
+                out[a * per:b * per] = self.below.read(int(src[a]) * per, (int(src[a]) + b - a) * per)
+        lo = start - r0 * per
+        return out[lo:lo + stop - start].astype(self.dtype, copy=False)
+
+
+class PositionalSource:
+    """The value of a group whose chain a :class:`GroupSource` cannot read in one pass (rows moved, a change
+    of dtype, old ``planes`` deltas), block by block with the same interface (``shape``, ``dtype``, ``size``,
+    :meth:`chunks`, ``checked``): each block is read through the chain's levels (see above)."""
+
+    def __init__(self, group: "GroupMeta", store: "LfsStore", file: str | None = None):
+        self.group, self.store, self.file = group, store, file
+        self.dtype = dtypes.get(group.dtype).to_numpy()
+        self.shape = tuple(group.shape)
+        self.size = group.numel
+        self.checked = False
+
+    def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+        g, steps = self.group, self.group.steps
+        h = None if self.checked else hashlib.sha256()
+        with ExitStack() as stack:
+            i = 0
+            try:
+                level: _Level | None = None
+                before: tuple = ()
+                for i, s in enumerate(steps):
+                    blobs = codec.part_blobs(stack.enter_context(self.store.mapped(s.blob, group=g.name,
+                                                                                   file=self.file)))
+                    dtype_name, shape = step_layout(s, g)
+                    dt = dtypes.get(dtype_name).to_numpy()
+                    size = int(np.prod(shape, dtype=np.int64))
+                    if i == 0:
+                        level = _DenseLevel(blobs, dt, size)
+                    elif s.type == "rows":
+                        level = _RowsLevel(level, blobs, before, shape, dt)
+                    else:
+                        level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
+                    before = shape
+                i = len(steps) - 1
+                for start in range(0, self.size, n):
+                    block = level.read(start, min(self.size, start + n))
+                    if block.dtype != self.dtype:
+                        raise UpdateTypeError(f"the chain gives {block.dtype}, the group is {self.dtype}")
+                    if h is not None:
+                        h.update(dtypes.le_bytes(block))
+                    yield slice(start, start + block.size), block
+            except IntegrityError as e:
+                raise bounds.located(e, self.file, g.name, i, steps[i].blob.oid) from None
+            except (UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+                raise ChainError(f"{bounds.where(self.file, g.name, i, steps[i].blob.oid)}: step {steps[i].type!r} "
+                                 f"cannot be read by position: {e}", file=self.file, group=g.name,
+                                 oid=steps[i].blob.oid) from None
+        if h is not None:
+            if h.hexdigest() != g.hash:
+                raise ChainError(f"{bounds.where(self.file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain "
+                                 f"rebuilt a value whose hash differs from the recorded {g.hash}", file=self.file,
+                                 group=g.name, oid=steps[-1].blob.oid)
+            self.checked = True
