@@ -42,10 +42,9 @@ def _threads() -> int:
 CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
 # "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
-# "previous": clean's rebuilds of changed groups' previous values, ahead of their encoding;
-# "receive": the filter's first clean request, received while the filter still sets itself up
+# "previous": clean's rebuilds of changed groups' previous values, ahead of their encoding
 _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
-            "numeric": min(2, CODEC_THREADS), "clean": 1, "previous": 1, "receive": 1}
+            "numeric": min(2, CODEC_THREADS), "clean": 1, "previous": 1}
 _pools: dict[str, Executor] = {}
 _lock = threading.Lock()
 
@@ -64,8 +63,8 @@ class Inline(Executor):
 
 
 def pool(name: str) -> Executor:
-    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric", "clean", "previous" or
-    "receive" (an :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
+    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric", "clean" or "previous" (an
+    :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
     with _lock:
         p = _pools.get(name)
         if p is None:
