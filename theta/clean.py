@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,7 +35,6 @@ from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, Integ
                           NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates.steps import chain_full as steps_full
 from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_hash, fast_hash_pieces,
                            reconstruct_proven)
 
@@ -216,25 +214,6 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     def read_whole(key: str) -> bool:
         """A side-loaded group is checked against its update even when its bytes did not change."""
         return update_data is not None and key in update_data
-
-    def rebuild(key: str, prev: GroupMeta) -> Future | None:
-        """The previous value of a changed group, rebuilt ahead on its own thread (not when the chain is full:
-        the change is then stored whole)."""
-        if steps_full(prev, options.max_chain):
-            return None
-        return parallel.pool("previous").submit(_rebuild_previous, key, prev, store, path, stats)
-
-    def worst(j: int) -> int:
-        """What reading group j ahead may hold: its bytes, and its previous value's when it changed."""
-        info = lsd.info(group_keys[j])
-        prev = _previous_group(previous, group_keys[j], info.dtype, info.shape)
-        return info.nbytes * (2 if prev is not None else 1)
-
-    def holding(j: int, fut: Future) -> int:
-        if not fut.done() or fut.cancelled() or fut.exception() is not None:
-            return worst(j)
-        return fut.result().held()
-
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -244,21 +223,19 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous, options.exact, read_whole(key), rebuild)
+                got = _read_group(lsd, key, previous, options.exact, read_whole(key))
             nxt = max(nxt, i + 1)
-            # read-ahead holds at most READ_AHEAD_BYTES, and never more than 2 x the largest group with the
-            # group being encoded (its bytes, and its previous value's when it changed)
-            ahead = sum(holding(j, fut) for j, fut in pending)
+            ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = 0 if got.raw is None else (
                 got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2))
             budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_GROUPS:
-                size = worst(nxt)
+                size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
                     break
                 k = group_keys[nxt]
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, k, previous, options.exact,
-                                                                read_whole(k), rebuild)))
+                                                                read_whole(k))))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
@@ -267,8 +244,6 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     finally:
         for _, fut in pending:
             fut.cancel() or fut.exception()  # never close the file under a running read
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().settle()
         bar.close()
         if update_data is not None:
             update_data.close()
@@ -298,19 +273,6 @@ class _Read:
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
-    previous: Future | None = None  # the previous value being rebuilt ahead (:func:`_rebuild_previous`)
-
-    def held(self) -> int:
-        """Bytes this read holds (or will once its previous value is rebuilt): the group's, and as much
-        again for the previous value rebuilt ahead."""
-        if self.raw is None:
-            return 0
-        return self.raw.nbytes * (2 if self.previous is not None else 1)
-
-    def settle(self) -> None:
-        """Stop or wait for the rebuild ahead (a clean that ends early leaves no thread working for it)."""
-        if self.previous is not None:
-            self.previous.cancel() or self.previous.exception()
 
 
 _HASH_PIECE = 4 << 20  # bytes per read when a group is hashed in place (one buffer per reader thread)
@@ -328,10 +290,9 @@ def _fast_hash_in_place(lsd, key: str) -> str | None:
 
 
 def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False,
-                whole: bool = False, rebuild: Callable[[str, GroupMeta], Future | None] | None = None) -> _Read:
+                whole: bool = False) -> _Read:
     """Read and hash group ``key``. A group whose fast hash equals its previous version's is not held: its
-    ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway). ``rebuild(key, prev)``:
-    starts rebuilding the previous value of a changed group, which its encoding will need (or None)."""
+    ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway)."""
     info = lsd.info(key)
     prev = _previous_group(previous, key, info.dtype, info.shape)
     if prev is not None and prev.fast is not None and not exact and not whole:
@@ -340,59 +301,24 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
             return _Read(key, info, None, None, prev.hash, fast, prev, None)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
-    fast = fast_hash(raw)  # again: these are the bytes the metadata will describe
+    fast = fast_hash(raw)
     if prev is not None and prev.fast == fast and not exact:
         # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
         # value's, and the sha256 of the bytes is never computed
-        return _Read(key, info, raw, arr, prev.hash, fast, prev, None)
-    digest = None
-    if prev is not None and (prev.fast is None or exact):
-        # the fast hash cannot say (metadata from before fast hashes, or --exact): the sha256 decides first
+        digest = prev.hash
+    else:
         digest = content_hash(raw)
-        if digest == prev.hash:
-            return _Read(key, info, raw, arr, digest, fast, prev, None)
-    # Changed (or new): the previous value, the sha256 and the signature are independent -- the first two run
-    # on their own threads while this one computes the third (one changed group's costs side by side, not one
-    # after another: the largest group often comes first, and nothing else fits beside it in the memory bound)
-    ahead = rebuild(key, prev) if rebuild is not None and prev is not None and not whole else None
-    hashing = parallel.pool("hash").submit(content_hash, raw) if digest is None else None
+    # A new group always needs its signature, a group with a previous version only when its bytes changed
+    # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
+    # encoding of the group before.
     sig, norm = None, None
-    try:
-        if lsh.hashable(info.dtype):  # a changed or new group needs its signature (an unchanged one never)
-            sig = lsh.signature(arr)
-            if prev is not None and sig is not None and prev.lsh is not None:
-                norm = lsh.l2norm(arr)
-        if hashing is not None:
-            digest = hashing.result()
-    except BaseException:
-        for fut in (hashing, ahead):
-            if fut is not None:
-                fut.cancel() or fut.exception()
-        raise
+    if lsh.hashable(info.dtype) and (prev is None or prev.hash != digest):
+        sig = lsh.signature(arr)
+        if prev is not None and sig is not None and prev.lsh is not None:
+            norm = lsh.l2norm(arr)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
         key in previous.groups or key in previous.aliases) else None
-    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, ahead)
-
-
-def _rebuild_previous(key: str, prev: GroupMeta, store: LfsStore, path: str, stats: CleanStats
-                      ) -> tuple[np.ndarray | None, Future | None]:
-    """The previous value of a changed group, and the future of its sha256 when the store does not prove it
-    (computed on the hash thread while the value is compared with or encoded against: the caller checks it
-    before anything built on the value is kept). None when its blobs are not local, or broken (a warning)."""
-    try:
-        value = decode_proven_dense(prev, store, path)  # bound and checksummed: no hash needed
-        if value is not None:
-            return value, None
-        # a chain this store built and bound (bind_steps) rebuilds without hashing its steps
-        value, proven = reconstruct_proven(prev, store, path)
-        return value, None if proven else parallel.pool("hash").submit(content_hash, value)
-    except BlobMissingError:
-        return None, None  # not fetched locally: cannot compare or build on it
-    except (IntegrityError, MetadataError) as e:
-        # the committed version is broken (corrupt store, forged metadata): the new value is stored on its
-        # own; the add (and `git status`, which cleans too) must not fail because of the old one
-        stats.warnings.append(f"{key}: previous version unusable ({e}); stored anew")
-        return None, None
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -425,11 +351,23 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         if prev is None:
             return None
         if not cached:
-            ahead = got.previous if got.previous is not None and got.prev is prev else None
-            value, hashing = ahead.result() if ahead is not None else _rebuild_previous(key, prev, store, path, stats)
-            if hashing is not None:
-                checking.append(hashing)
-            cached.append(value)
+            try:
+                # its final hash is checked on another thread while it is compared with / encoded against
+                # (check_previous() before anything built on it is returned)
+                value = decode_proven_dense(prev, store, path)  # bound and checksummed: no hash needed
+                if value is None:
+                    # a chain this store built and bound (bind_steps) rebuilds without hashing its steps
+                    value, proven = reconstruct_proven(prev, store, path)
+                    if not proven:
+                        checking.append(parallel.pool("hash").submit(content_hash, value))
+                cached.append(value)
+            except BlobMissingError:
+                cached.append(None)  # not fetched locally: cannot compare or build on it
+            except (IntegrityError, MetadataError) as e:
+                # the committed version is broken (corrupt store, forged metadata): the new value is stored
+                # on its own; the add (and `git status`, which cleans too) must not fail because of the old one
+                stats.warnings.append(f"{key}: previous version unusable ({e}); stored anew")
+                cached.append(None)
         return cached[0]
 
     def check_previous() -> None:

@@ -42,10 +42,8 @@ def _threads() -> int:
 CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
 # "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
-# "previous": clean's rebuilds of changed groups' previous values, ahead of their encoding;
-# "receive": the filter's first clean request, received while the filter still sets itself up
 _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
-            "numeric": min(2, CODEC_THREADS), "clean": 1, "previous": 1, "receive": 1}
+            "numeric": min(2, CODEC_THREADS), "clean": 1}
 _pools: dict[str, Executor] = {}
 _lock = threading.Lock()
 
@@ -64,28 +62,11 @@ class Inline(Executor):
 
 
 def pool(name: str) -> Executor:
-    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric", "clean", "previous" or
-    "receive" (an :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
+    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric" or "clean" (an
+    :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
     with _lock:
         p = _pools.get(name)
         if p is None:
             p = _pools[name] = Inline() if CODEC_THREADS <= 1 else ThreadPoolExecutor(
                 max_workers=_WORKERS[name], thread_name_prefix=f"theta-{name}")
         return p
-
-
-_scratch = threading.local()
-
-
-def scratch(tag: str, nbytes: int) -> bytearray:
-    """A buffer of at least ``nbytes`` that belongs to the calling thread and to ``tag``, reused from call to
-    call: work done frame by frame (byte planes, delta codes) writes into it instead of fresh memory, which the
-    kernel would zero page by page first (page faults were ~10% of a clean's CPU). Valid until the same thread
-    asks for ``tag`` again; never hand it to another thread."""
-    bufs = getattr(_scratch, "bufs", None)
-    if bufs is None:
-        bufs = _scratch.bufs = {}
-    buf = bufs.get(tag)
-    if buf is None or len(buf) < nbytes:
-        buf = bufs[tag] = bytearray(nbytes)
-    return buf

@@ -121,16 +121,3 @@ def test_byte_planes_through_words_equal_the_transposed_bytes(item):
     for i in range(item):
         assert got[i].dtype == np.uint8 and got[i].tobytes() == want[i].tobytes()
 
-
-def test_byte_planes_reuse_the_threads_scratch_for_every_frame_size():
-    """_to_planes writes into its thread's scratch buffers: a smaller frame after a larger one (and a larger
-    one after that) still gets exactly its own planes."""
-    from theta.storage.codec import _to_planes
-
-    rng = np.random.default_rng(7)
-    for n in (4096, 100, 4096 * 3, 1):
-        frame = rng.integers(0, 256, n * 4, dtype=np.uint8)
-        got = _to_planes(frame, 4)
-        want = frame.reshape(-1, 4).T
-        assert [p.size for p in got] == [n] * 4
-        assert all(got[i].tobytes() == want[i].tobytes() for i in range(4))

@@ -32,8 +32,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from concurrent.futures import Future
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Iterable
 
 from theta import faults, settings
 from theta.git import repo as gitutil
@@ -68,9 +67,8 @@ class Received:
                 pass
 
 
-def receive(chunks: Iterable[bytes], spool_dir: "Path | Callable[[], Path]", worktree_file: Path | None) -> Received:
-    """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes. ``spool_dir`` (or a
-    callable giving it, asked only when a spool is needed) is where other content is written.
+def receive(chunks: Iterable[bytes], spool_dir: Path, worktree_file: Path | None) -> Received:
+    """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes.
 
     The work-tree file is read in blocks of ``_COMPARE_BLOCK`` and each packet compared with its slice of the
     block: a read per packet released and re-took the GIL 6,600 times per 400 MiB, each time queueing behind
@@ -164,8 +162,8 @@ class _Window:
         return self.at == self.valid and not self.take(1)
 
 
-def _new_spool(d: "Path | Callable[[], Path]"):
-    fd, name = tempfile.mkstemp(prefix="spool-", dir=d() if callable(d) else d)
+def _new_spool(d: Path):
+    fd, name = tempfile.mkstemp(prefix="spool-", dir=d)
     return os.fdopen(fd, "wb", buffering=1 << 20), name
 
 
@@ -257,23 +255,21 @@ class Filter:
                 return data, GitThetaFile(data, path, self.cwd, self.store, label=spec)
         return None
 
-    def clean(self, path: str, chunks: Iterable[bytes], received: "Future | None" = None) -> bytes:
+    def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
         checked out in another format is a view of the committed one (theta.views).
 
         A file whose committed version Git-Theta wrote: if the content holds exactly the values that
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
-        otherwise it is stored in theta's format, building on the Git-Theta version as its previous one.
-        ``received``: the future of :func:`receive` already draining ``chunks`` (the first request,
-        :class:`_FirstRequest`), else they are received here."""
+        otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
         from theta.gittheta_files import is_git_theta, to_theta_metadata
         from theta.storage.metadata import dumps, is_metadata, same_content
 
         worktree = self.cwd / path if path else None
-        t_request = getattr(received, "t_request", None) or time.perf_counter()
+        t_request = time.perf_counter()
         early = self._clean_early(path, worktree)
         try:
-            got = received.result() if received is not None else receive(chunks, self.spool_dir, worktree)
+            got = receive(chunks, self.spool_dir, worktree)
             t_received = time.perf_counter()
         except BaseException:
             if early is not None:
@@ -671,36 +667,24 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
     w.text_list([c for c in offered if c in caps])
 
-    first = _FirstRequest.read(r, cwd)
-    switch = sys.getswitchinterval()
-    if first is not None and first.received is not None:
-        sys.setswitchinterval(_SETUP_SWITCH)
-    try:
-        from theta.commands.hooks import ensure_installed_quietly
-        from theta.errors import GitError
+    from theta.commands.hooks import ensure_installed_quietly
+    from theta.errors import GitError
 
-        try:
-            gitutil.remember_reads(cwd)  # one git config -l and one rev-parse instead of one process per read
-        except GitError:
-            pass  # not a repository: Filter() below says so in its own words
-        ensure_installed_quietly(cwd)
-        filt = Filter(cwd)
-    finally:
-        sys.setswitchinterval(switch)
+    try:
+        gitutil.remember_reads(cwd)  # one git config -l and one rev-parse instead of one process per read
+    except GitError:
+        pass  # not a repository: Filter() below says so in its own words
+    ensure_installed_quietly(cwd)
+    filt = Filter(cwd)
     while True:
-        received = None  # git's bytes of this request already being received (the first clean)
-        if first is not None:
-            header, chunks, received, first = first.header, first.chunks, first.received, None
-        else:
-            try:
-                header = r.read_pairs()
-            except EOFError:
-                filt.finish()
-                filt.close()
-                if stdin is getattr(sys.stdin, "buffer", None):
-                    _exit_now()
-                return 0
-            chunks = None
+        try:
+            header = r.read_pairs()
+        except EOFError:
+            filt.finish()
+            filt.close()
+            if stdin is getattr(sys.stdin, "buffer", None):
+                _exit_now()
+            return 0
         command, path = header.get("command"), header.get("pathname", "")
         if command == "list_available_blobs":  # no content section
             try:
@@ -711,12 +695,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             w.text_list([f"pathname={p}" for p in paths])
             w.text_list(["status=success"])
             continue
-        if chunks is None:
-            chunks = r.iter_content()
+        chunks = r.iter_content()
         content = None  # the content section being streamed to git, if one was started
         try:
             if command == "clean":
-                data = filt.clean(path, chunks, received)
+                data = filt.clean(path, chunks)
                 w.text_list(["status=success"])
                 if data:
                     w.packet(data)
@@ -746,56 +729,12 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         except ProtocolError:
             raise
         except Exception as e:  # report any failure to git as status=error for this file, keep serving
-            if received is not None:  # its own thread drains it: wait for that, drop what it spooled
-                _FirstRequest.settle(received)
-            else:
-                for _ in chunks:  # drain whatever git still sends for this file
-                    pass
+            for _ in chunks:  # drain whatever git still sends for this file
+                pass
             _report(path, command, e)
             if content is not None:  # content (partly) sent: end it; the error then makes git drop it
                 content.close()
             w.text_list(["status=error"])
-
-
-_SETUP_SWITCH = 0.0002  # seconds: how soon the importing thread hands the GIL to the one draining git's pipe
-
-
-class _FirstRequest:
-    """git's first request, read as soon as the handshake is done. For a clean, git's bytes start being
-    received (read and compared with the work-tree file, :func:`receive`) on their own thread at once, while
-    this process still imports numpy and theta and opens the repository (~0.1 s of start-up that git spent
-    blocked on a full pipe): the 400 MiB it then sends no longer all compete with the clean for the cores."""
-
-    def __init__(self, header: dict, chunks, received: "Future | None"):
-        self.header, self.chunks, self.received = header, chunks, received
-
-    @classmethod
-    def read(cls, r: PktReader, cwd) -> "_FirstRequest | None":
-        try:
-            header = r.read_pairs()
-        except EOFError:
-            return None  # git asked for nothing: the loop sees the end of input again
-        if header.get("command") != "clean":
-            return cls(header, None, None)
-        from theta import parallel
-
-        chunks = r.iter_content()
-        path = header.get("pathname", "")
-        worktree = Path(cwd) / path if path else None
-        t_request = time.perf_counter()
-        received = parallel.pool("receive").submit(receive, chunks, lambda: gitutil.scratch_dir(cwd), worktree)
-        received.t_request = t_request
-        return cls(header, chunks, received)
-
-    @staticmethod
-    def settle(received: "Future") -> None:
-        """After a failure: wait until every byte of the request was received, and remove a spool file (a
-        broken protocol is raised: nothing more can be read)."""
-        error = received.exception()
-        if isinstance(error, ProtocolError):
-            raise error
-        if error is None:
-            received.result().cleanup()
 
 
 def _exit_now() -> None:

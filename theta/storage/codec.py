@@ -325,15 +325,7 @@ def _to_planes(frame: np.ndarray, item: int) -> list[np.ndarray]:
         grouped = frame.reshape(-1, item).T.copy()
         return [grouped[i] for i in range(item)]
     words = frame.view(word)
-    n = words.size
-    # into this thread's scratch (the caller compresses the planes before its next frame): no fresh pages
-    planes = np.frombuffer(parallel.scratch("planes", n * item), np.uint8, n * item).reshape(item, n)
-    shifted = np.frombuffer(parallel.scratch("shifted", n * item), word, n)
-    np.copyto(planes[0], words, casting="unsafe")  # uint -> uint8 keeps the low byte, as astype does
-    for i in range(1, item):
-        np.right_shift(words, word(8 * i), out=shifted)
-        np.copyto(planes[i], shifted, casting="unsafe")
-    return list(planes)
+    return [words.astype(np.uint8)] + [(words >> word(8 * i)).astype(np.uint8) for i in range(1, item)]
 
 
 def _frame_jobs(layout: "_ArrayLayout") -> list:

@@ -1,16 +1,13 @@
-"""Clean rebuilds a changed group's previous value ahead of its encoding, on its own thread, beside the sha256
-and the signature of its new bytes (issue #17: the largest group's costs side by side, not one after another).
+"""Clean encodes a changed group against its previous value: the same metadata, bit for bit, however far it
+reads ahead, and a previous version whose blob is corrupt is stored anew with a warning, never built on.
 
-Real files (safetensors), a real store; the only stand-in is a spy on theta's own rebuild helper, to see
-which previous values were rebuilt and on which thread."""
+Real files (safetensors), a real store."""
 import os
-import threading
 
 import numpy as np
 import safetensors.numpy
 
 import theta.clean
-from theta import parallel
 from theta.clean import CleanStats, clean_checkpoint
 from theta.storage import metadata
 from theta.storage.store import LfsStore
@@ -36,32 +33,6 @@ def two_versions(tmp_path, store):
     second = tuned(first)
     safetensors.numpy.save_file(second, str(p))
     return p, meta, second
-
-
-def rebuild_spy(monkeypatch):
-    calls = []
-    real = theta.clean._rebuild_previous
-    monkeypatch.setattr(theta.clean, "_rebuild_previous",
-                        lambda key, *a: calls.append((key, threading.current_thread().name)) or real(key, *a))
-    return calls
-
-
-def test_each_changed_groups_previous_value_is_rebuilt_once_on_its_own_thread(tmp_path, monkeypatch):
-    store = LfsStore(tmp_path / "objects")
-    p, first, second = two_versions(tmp_path, store)
-    calls = rebuild_spy(monkeypatch)
-    stats = CleanStats()
-    meta = clean_checkpoint(p, store, first, stats=stats)
-    changed = sorted(k for i, k in enumerate(second) if i % 2 == 0)
-    assert sorted(k for k, _ in calls) == changed  # once each, and never for an unchanged group
-    if parallel.CODEC_THREADS > 1:
-        assert {t for _, t in calls} == {"theta-previous_0"}
-    assert stats.written == len(changed) and stats.unchanged == len(second) - len(changed)
-    for k in changed:
-        assert [s.type for s in meta.groups[k].steps] == ["dense", "delta"]  # encoded against that value
-    for k, v in second.items():
-        got = reconstruct(meta.groups[k], store)
-        assert got.dtype == v.dtype and got.tobytes() == v.tobytes()
 
 
 def test_the_metadata_does_not_depend_on_how_far_clean_reads_ahead(tmp_path, monkeypatch):
@@ -91,17 +62,3 @@ def test_a_previous_version_whose_blob_is_corrupt_is_stored_anew_with_a_warning(
     assert [s.type for s in meta.groups["w02"].steps] == ["dense"]  # nothing built on the broken value
     assert reconstruct(meta.groups["w02"], store).tobytes() == second["w02"].tobytes()
     assert [s.type for s in meta.groups["w04"].steps] == ["dense", "delta"]  # the others as usual
-
-
-def test_a_full_chain_rebuilds_nothing_ahead(tmp_path, monkeypatch):
-    """A chain that cannot grow stores the change whole: its previous value is never rebuilt for it."""
-    from theta.clean import CleanOptions
-
-    store = LfsStore(tmp_path / "objects")
-    p, first, second = two_versions(tmp_path, store)
-    calls = rebuild_spy(monkeypatch)
-    meta = clean_checkpoint(p, store, first, CleanOptions(max_chain=1))
-    assert calls == []
-    assert all([s.type for s in g.steps] == ["dense"] for g in meta.groups.values())
-    for k, v in second.items():
-        assert reconstruct(meta.groups[k], store).tobytes() == v.tobytes()

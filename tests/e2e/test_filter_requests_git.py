@@ -1,6 +1,6 @@
-"""git's first clean request is received on its own thread from the moment it arrives, while the filter still
-imports and opens the repository (filter_process._FirstRequest). Real git, real git-lfs, real torch files:
-what git sends is what is stored, whichever way it arrives, and a refused first request leaves nothing."""
+"""What git sends a clean is what is stored, whether it is the work-tree file (cleaned in place) or other
+bytes for that path (spooled), and a refused clean leaves nothing behind. Real git, real git-lfs, real torch
+files."""
 from __future__ import annotations
 
 import os
@@ -29,9 +29,9 @@ def tuned(state: dict, seed: int) -> dict:
 
 
 def test_a_first_clean_of_other_bytes_than_the_work_tree_file_stores_the_bytes_git_sent(genv):
-    """`git hash-object --path=model.pt other.pt` sends other.pt's bytes for model.pt: the receiving thread
-    spools them (the work-tree file differs) and the metadata is that of other.pt, the same text `git add`
-    of those bytes at model.pt writes."""
+    """`git hash-object --path=model.pt other.pt` sends other.pt's bytes for model.pt: they are spooled (the
+    work-tree file differs) and the metadata is that of other.pt, the same text `git add` of those bytes at
+    model.pt writes."""
     repo = genv.init("work", track=("*.pt",))
     v1 = make_state(1)
     save_pt(repo / "model.pt", v1)
