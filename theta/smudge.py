@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import zlib
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -17,7 +16,7 @@ from typing import BinaryIO
 import numpy as np
 
 import zipslice
-from zipslice import TensorSource, dtypes, torch_writer
+from zipslice import TensorSource, crc, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
@@ -386,7 +385,7 @@ class _Rebuilder:
 
     def _rebuild_ahead(self, group_name: str) -> tuple[np.ndarray, int | None]:
         value = self._rebuild(group_name)
-        return value, (zlib.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
+        return value, (crc.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
 
     def crc_of(self, group_name: str) -> int | None:
         """The CRC-32 of the bytes of ``group_name`` if it is the value just handed out and it was computed

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import BinaryIO, Callable, Hashable, Sequence
 
 import numpy as np
 
 from . import dtypes, structure as st
+from .crc import crc32
 from .errors import ZipsliceError
 from .fileio import atomic_output
 from .info import TensorSource, contiguous_stride
@@ -167,7 +167,7 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
     for key, src in plan.storages:
         data = source_bytes(src, path)
         known = src.crc32() if src.crc32 is not None else None
-        crc = z.write_known(f"{prefix}/data/{key}", data, zlib.crc32(data) if known is None else known, CHUNK,
+        crc = z.write_known(f"{prefix}/data/{key}", data, crc32(data) if known is None else known, CHUNK,
                             progress)
         ident.update(f"{key}:{data.nbytes}:{crc};".encode())
         del data  # drop this tensor's bytes before reading the next
