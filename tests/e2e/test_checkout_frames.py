@@ -93,13 +93,13 @@ def test_frames_write_the_same_file_as_whole_groups(tmp_path, cleaned):
 
 
 def test_frames_never_hold_a_whole_group(tmp_path):
-    store, meta, _ = _cleaned(tmp_path, mib=40)  # ten frames: more than the stream decodes ahead
-    group = 40 << 20
+    store, meta, _ = _cleaned(tmp_path, mib=48)  # 12 frames: far more than the stream decodes ahead
+    group = 48 << 20
     peaks: dict = {}
     for name, seekable in (("framed", True), ("pipe", False)):
         _smudge(tmp_path, meta, store, name, seekable=seekable, peak=peaks)
     assert peaks["pipe"] >= group  # the whole-group path holds the largest group (at least)
-    assert peaks["framed"] < 0.6 * group, peaks  # frames in flight only (~5 x 4 MiB)
+    assert peaks["framed"] < 0.75 * group, peaks  # frames in flight only (at most ~6 x 4 MiB + zstd buffers)
 
 
 def test_a_group_the_store_has_not_bound_is_rebuilt_whole_and_hashed(tmp_path, cleaned, monkeypatch):
