@@ -479,6 +479,7 @@ class _FrameStream:
         self._next: str | None = None  # the group whose header comes next from _results
         self._maps: dict[str, contextlib.ExitStack] = {}  # blobs mapped for the frames in flight
         self._in_group = False  # a group's frames were handed out and not all taken
+        self._spare: list[np.ndarray] = []  # frame buffers the writer is done with, decoded into again
 
     def _items(self, start: int):
         from theta.updates import proven_dense_frames
@@ -496,12 +497,18 @@ class _FrameStream:
             for job in plan.jobs:
                 yield name, blob, plan, job
 
-    @staticmethod
-    def _decode(item):
+    def _decode(self, item):
         from theta.storage import codec
 
         name, blob, plan, job = item
-        return item if blob is None else codec.decode_frame(blob, plan, job)
+        if blob is None:
+            return item
+        try:
+            spare = self._spare.pop()  # list.pop is atomic: codec threads share the list
+        except IndexError:
+            spare = np.empty(codec.FRAME_BYTES, dtype=np.uint8)
+        frame = codec.decode_frame(blob, plan, job, out=spare)
+        return frame, spare
 
     def frames_of(self, name: str):
         from theta.storage import codec
@@ -524,7 +531,10 @@ class _FrameStream:
         self._in_group = True
         try:
             for _ in range(count):
-                yield next(self._results)
+                frame, buffer = next(self._results)
+                yield frame
+                del frame
+                self._spare.append(buffer)  # the writer asked for the next piece: it is done with this one
         except IntegrityError as e:  # a frame failed its checksum or its declared size
             raise bounds_located(e, self.file, name, group.steps[0].blob.oid) from None
         self._in_group = False

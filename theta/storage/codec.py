@@ -438,10 +438,13 @@ def frame_plan(blob: "bytes | bytearray | memoryview") -> FramePlan:
                      layout.dtype.itemsize)
 
 
-def decode_frame(blob: memoryview, plan: FramePlan, job) -> np.ndarray:
-    """One frame of ``plan`` (one of its ``jobs``) decoded: its little-endian bytes as a new uint8 array. Each
-    zstd frame must declare exactly the size the header says, and its checksum, when it has one, is verified."""
-    dest = np.empty(job[1] * plan.item, dtype=np.uint8)
+def decode_frame(blob: memoryview, plan: FramePlan, job, out: np.ndarray | None = None) -> np.ndarray:
+    """One frame of ``plan`` (one of its ``jobs``) decoded: its little-endian bytes as a uint8 array, in ``out``
+    (a uint8 buffer at least that large, reused by the caller: no fresh pages to fault in) or a new array.
+    Each zstd frame must declare exactly the size the header says, and its checksum, when it has one, is
+    verified."""
+    n = job[1] * plan.item
+    dest = np.empty(n, dtype=np.uint8) if out is None or out.nbytes < n else out[:n]
     _decode_frame(blob, plan.enc, plan.item, job, dest)
     return dest
 
