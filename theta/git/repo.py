@@ -117,9 +117,33 @@ def git_subcommand(argv: list[str]) -> str | None:
     return None
 
 
+def _proc_parent(pid: int) -> tuple[list[str], int] | None:
+    """(command line, parent pid) of a process from Linux's /proc (no psutil import at a filter's start);
+    None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return argv, int(stat[stat.rindex(b")") + 2:].split()[1])  # fields after the command name: state, ppid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def invoking_subcommand() -> str | None:
     """The subcommand of the git process that started this one (through the shell git runs filters with),
     e.g. "checkout" or "archive"; None when no git process is found."""
+    if os.path.isdir("/proc/self"):
+        pid = os.getppid()
+        for _ in range(4):
+            found = _proc_parent(pid) if pid > 0 else None
+            if found is None:  # no parent, gone, or not ours to read: unknown
+                return None
+            cmd = git_subcommand(found[0])
+            if cmd is not None:
+                return cmd
+            pid = found[1]
+        return None
     try:
         import psutil
 
