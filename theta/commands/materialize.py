@@ -48,6 +48,7 @@ class Placeholder:
     oid: str       # git's blob id of ``text``
     # when the filter handed it to git (time.time_ns()); None for one found in the work tree
     issued_ns: int | None = None
+    meta: object = field(default=None, compare=False, repr=False)  # ``text`` parsed, when the caller has it
 
 
 # file timestamps come from the kernel's coarse clock, a few ms behind time.time_ns()
@@ -199,7 +200,7 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
                 continue  # not (or no longer) the placeholder: git wrote something else there
             if p.issued_ns is not None and before.st_mtime_ns < p.issued_ns - _CLOCK_SLACK_NS:
                 continue  # a placeholder that was there before git smudged this blob for another purpose
-            meta = loads(p.text)
+            meta = p.meta if p.meta is not None else loads(p.text)
         except FileNotFoundError:
             continue
         except (OSError, MetadataError) as e:
@@ -300,21 +301,13 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
     """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
     changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`);
     ``checkout_format()``: the format to write (settings.checkout_formats)."""
-    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
-
     target = root / p.path
     # same file system as the target: the final rename is atomic (else a temp file beside the target)
     tmp_dir = work if os.stat(work).st_dev == before.st_dev else target.parent
     tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.new"  # smudge_checkpoint uses ...tmp beside it
     fmt = checkout_format()
     try:
-        if streams(meta, fmt, p.path):
-            # written straight into the temp file (no second temp file, no fsync: git does not fsync the
-            # work tree either; a kill leaves the placeholder, the rename below publishes the whole file)
-            with open(tmp, "wb") as f:
-                smudge_to_stream(meta, store, f, target.name, fmt=fmt, progress=progress, verify=verify)
-        else:
-            smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=target.name)
+        _build(meta, store, tmp, target.name, fmt, verify, progress, p.path)
         mode = 0o777 if before.st_mode & 0o100 else 0o666
         os.chmod(tmp, mode & ~_umask())
         if not _publish(tmp, target, before):
@@ -325,6 +318,19 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
     if settle:
         _settle(target)
     return os.stat(target)
+
+
+def _build(meta, store, tmp: Path, name: str, fmt: str | None, verify: str, progress: bool, path: str) -> None:
+    """The checkpoint of ``meta`` written into ``tmp`` (in format ``fmt``; ``name``: the file's real name)."""
+    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+
+    if streams(meta, fmt, path):
+        # written straight into the temp file (no second temp file, no fsync: git does not fsync the
+        # work tree either; a kill leaves the placeholder, the exchange publishes the whole file)
+        with open(tmp, "wb") as f:
+            smudge_to_stream(meta, store, f, name, fmt=fmt, progress=progress, verify=verify)
+    else:
+        smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=name)
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
