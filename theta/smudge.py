@@ -511,18 +511,24 @@ class _FrameStream:
         return frame, spare
 
     def frames_of(self, name: str):
-        from theta.storage import codec
-
         if self._results is None or self._next != name or self._in_group:
-            self.close()
-            self._items_gen = self._items(self.pos[name])
-            self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
+            self._restart(name)
         header = next(self._results)
+        if len(header) != 4 or header[0] != name:  # out of step (never expected): start again from this group
+            self._restart(name)
+            header = next(self._results)
         i = self.pos[name] + 1
         self._next = self.names[i] if i < len(self.names) else None
         if header[3] < 0:
             return None
         return self._frames(name, header[3])
+
+    def _restart(self, name: str) -> None:
+        from theta.storage import codec
+
+        self.close()
+        self._items_gen = self._items(self.pos[name])
+        self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
 
     def _frames(self, name: str, count: int):
         from theta.updates import bounds_located
