@@ -6,7 +6,8 @@ costs one comparison.
 Points: ``clean:received`` (content spooled, nothing cleaned), ``store:written`` (a blob's bytes written,
 not yet under its name), ``store:published`` (a blob under its name), ``clean:done`` (metadata made, not sent),
 ``smudge:fetched`` (blobs local, no byte sent), ``smudge:group`` (a group rebuilt and handed to the writer),
-``smudge:done`` (the file sent, status not).
+``smudge:done`` (the file sent, status not), ``materialize:swapped`` (a materialized checkpoint swapped with its
+placeholder, the placeholder not yet removed nor the index updated).
 """
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import zlib
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -17,13 +16,13 @@ from typing import BinaryIO
 import numpy as np
 
 import zipslice
-from zipslice import TensorSource, dtypes, torch_writer
+from zipslice import TensorSource, crc, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
 from theta import faults, parallel, scratch
 from theta.parallel import READ_AHEAD_BYTES
-from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, ThetaError
+from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash, reconstruct
@@ -117,7 +116,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     check_rebuildable(meta, name, fmt, max_output)
     check_blobs(meta, store, name)
     target = view.format
-    job = _Job(meta, store, name, target, progress, verify)
+    job = _Job(meta, store, name, target, progress, verify, stream_frames=target == "torch")  # a temp file
     options: dict = {}
     if view.structure is not None:
         options["structure"] = view.structure
@@ -250,7 +249,7 @@ def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name:
     target = view.format
     if target != "torch":
         raise ThetaError(f"{name}: {target} output cannot be streamed; use smudge_checkpoint")
-    job = _Job(meta, store, name, target, progress, verify)
+    job = _Job(meta, store, name, target, progress, verify, stream_frames=torch_writer.seekable(out))
     try:
         with _writer_errors(name, target):
             torch_writer.write_to(out, job.sources, structure=view.structure, metadata=view.metadata or None,
@@ -276,7 +275,7 @@ class _Job:
     it to the hash checker; the previous value is released before the next is decoded."""
 
     def __init__(self, meta: CheckpointMeta, store: LfsStore, name: str, target: str, progress: bool,
-                 verify: str = "hash", max_shard_bytes: int | None = None):
+                 verify: str = "hash", max_shard_bytes: int | None = None, stream_frames: bool = False):
         if verify not in VERIFY:
             raise ThetaError(f"unknown verification {verify!r}; expected one of {', '.join(VERIFY)}")
         self.bar = bar = Bar(f"theta smudge {name}", sum(_nbytes(g) for g in meta.groups.values()), progress)
@@ -290,8 +289,16 @@ class _Job:
                                         tie=("theta", g.name), is_parameter=owner.is_parameter,
                                         requires_grad=owner.requires_grad))
         order = _expected_read_order(sources, target, meta, max_shard_bytes)
-        self.rebuild = rebuild = _Rebuilder(meta, store, name, order, frames_ok=verify == "frames",
-                                            with_crc=target == "torch")
+        # stream_frames (a torch file the writer can seek in): the groups a checkout in "frames" mode may trust
+        # without hashing are handed to the writer frame by frame as they are decoded (_FrameStream); the
+        # others are rebuilt whole, one ahead, as before
+        streamed = set()
+        if stream_frames and verify == "frames":
+            streamed = {g for g in dict.fromkeys(order) if _single_dense(meta.groups[g])
+                        and store.bound(meta.groups[g].steps[0].blob.oid, meta.groups[g].hash)}
+        self.rebuild = rebuild = _Rebuilder(meta, store, name, [g for g in order if g not in streamed],
+                                            frames_ok=verify == "frames", with_crc=target == "torch")
+        self.frames = frames = _FrameStream(meta, store, name, [g for g in dict.fromkeys(order) if g in streamed])
         handed: list[memoryview] = []
 
         def before_new() -> None:
@@ -324,12 +331,32 @@ class _Job:
                 return rebuild.crc_of(group_name)
             return crc32
 
+        def chunker(group_name: str):
+            def chunks():
+                before_new()
+                stream = frames.frames_of(group_name)
+                faults.point("smudge:group")
+                if stream is None:  # the blob does not prove itself after all: rebuilt whole and hashed
+                    value = rebuild.whole(group_name)
+                    checker.submit(meta.groups[group_name], value)
+                    bar.advance(value.nbytes)
+                    yield dtypes.le_bytes(value)
+                    return
+                for frame in stream:
+                    bar.advance(frame.nbytes)
+                    yield frame
+            return chunks
+
         for src in sources:
-            src.read = reader(meta.group_for(src.name).name)
-            src.crc32 = crc_of(meta.group_for(src.name).name)
+            group_name = meta.group_for(src.name).name
+            src.read = reader(group_name)
+            src.crc32 = crc_of(group_name)
+            if group_name in streamed:
+                src.chunks = chunker(group_name)
         self.sources = sources
 
     def close(self) -> None:
+        self.frames.close()
         self.rebuild.close()
         self.checker.finish(raise_errors=False)
         self.bar.close()
@@ -384,9 +411,14 @@ class _Rebuilder:
                 return value
         return reconstruct(group, self.store, None, file=self.file, verify=False)
 
+    def whole(self, group_name: str) -> np.ndarray:
+        """``group_name`` rebuilt now, outside the read-ahead (a streamed group whose blob did not prove
+        itself); the caller hashes it."""
+        return reconstruct(self.meta.groups[group_name], self.store, None, file=self.file, verify=False)
+
     def _rebuild_ahead(self, group_name: str) -> tuple[np.ndarray, int | None]:
         value = self._rebuild(group_name)
-        return value, (zlib.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
+        return value, (crc.crc32(dtypes.le_bytes(value)) if self.with_crc else None)
 
     def crc_of(self, group_name: str) -> int | None:
         """The CRC-32 of the bytes of ``group_name`` if it is the value just handed out and it was computed
@@ -421,6 +453,112 @@ class _Rebuilder:
             self.ahead[1].cancel() or self.ahead[1].exception()
         self.ahead = self.last = None
         self.last_crc = None
+
+
+# items decoded ahead by the frame stream (frames, and one header per group): the codec's default of 2 frames
+# per codec thread, plus a group's header -- at most ~5 x codec.FRAME_BYTES in flight, whatever the group size
+_FRAMES_AHEAD = 2 * parallel.CODEC_THREADS + 1
+
+
+class _FrameStream:
+    """The frames of the groups a checkout may trust without hashing them (a single dense step whose blob the
+    store has bound to the group's hash, every zstd frame checksummed: :func:`theta.updates.proven_dense_frames`),
+    in the order the writer is expected to ask for them, decoded on the codec threads a few frames ahead --
+    across group boundaries, so the writer never waits for a group's first frame, and never holds a whole group.
+
+    ``frames_of(group)`` hands out one group's frames (uint8 arrays of its little-endian bytes, in order), or
+    None when its blob does not prove itself after all (then it is rebuilt whole and hashed). Asked out of the
+    expected order, the stream starts again from that group."""
+
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, names: list[str]):
+        self.meta, self.store, self.file = meta, store, file
+        self.names = names
+        self.pos = {n: i for i, n in enumerate(names)}
+        self._results = None   # codec.ordered over _items(): headers and decoded frames, in order
+        self._items_gen = None
+        self._next: str | None = None  # the group whose header comes next from _results
+        self._maps: dict[str, contextlib.ExitStack] = {}  # blobs mapped for the frames in flight
+        self._in_group = False  # a group's frames were handed out and not all taken
+        self._spare: list[np.ndarray] = []  # frame buffers the writer is done with, decoded into again
+
+    def _items(self, start: int):
+        from theta.updates import proven_dense_frames
+
+        for name in self.names[start:]:
+            stack = contextlib.ExitStack()
+            proven = stack.enter_context(proven_dense_frames(self.meta.groups[name], self.store, self.file))
+            if proven is None:
+                stack.close()
+                yield name, None, None, -1
+                continue
+            self._maps[name] = stack  # closed once its last frame is taken (or by close())
+            blob, plan = proven
+            yield name, None, None, len(plan.jobs)
+            for job in plan.jobs:
+                yield name, blob, plan, job
+
+    def _decode(self, item):
+        from theta.storage import codec
+
+        name, blob, plan, job = item
+        if blob is None:
+            return item
+        try:
+            spare = self._spare.pop()  # list.pop is atomic: codec threads share the list
+        except IndexError:
+            spare = np.empty(codec.FRAME_BYTES, dtype=np.uint8)
+        frame = codec.decode_frame(blob, plan, job, out=spare)
+        return frame, spare
+
+    def frames_of(self, name: str):
+        if self._results is None or self._next != name or self._in_group:
+            self._restart(name)
+        header = next(self._results)
+        if len(header) != 4 or header[0] != name:  # out of step (never expected): start again from this group
+            self._restart(name)
+            header = next(self._results)
+        i = self.pos[name] + 1
+        self._next = self.names[i] if i < len(self.names) else None
+        if header[3] < 0:
+            return None
+        return self._frames(name, header[3])
+
+    def _restart(self, name: str) -> None:
+        from theta.storage import codec
+
+        self.close()
+        self._items_gen = self._items(self.pos[name])
+        self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
+
+    def _frames(self, name: str, count: int):
+        from theta.updates import bounds_located
+
+        group = self.meta.groups[name]
+        self._in_group = True
+        try:
+            for _ in range(count):
+                frame, buffer = next(self._results)
+                yield frame
+                del frame
+                self._spare.append(buffer)  # the writer asked for the next piece: it is done with this one
+        except IntegrityError as e:  # a frame failed its checksum or its declared size
+            raise bounds_located(e, self.file, name, group.steps[0].blob.oid) from None
+        self._in_group = False
+        stack = self._maps.pop(name, None)  # every frame decoded and taken: the blob can go
+        if stack is not None:
+            stack.close()
+
+    def close(self) -> None:
+        """Stop the stream: frames in flight finish (codec.ordered waits for them), then the blobs are unmapped."""
+        if self._results is not None:
+            self._results.close()
+        if self._items_gen is not None:
+            self._items_gen.close()
+        self._results = self._items_gen = self._next = None
+        self._in_group = False
+        for stack in self._maps.values():
+            stack.close()
+        self._maps.clear()
 
 
 # How smudge verifies each rebuilt group:

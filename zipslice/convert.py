@@ -179,7 +179,7 @@ def cast_source(src: TensorSource, dtype: str) -> TensorSource:
     if dtypes.get(src.dtype).kind != "float" or src.dtype == dtype:
         return src
     return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype),
-                               crc32=None)  # other bytes: the source's CRC no longer applies
+                               crc32=None, chunks=None)  # other bytes: the source's CRC and chunks no longer apply
 
 
 # -- layout ----------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def _reporting(src: TensorSource, progress: Callable[[int, int], None], total: i
         data = s.read()
         progress(s.nbytes, total)
         return data
-    return dataclasses.replace(src, read=read)
+    return dataclasses.replace(src, read=read, chunks=None)  # read() is what reports
 
 
 def bytes_to_write(sources: Sequence[TensorSource], shares_storage: bool) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterable
 
 from . import dtypes
 
@@ -80,6 +80,11 @@ class TensorSource:
     tensor), else None. A writer that needs a CRC (the torch zip) then skips its own pass over the bytes;
     a wrong value makes a file whose reader reports a CRC mismatch, so a source gives it only when it
     computed it over exactly those bytes.
+
+    ``chunks``, optional: the same bytes as ``read()``, as consecutive buffers (an iterator). A writer that can
+    go back in its output (the torch writer on a seekable file: the CRC is patched in afterwards) may take them
+    instead of calling ``read()``, so the tensor is never whole in memory; each buffer is consumed before the
+    next is asked for.
     """
 
     name: str
@@ -91,6 +96,7 @@ class TensorSource:
     requires_grad: bool = False
     extra: dict = field(default_factory=dict)
     crc32: Callable[[], "int | None"] | None = None
+    chunks: "Callable[[], Iterable[bytes | bytearray | memoryview]] | None" = None
 
     @property
     def nbytes(self) -> int:

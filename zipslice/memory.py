@@ -132,11 +132,27 @@ def cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
     return _v1_headroom(root, path) if kind == "v1" else _v2_headroom(root, path)
 
 
+def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
+    """Linux's own estimate of available memory (``MemAvailable``, what psutil reports there), read without
+    importing psutil (~12 ms of a checkout's start-up); None where the file or the line is missing."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    fields = line.split()
+                    return int(fields[1]) * (1024 if fields[2:3] == [b"kB"] else 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def available() -> int:
     """Bytes a new allocation can count on now: the host's available memory, within the cgroup's headroom."""
-    import psutil
+    host = _meminfo_available()
+    if host is None:
+        import psutil
 
-    host = psutil.virtual_memory().available
+        host = psutil.virtual_memory().available
     room = cgroup_headroom()
     return host if room is None else min(host, room)
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import BinaryIO, Callable, Hashable, Sequence
 
 import numpy as np
 
 from . import dtypes, structure as st
+from .crc import crc32
 from .errors import ZipsliceError
 from .fileio import atomic_output
 from .info import TensorSource, contiguous_stride
@@ -47,6 +47,14 @@ def source_bytes(src: TensorSource, path: str | None = None) -> memoryview:
         raise ZipsliceError(path, f"read() gave {view.nbytes} bytes, expected {src.nbytes} "
                                   f"({src.dtype} {list(src.shape)})", src.name)
     return view
+
+
+def seekable(f) -> bool:
+    """Can the writer go back in ``f`` (patch a CRC after the bytes)? False for pipes and write-only wrappers."""
+    try:
+        return bool(f.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def default_prefix(path: str | os.PathLike) -> str:
@@ -143,8 +151,9 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
              progress: Callable[[int], None] | None = None, path: str | None = None) -> None:
     """Write the checkpoint to ``f``, any binary stream with ``write()`` (a pipe is fine: nothing seeks).
 
-    Each tensor's CRC-32 is computed from its bytes before its header is written. ``path`` only names the
-    output in error messages. Bytes already written are not taken back on error: the caller discards them.
+    Each tensor's CRC-32 is computed from its bytes before its header is written; on a seekable ``f``, a source
+    with ``chunks`` is written piece by piece instead and its CRC-32 patched into the header after (the tensor
+    is then never whole in memory). ``path`` only names the output in error messages. Bytes already written are not taken back on error: the caller discards them.
     """
     sources = list(sources)
     if structure is None:
@@ -164,10 +173,15 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
     z.write_record(f"{prefix}/.format_version", _FORMAT_VERSION)
     z.write_record(f"{prefix}/.storage_alignment", b"64")
     z.write_record(f"{prefix}/byteorder", _BYTEORDER)
+    can_seek = seekable(f)
     for key, src in plan.storages:
+        if src.chunks is not None and can_seek:  # never whole in memory: CRC patched in afterwards
+            crc = z.write_chunks(f"{prefix}/data/{key}", src.nbytes, src.chunks(), progress)
+            ident.update(f"{key}:{src.nbytes}:{crc};".encode())
+            continue
         data = source_bytes(src, path)
         known = src.crc32() if src.crc32 is not None else None
-        crc = z.write_known(f"{prefix}/data/{key}", data, zlib.crc32(data) if known is None else known, CHUNK,
+        crc = z.write_known(f"{prefix}/data/{key}", data, crc32(data) if known is None else known, CHUNK,
                             progress)
         ident.update(f"{key}:{data.nbytes}:{crc};".encode())
         del data  # drop this tensor's bytes before reading the next

@@ -4,7 +4,7 @@ The layout follows what ``torch.save`` (PyTorchStreamWriter) produces: no compre
 aligned to ``alignment`` bytes by padding the local header's extra field with a ``FB`` block of ``Z`` bytes,
 UTF-8 names. Sizes are known before the data, so the local header carries them directly (no data
 descriptor); its CRC field is patched in place once the record's bytes have streamed through
-``zlib.crc32``. When the caller has the whole record in memory (:meth:`ZipWriter.write_record`,
+``zlib.crc32`` (:meth:`ZipWriter.write_chunks`). When the caller has the whole record in memory (:meth:`ZipWriter.write_record`,
 :meth:`ZipWriter.write_known`) its CRC is computed first and the writer never seeks: the output may then be a
 pipe (theta streams a checkout straight to git). The writer counts its own offsets instead of calling
 ``tell()`` (which flushes a buffered file every time). Zip64 fields are written only where a size, an
@@ -73,6 +73,32 @@ class ZipWriter:
             if progress is not None:
                 progress(piece.nbytes)
         self._entries[-1].crc = crc
+        return crc
+
+    def write_chunks(self, name: str, size: int, chunks, progress=None) -> int:
+        """Write a record of ``size`` bytes given as consecutive buffers, computing its CRC32 as they stream
+        through, then patching it into the local header: the output must be seekable. Returns the CRC32.
+        ZipsliceError when the buffers do not add up to ``size``."""
+        from .crc import crc32
+
+        self._header(name, size, 0)
+        entry = self._entries[-1]
+        crc, done = 0, 0
+        for piece in chunks:
+            piece = memoryview(piece).cast("B")
+            done += piece.nbytes
+            if done > size:
+                raise self._error(f"the tensor's bytes exceed the {size} announced", name)
+            crc = crc32(piece, crc)
+            self._write(piece)
+            if progress is not None:
+                progress(piece.nbytes)
+        if done != size:
+            raise self._error(f"the tensor gave {done} bytes, {size} announced", name)
+        self._f.seek(entry.header_offset + _CRC_FIELD_OFFSET)
+        self._f.write(struct.pack("<I", crc))
+        self._f.seek(self._pos)
+        entry.crc = crc
         return crc
 
     def _write(self, b) -> None:

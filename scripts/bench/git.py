@@ -32,6 +32,10 @@ add, partial add (a fifth of the groups changed), checkout of the first version,
 each tool under --mem-limit, plus git-lfs's checkout of the same history WITHOUT a limit (the reference for
 theta's checkout time under the limit).
 
+--checkout-only N: only the "checkout v1" step, N rounds: each tool commits v1 then v2 of the history once, then
+every round checks out v1 (measured, after letting the index settle) and goes back to v2 (unmeasured), tools
+interleaved round by round; prints each round and the best (least wall, least CPU) per tool, with the ratios.
+
 --sweep: theta's checkout of models of 1-256 MiB through its two paths (the checkpoint handed to git vs a
 placeholder materialized after git): the measured reason for theta.materializeAbove's default.
 
@@ -41,6 +45,7 @@ placeholder materialized after git): the measured reason for theta.materializeAb
     python3 scripts/bench/git.py --threads 1,2         # theta with 1 and 2 worker threads (scaling)
     python3 scripts/bench/git.py --scale 0.25 --runs 1 --tools theta   # quick look, memory bound only
     python3 scripts/bench/git.py --sweep               # placeholder vs direct checkout by model size
+    python3 scripts/bench/git.py --checkout-only 10    # just "checkout v1", 10 rounds per tool
 
 Large files go under --workdir (default /tmp/theta-bench), never into the repository.
 """
@@ -705,6 +710,9 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="theta's direct vs placeholder checkout by model size")
     ap.add_argument("--sizes", type=lambda v: [float(x) for x in v.split(",")], default=[1, 4, 16, 32, 64, 128, 256],
                     help="--sweep: model sizes in MiB (default 1,4,16,32,64,128,256)")
+    ap.add_argument("--checkout-only", type=int, metavar="N", default=0,
+                    help="only the checkout-v1 step: commit v1 and v2 once per tool, then N measured checkouts of "
+                    "v1 per tool (interleaved), best of N")
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
     ap.add_argument("--spool", action="store_true", help="also time clean's two input paths (git hash-object of v1)")
     ap.add_argument("--json", type=Path, help="also write every step's figures to this file (for tests)")
@@ -721,6 +729,8 @@ def main() -> int:
         return sweep(root, args, theta_env(env, threads[0]))
     cgroup = open_cgroup(args)
     try:
+        if args.checkout_only:
+            return checkout_only(root, args, env, tools, threads, cgroup)
         if args.big:
             return big(root, args, env, tools, threads[0], cgroup)
         return history(root, args, env, tools, threads, cgroup)
@@ -795,6 +805,43 @@ def history(root: Path, args, env: dict, tools: list[str], threads: list[int], c
                              f"{m.peak_tree_rss / MiB:4.0f} MiB")
             print(f"  {step:<23}" + "".join(f"{c:>34}" for c in cells))
     return 0 if ok else 1
+
+
+def checkout_only(root: Path, args, env: dict, tools: list[str], threads: list[int],
+                  cgroup: MemCgroup | None) -> int:
+    """The "checkout v1" step alone, ``args.checkout_only`` rounds per tool (see --checkout-only)."""
+    paths, info = make_history(root / "data", args.scale)
+    setups = [(tool if t is None else f"{tool}-{t}t", tool, env if t is None else theta_env(env, t))
+              for tool in tools for t in (threads if tool == "theta" else [None])]
+    repos = {}
+    for label, tool, e in setups:
+        repo = new_repo(root, f"ck-{label}", tool, e)
+        commit_version(repo, paths[0], "v1", e)
+        commit_version(repo, paths[1], "v2", e)
+        repos[label] = repo
+    runs: dict[str, list[Measure]] = {label: [] for label, _, _ in setups}
+    print(f"checkout of v1 ({info['bytes'] / MiB:.0f} MiB, {info['groups']} groups) from v2; {load_line()}", flush=True)
+    for r in range(args.checkout_only):
+        for label, _, e in setups:
+            repo = repos[label]
+            sh(["git", "checkout", "-q", "-f", "main"], repo, e)
+            settle(repo, e)
+            m = run_measured(["git", "checkout", "-q", "HEAD~1"], repo, e, cgroup)
+            runs[label].append(m)
+            print(f"  round {r + 1} {label:<10} wall {m.seconds:5.2f} s  CPU {m.cpu:5.2f} s  peak RSS tree "
+                  f"{m.peak_tree_rss / MiB:4.0f} MiB  (load {os.getloadavg()[0]:.1f})", flush=True)
+    print(f"\nbest of {args.checkout_only} (least wall, least CPU, highest peak RSS); {load_line()}")
+    best = {label: (min(m.seconds for m in ms), min(m.cpu for m in ms), max(m.peak_tree_rss for m in ms))
+            for label, ms in runs.items()}
+    for label, (wall, cpu, rss) in best.items():
+        line = f"  {label:<10} wall {wall:5.2f} s  CPU {cpu:5.2f} s  peak RSS tree {rss / MiB:4.0f} MiB"
+        if "lfs" in best and label != "lfs":
+            line += f"   ratio to git-lfs: wall {wall / best['lfs'][0]:.2f}x  CPU {cpu / best['lfs'][1]:.2f}x"
+        print(line)
+    if not args.keep:
+        for repo in repos.values():
+            shutil.rmtree(repo, ignore_errors=True)
+    return 0
 
 
 def spool(root: Path, v1: Path, env: dict) -> None:

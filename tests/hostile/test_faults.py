@@ -223,3 +223,32 @@ def test_checkout_on_a_full_disk_leaves_nothing_under_the_real_name(genv, small_
     got = torch.load(repo / "model.pt", weights_only=True)
     assert torch.equal(got["w"], sd["w"])
     assert leftovers(repo) == []
+
+
+def test_kill_between_the_swap_and_the_index_update_leaves_the_whole_checkpoint(genv):
+    """A materialized checkpoint takes its placeholder's place by an exchange of names; the filter killed
+    right after it leaves the whole checkpoint under the real name (never a part of one), no lock, and the
+    placeholder under the killed process's temp name, removed by the next materialization. The index still
+    holds the placeholder's stat data, whose size git takes as a change without reading the file (as after a
+    kill between the former rename and the index update): `git add` finds the committed metadata again."""
+    repo = genv.init("work")
+    sd = make_state(3)
+    save_pt(repo / "model.pt", sd)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = _v2(sd)
+    save_pt(repo / "model.pt", v2)
+    repo.commit("v2", "model.pt")
+    env = {"GIT_THETA_MATERIALIZE_ABOVE": "0"}  # the placeholder path for this small checkpoint
+    res = limited_git(repo, "checkout", "-q", "HEAD~1", extra_env={**env, "GIT_THETA_FAULT": "materialize:swapped"})
+    assert not (repo.git_common_dir() / "index.lock").exists(), res.err
+    assert_same_checkpoint(repo / "model.pt", sd)
+    index_blob = repo.out("ls-files", "-s", "model.pt")
+    repo.git("add", "model.pt")
+    assert repo.status() == "" and repo.out("ls-files", "-s", "model.pt") == index_blob
+    theta_dir = repo.git_common_dir() / "theta"
+    left = [p for d in theta_dir.glob("materialize-*") for p in d.iterdir()]
+    assert [p.read_bytes()[:15] for p in left] == [b"theta-metadata "]  # the placeholder, swapped out
+    repo.git("checkout", "-q", "main", extra_env=env)
+    assert_same_checkpoint(repo / "model.pt", v2)
+    assert not any(theta_dir.glob("materialize-*"))
+    assert repo.status() == "" and leftovers(repo) == []

@@ -147,3 +147,23 @@ def test_the_git_subcommand_from_a_command_line(argv, cmd):
     from theta.git.repo import git_subcommand
 
     assert git_subcommand(argv) == cmd
+
+
+def test_the_invoking_git_subcommand_is_found_through_proc_as_psutil_finds_it(tmp_path):
+    """A process git starts through its shell (as it starts the filter) finds git's subcommand from /proc,
+    and psutil's walk up the same processes agrees."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import psutil, theta.git.repo as r; from theta.git.repo import git_subcommand as g\n"
+             "p = psutil.Process().parent(); walk = []\n"
+             "while p is not None and len(walk) < 4: walk.append(g(p.cmdline())); p = p.parent()\n"
+             "print(r.invoking_subcommand(), next((c for c in walk if c), None))")
+    script = tmp_path / "probe.py"
+    script.write_text(probe)
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": str(tmp_path / "none"),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(["git", "-c", f"alias.probe=!{sys.executable} {script}", "probe"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["probe", "probe"]

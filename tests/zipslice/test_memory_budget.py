@@ -46,3 +46,22 @@ def test_available_and_total_stay_within_the_machine():
     vm = psutil.virtual_memory()
     assert 0 < memory.available() <= vm.total
     assert 0 < memory.total() <= vm.total
+
+
+def test_available_reads_linux_meminfo_as_psutil_does(tmp_path):
+    """zipslice.memory reads MemAvailable itself (no psutil import at a checkout's start); same number."""
+    import sys
+
+    import psutil
+
+    from zipslice import memory
+
+    fake = tmp_path / "meminfo"
+    fake.write_bytes(b"MemTotal:       24684396 kB\nMemFree:        20100000 kB\nMemAvailable:   22713804 kB\n")
+    assert memory._meminfo_available(str(fake)) == 22713804 * 1024
+    fake.write_bytes(b"MemTotal:       24684396 kB\n")  # a kernel without the line: psutil's own estimate
+    assert memory._meminfo_available(str(fake)) is None
+    assert memory._meminfo_available(str(tmp_path / "missing")) is None
+    if sys.platform.startswith("linux"):
+        ours, theirs = memory._meminfo_available(), psutil.virtual_memory().available
+        assert abs(ours - theirs) < 256 << 20  # two reads of a moving number

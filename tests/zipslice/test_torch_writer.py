@@ -233,3 +233,68 @@ def test_a_source_that_knows_its_crc_is_trusted_and_one_that_does_not_is_compute
     bad = tmp_path / "bad.pt"
     torch_writer.write(bad, [_hinted("a", a, lambda: 12345)])
     assert zipfile.ZipFile(bad).testzip() == "bad/data/0"
+
+
+def _chunked(sources, piece: int):
+    """The same sources, each also offering its bytes as pieces of ``piece`` bytes (TensorSource.chunks)."""
+    import dataclasses
+
+    out = []
+    for s in sources:
+        def chunks(s=s):
+            view = memoryview(bytes(torch_writer.source_bytes(s)))
+            for i in range(0, view.nbytes, piece):
+                yield view[i:i + piece]
+        out.append(dataclasses.replace(s, chunks=chunks))
+    return out
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 1 << 20])
+def test_chunks_on_a_seekable_file_write_the_same_bytes(tmp_path, piece):
+    tensors = {name: _random(name, shape=(33, 17), seed=i) for i, name in enumerate(dtypes.BY_NAME)}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole, chunked = tmp_path / "a" / "model.pt", tmp_path / "b" / "model.pt"  # same name: same record prefix
+    torch_writer.write(whole, as_sources(tensors))
+    torch_writer.write(chunked, _chunked(as_sources(tensors), piece))
+    assert chunked.read_bytes() == whole.read_bytes()  # CRCs patched in: the same file
+    with zipfile.ZipFile(chunked) as z:
+        assert z.testzip() is None  # every record's CRC matches its bytes
+
+
+def test_chunks_are_ignored_on_a_stream_that_cannot_seek(tmp_path):
+    import io
+
+    class Pipe(io.RawIOBase):
+        def __init__(self):
+            self.data = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.data += b
+            return len(b)
+
+    def never():
+        raise AssertionError("chunks() called on a stream that cannot seek")
+        yield
+
+    tensors = {"w": _random("float32", shape=(64, 8))}
+    srcs = [__import__("dataclasses").replace(s, chunks=never) for s in as_sources(tensors)]
+    pipe = Pipe()
+    torch_writer.write_to(pipe, srcs, record_prefix="whole")
+    torch_writer.write(tmp_path / "whole.pt", as_sources(tensors))
+    assert bytes(pipe.data) == (tmp_path / "whole.pt").read_bytes()
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_chunks_that_do_not_add_up_to_the_tensor_are_refused(tmp_path, delta):
+    import dataclasses
+
+    src = as_sources({"w": _random("float32", shape=(10,))})[0]
+    data = bytes(torch_writer.source_bytes(src))
+    bad = dataclasses.replace(src, chunks=lambda: iter([data[:len(data) + delta] if delta < 0 else data + b"x"]))
+    with pytest.raises(ZipsliceError, match="announced"):
+        torch_writer.write(tmp_path / "bad.pt", [bad])
+    assert not (tmp_path / "bad.pt").exists()

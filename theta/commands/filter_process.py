@@ -419,7 +419,7 @@ class Filter:
 
                 if not self.checkout_settings().skip:
                     oid = blob or gitutil.blob_id(text, self._hash_name())
-                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns())
+                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
                 out(io.BytesIO(text))
                 return False
             # everything the metadata alone can refuse is refused before any download or byte of output

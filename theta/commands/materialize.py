@@ -48,6 +48,7 @@ class Placeholder:
     oid: str       # git's blob id of ``text``
     # when the filter handed it to git (time.time_ns()); None for one found in the work tree
     issued_ns: int | None = None
+    meta: object = field(default=None, compare=False, repr=False)  # ``text`` parsed, when the caller has it
 
 
 # file timestamps come from the kernel's coarse clock, a few ms behind time.time_ns()
@@ -199,7 +200,7 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
                 continue  # not (or no longer) the placeholder: git wrote something else there
             if p.issued_ns is not None and before.st_mtime_ns < p.issued_ns - _CLOCK_SLACK_NS:
                 continue  # a placeholder that was there before git smudged this blob for another purpose
-            meta = loads(p.text)
+            meta = p.meta if p.meta is not None else loads(p.text)
         except FileNotFoundError:
             continue
         except (OSError, MetadataError) as e:
@@ -219,10 +220,11 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
         todo = _fetch(root, store, todo, out, remote, progress)
         pending = [p.path for p, _, _ in todo]
         verify = verify or settings.verify_mode(root)
+        formats = settings.checkout_formats([p.path for p, _, _ in todo], root) if todo else {}
         for p, meta, before in todo:
             settle = held.get(p.path) == p.oid
             try:
-                st = _write_one(root, work, p, meta, store, before, verify, progress, settle)
+                st = _write_one(root, work, p, meta, store, before, verify, progress, settle, formats[p.path])
             except (ThetaError, OSError) as e:
                 out.left.append((p.path, _one_line(e)))
             else:
@@ -295,36 +297,69 @@ def _alive(pid: int) -> bool:
 
 
 def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.stat_result, verify: str,
-               progress: bool, settle: bool) -> os.stat_result | None:
+               progress: bool, settle: bool, checkout_format) -> os.stat_result | None:
     """Rebuild one checkpoint and rename it over its placeholder; its stat data, or None if the placeholder
-    changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`)."""
-    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
-
+    changed meanwhile (then nothing is replaced). ``settle``: date it back (see :func:`_settle`);
+    ``checkout_format()``: the format to write (settings.checkout_formats)."""
     target = root / p.path
     # same file system as the target: the final rename is atomic (else a temp file beside the target)
     tmp_dir = work if os.stat(work).st_dev == before.st_dev else target.parent
     tmp = tmp_dir / f".{target.name}.theta-{os.getpid()}.new"  # smudge_checkpoint uses ...tmp beside it
-    fmt = settings.checkout_format(p.path, root)
+    fmt = checkout_format()
     try:
-        if streams(meta, fmt, p.path):
-            # written straight into the temp file (no second temp file, no fsync: git does not fsync the
-            # work tree either; a kill leaves the placeholder, the rename below publishes the whole file)
-            with open(tmp, "wb") as f:
-                smudge_to_stream(meta, store, f, target.name, fmt=fmt, progress=progress, verify=verify)
-        else:
-            smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=target.name)
+        _build(meta, store, tmp, target.name, fmt, verify, progress, p.path)
         mode = 0o777 if before.st_mode & 0o100 else 0o666
         os.chmod(tmp, mode & ~_umask())
-        now = os.stat(target)
-        if (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
+        if not _publish(tmp, target, before):
             return None  # someone changed the placeholder while we wrote: theirs wins
-        os.replace(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
     if settle:
         _settle(target)
     return os.stat(target)
+
+
+def _build(meta, store, tmp: Path, name: str, fmt: str | None, verify: str, progress: bool, path: str) -> None:
+    """The checkpoint of ``meta`` written into ``tmp`` (in format ``fmt``; ``name``: the file's real name)."""
+    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+
+    if streams(meta, fmt, path):
+        # written straight into the temp file (no second temp file, no fsync: git does not fsync the
+        # work tree either; a kill leaves the placeholder, the exchange publishes the whole file)
+        with open(tmp, "wb") as f:
+            smudge_to_stream(meta, store, f, name, fmt=fmt, progress=progress, verify=verify)
+    else:
+        smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=name)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+def _publish(tmp: Path, target: Path, before: os.stat_result) -> bool:
+    """Put the finished file ``tmp`` in the place of the placeholder ``target`` (as it was: ``before``), in one
+    step; False, with ``target`` left as it is, when the placeholder changed meanwhile.
+
+    The two names are swapped (:func:`theta.scratch.exchange`: no writeback of the checkpoint inside the
+    rename), so what was replaced can be checked afterwards: when it is not the placeholder (a write that raced
+    the swap) it is swapped back. Where the system cannot swap, the placeholder is checked, then renamed over.
+    A kill at any point leaves ``target`` holding the placeholder or the whole checkpoint, and the temp name
+    (under this process's work directory, swept by the next run) holding the other or nothing.
+    """
+    from theta import faults, scratch
+
+    if not _same_file(os.stat(target), before):
+        return False
+    if not scratch.exchange(tmp, target):
+        os.replace(tmp, target)
+        return True
+    faults.point("materialize:swapped")
+    if not _same_file(os.lstat(tmp), before):  # changed between the check and the swap: theirs wins
+        scratch.exchange(tmp, target)
+        return False
+    os.unlink(tmp)  # the placeholder
+    return True
 
 
 def _settle(path: Path) -> None:

@@ -72,11 +72,15 @@ def hooks_dir(cwd=None) -> Path:
 
 def git_path(name: str, cwd=None) -> Path:
     """``git rev-parse --git-path NAME`` made absolute (honours GIT_INDEX_FILE for "index", worktrees...)."""
+    if name == "index" and (r := _snapshot(cwd)) is not None:
+        return r.index_file
     return _absolute(run_text(["rev-parse", "--git-path", name], cwd), cwd)
 
 
 def object_format(cwd=None) -> str:
     """The repository's hash algorithm: "sha1" or "sha256"."""
+    if (r := _snapshot(cwd)) is not None and r.object_format:
+        return r.object_format
     return run_text(["rev-parse", "--show-object-format"], cwd, check=False) or "sha1"
 
 
@@ -113,9 +117,33 @@ def git_subcommand(argv: list[str]) -> str | None:
     return None
 
 
+def _proc_parent(pid: int) -> tuple[list[str], int] | None:
+    """(command line, parent pid) of a process from Linux's /proc (no psutil import at a filter's start);
+    None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return argv, int(stat[stat.rindex(b")") + 2:].split()[1])  # fields after the command name: state, ppid
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def invoking_subcommand() -> str | None:
     """The subcommand of the git process that started this one (through the shell git runs filters with),
     e.g. "checkout" or "archive"; None when no git process is found."""
+    if os.path.isdir("/proc/self"):
+        pid = os.getppid()
+        for _ in range(4):
+            found = _proc_parent(pid) if pid > 0 else None
+            if found is None:  # no parent, gone, or not ours to read: unknown
+                return None
+            cmd = git_subcommand(found[0])
+            if cmd is not None:
+                return cmd
+            pid = found[1]
+        return None
     try:
         import psutil
 
@@ -153,8 +181,8 @@ def scratch_dir(cwd=None) -> Path:
 # -- reads remembered for a process's life (the filter) ---------------------------------------------
 class _Remembered:
     """One ``git config -l -z`` and one ``git rev-parse`` for a repository, answering the filter's reads of
-    config keys and directories (they were 6 git processes before the first byte of a `git add` was cleaned,
-    ~5 ms each). Only while :func:`remember_reads` is on, for that repository; a config write forgets it."""
+    config keys, directories, the index file and the object format (they were 6 git processes before the first
+    byte of a `git add` was cleaned, and 3 more before a checkout's materialization, ~5 ms each). Only while :func:`remember_reads` is on, for that repository; a config write forgets it."""
 
     def __init__(self, cwd):
         self.cwd = os.path.realpath(cwd or ".")
@@ -166,9 +194,17 @@ class _Remembered:
             if item:
                 key, nl, value = item.partition("\n")
                 self.config.setdefault(key, []).append(value if nl else "")
-        common, hooks = run_text(["rev-parse", "--git-common-dir", "--git-path", "hooks"], cwd).split("\n")
+        # the object format in the same call (git >= 2.25); an older git answers the rest without it
+        asked = ["rev-parse", "--git-common-dir", "--git-path", "hooks", "--git-path", "index"]
+        proc = subprocess.run(["git", *asked, "--show-object-format"], cwd=cwd, capture_output=True)
+        lines = proc.stdout.decode("utf-8", "surrogateescape").split("\n") if proc.returncode == 0 else []
+        if len(lines) < 4:
+            lines = run_text(asked, cwd).split("\n") + [""]
+        common, hooks, index, fmt = lines[:4]
         self.common_dir = _absolute(common, cwd)
         self.hooks_dir = _absolute(hooks, cwd)
+        self.index_file = _absolute(index, cwd)
+        self.object_format = fmt or None
 
     def get(self, key: str) -> str | None:
         values = self.config.get(_canonical_key(key))

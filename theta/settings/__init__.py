@@ -90,15 +90,28 @@ def clean_options(cwd=None, progress: bool | None = None):
 
 def checkout_format(path: str, cwd=None) -> str | None:
     """The format to write ``path`` in at checkout: attribute theta-format, else theta.checkoutFormat, else None."""
-    fmt = gitutil.check_attr("theta-format", [path], cwd).get(path)
-    source = f"attribute theta-format of {path}"
-    if fmt in (None, "set"):
-        fmt, source = gitutil.config_get("theta.checkoutFormat", cwd), "git config theta.checkoutFormat"
-    if fmt is None:
-        return None
-    if fmt not in FORMATS:
-        raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
-    return fmt
+    return checkout_formats([path], cwd)[path]()
+
+
+def checkout_formats(paths: list[str], cwd=None) -> dict:
+    """:func:`checkout_format` of several paths with one `git check-attr`: path -> a callable returning the
+    format or raising ThetaError (a bad value fails only the file it applies to)."""
+    attrs = gitutil.check_attr("theta-format", paths, cwd)
+    out = {}
+    for path in paths:
+        fmt, source = attrs.get(path), f"attribute theta-format of {path}"
+        if fmt in (None, "set"):
+            fmt, source = gitutil.config_get("theta.checkoutFormat", cwd), "git config theta.checkoutFormat"
+        out[path] = _format_answer(fmt, source)
+    return out
+
+
+def _format_answer(fmt: str | None, source: str):
+    def answer() -> str | None:
+        if fmt is not None and fmt not in FORMATS:
+            raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
+        return fmt
+    return answer
 
 
 def commit_format() -> str | None:

@@ -178,10 +178,10 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
     yield h + struct.pack("<I", len(h)) + ARRAY_MAGIC
 
 
-def _ordered(fn, items: list, window: int | None = None) -> Iterator:
-    """fn over items on the codec threads, results in order, at most ``window`` (default
-    2 * parallel.CODEC_THREADS) in flight."""
-    if len(items) <= 1 or parallel.CODEC_THREADS <= 1:
+def ordered(fn, items, window: int | None = None) -> Iterator:
+    """fn over items (a list, or any iterable: taken as the window needs them) on the codec threads, results
+    in order, at most ``window`` (default 2 * parallel.CODEC_THREADS) in flight."""
+    if (isinstance(items, list) and len(items) <= 1) or parallel.CODEC_THREADS <= 1:
         for i in items:
             yield fn(i)
         return
@@ -197,6 +197,9 @@ def _ordered(fn, items: list, window: int | None = None) -> Iterator:
     finally:
         for f in queue:  # consumer stopped early: let no worker run over freed input
             f.cancel() or f.exception()
+
+
+_ordered = ordered
 
 
 def encode_array(arr: np.ndarray, level: int = DEFAULT_LEVEL) -> bytes:
@@ -458,6 +461,37 @@ class ArrayReader:
             at += k
             f += 1
         return out
+
+
+@dataclass(frozen=True)
+class FramePlan:
+    """An array blob's checked header, cut into frames that decode one at a time (:func:`decode_frame`):
+    for a caller that decodes frames of several blobs in one stream (a checkout writing frame after frame)."""
+
+    dtype: np.dtype
+    shape: tuple
+    nbytes: int
+    jobs: list  # per frame: (byte start in the decoded array, element count, offset in the blob, sizes)
+    enc: str
+    item: int
+
+
+def frame_plan(blob: "bytes | bytearray | memoryview") -> FramePlan:
+    """The frames of an array blob, its header checked as for :func:`decode_array` (nothing decoded)."""
+    layout = _array_layout(memoryview(blob).cast("B"))
+    return FramePlan(layout.dtype.to_numpy(), layout.shape, layout.nbytes, _frame_jobs(layout), layout.enc,
+                     layout.dtype.itemsize)
+
+
+def decode_frame(blob: memoryview, plan: FramePlan, job, out: np.ndarray | None = None) -> np.ndarray:
+    """One frame of ``plan`` (one of its ``jobs``) decoded: its little-endian bytes as a uint8 array, in ``out``
+    (a uint8 buffer at least that large, reused by the caller: no fresh pages to fault in) or a new array.
+    Each zstd frame must declare exactly the size the header says, and its checksum, when it has one, is
+    verified."""
+    n = job[1] * plan.item
+    dest = np.empty(n, dtype=np.uint8) if out is None or out.nbytes < n else out[:n]
+    _decode_frame(blob, plan.enc, plan.item, job, dest)
+    return dest
 
 
 def iter_encode_parts(parts: "dict[str, ArrayLike]", level: int = DEFAULT_LEVEL) -> Iterator[bytes]:

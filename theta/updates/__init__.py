@@ -7,6 +7,7 @@ same way, see pyproject.toml). Each stores its data as named arrays (``Encoded.p
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -104,6 +105,47 @@ def row_blocks(shape: tuple, block_elements: int) -> "Iterable[slice]":
     step = max(1, block_elements // per_row)
     for a in range(0, shape[0], step):
         yield slice(a, min(shape[0], a + step))
+
+
+@contextmanager
+def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None):
+    """The value of a group whose chain is one dense step, as frames to decode one by one, when its blob
+    proves its own bytes -- the checks of :func:`decode_proven_dense`, all made before any frame is decoded:
+    the store binds the blob to the group's hash, every zstd frame carries a checksum (verified by zstd as each
+    frame is decoded: :func:`theta.storage.codec.decode_frame`), the blob holds exactly one part, ``values``,
+    of the group's dtype and shape. Yields ``(values blob, codec.FramePlan)`` while the blob is mapped, or None
+    (the caller rebuilds and hashes the value). Structural errors raise, located."""
+    from theta.storage import codec
+
+    if len(group.steps) != 1 or group.steps[0].type != "dense":
+        yield None
+        return
+    step = group.steps[0]
+    if not store.bound(step.blob.oid, group.hash):
+        yield None
+        return
+    with store.mapped(step.blob, group=group.name, file=file) as blob:
+        try:
+            plan = None
+            if codec.frames_checksummed(blob):
+                parts = codec.part_blobs(blob)
+                if set(parts) == {"values"}:
+                    values = parts["values"]
+                    plan = codec.frame_plan(values)
+        except IntegrityError as e:
+            raise bounds_located(e, file, group.name, step.blob.oid) from None
+        if plan is None or plan.dtype != dtypes.get(group.dtype).to_numpy() or \
+                tuple(plan.shape) != tuple(group.shape) or plan.nbytes != group.numel * plan.item:
+            yield None
+            return
+        yield values, plan
+
+
+def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) -> IntegrityError:
+    """``e`` prefixed with where it happened (file, group, the dense step's blob)."""
+    from theta.updates import bounds
+
+    return bounds.located(e, file, group, 0, oid)
 
 
 def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:
