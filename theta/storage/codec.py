@@ -425,20 +425,15 @@ class ArrayReader:
 
     def __init__(self, blob: "bytes | bytearray | memoryview"):
         self._blob = memoryview(blob).cast("B")
-        layout = _array_layout(self._blob)
-        self._enc, self._item = layout.enc, layout.dtype.itemsize
-        self.dtype, self.shape = layout.dtype.to_numpy(), layout.shape
-        self.size = math.prod(layout.shape)
-        self._jobs = _frame_jobs(layout)
-        self._starts = [job[0] // self._item for job in self._jobs]  # first element of each frame
+        self._plan = frame_plan(self._blob)
+        self.dtype, self.shape = self._plan.dtype, self._plan.shape
+        self.size = math.prod(self.shape)
+        self._starts = [job[0] // self._plan.item for job in self._plan.jobs]  # first element of each frame
         self._cached: tuple[int, np.ndarray] | None = None
 
     def _frame(self, f: int) -> np.ndarray:
         if self._cached is None or self._cached[0] != f:
-            job = self._jobs[f]
-            dest = np.empty(job[1] * self._item, dtype=np.uint8)
-            _decode_frame(self._blob, self._enc, self._item, job, dest)
-            self._cached = (f, dest.view(self.dtype))
+            self._cached = (f, decode_frame(self._blob, self._plan, self._plan.jobs[f]).view(self.dtype))
         return self._cached[1]
 
     def read(self, start: int, stop: int) -> np.ndarray:
