@@ -262,11 +262,9 @@ class _Rows:
         self.extra.close()
 
 
-class GroupSource:
-    """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
-
-    ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
-    and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
+class _Source:
+    """What both block readers of a group's value share: its shape, dtype and size, and whether a complete
+    pass has checked it against the group's hash (later passes are not hashed again)."""
 
     def __init__(self, group: "GroupMeta", store: "LfsStore", file: str | None = None):
         self.group, self.store, self.file = group, store, file
@@ -274,6 +272,13 @@ class GroupSource:
         self.shape = tuple(group.shape)
         self.size = group.numel
         self.checked = False
+
+
+class GroupSource(_Source):
+    """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
+
+    ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
+    and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
 
     def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
         g, steps = self.group, self.group.steps
@@ -327,18 +332,27 @@ class GroupSource:
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + m), block
-            except IntegrityError as e:
-                raise bounds.located(e, self.file, g.name, i, steps[i].blob.oid) from None
-            except (UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
-                raise ChainError(f"{bounds.where(self.file, g.name, i, steps[i].blob.oid)}: step {steps[i].type!r} "
-                                 f"cannot be streamed: {e}", file=self.file, group=g.name,
-                                 oid=steps[i].blob.oid) from None
+            except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+                raise _step_failed(e, self.file, g, steps, i, "cannot be streamed") from None
         if h is not None:
-            if h.hexdigest() != g.hash:
-                raise ChainError(f"{bounds.where(self.file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain "
-                                 f"rebuilt a value whose hash differs from the recorded {g.hash}", file=self.file,
-                                 group=g.name, oid=steps[-1].blob.oid)
+            _check_rebuilt(h, self.file, g, steps)
             self.checked = True
+
+
+def _step_failed(e: Exception, file, g, steps, i: int, how: str) -> Exception:
+    """The error to raise for step ``i`` of ``g``'s chain failing while read block by block (located)."""
+    if isinstance(e, IntegrityError):
+        return bounds.located(e, file, g.name, i, steps[i].blob.oid)
+    return ChainError(f"{bounds.where(file, g.name, i, steps[i].blob.oid)}: step {steps[i].type!r} {how}: {e}",
+                      file=file, group=g.name, oid=steps[i].blob.oid)
+
+
+def _check_rebuilt(h, file, g, steps) -> None:
+    """The sha256 of every block read equals the group's recorded hash, or ChainError."""
+    if h.hexdigest() != g.hash:
+        raise ChainError(f"{bounds.where(file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain rebuilt a "
+                         f"value whose hash differs from the recorded {g.hash}", file=file, group=g.name,
+                         oid=steps[-1].blob.oid)
 
 
 def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> "GroupSource | PositionalSource | None":
@@ -607,17 +621,10 @@ class _RowsLevel(_Level):
         return out[lo:lo + stop - start].astype(self.dtype, copy=False)
 
 
-class PositionalSource:
+class PositionalSource(_Source):
     """The value of a group whose chain a :class:`GroupSource` cannot read in one pass (rows moved, a change
     of dtype, old ``planes`` deltas), block by block with the same interface (``shape``, ``dtype``, ``size``,
     :meth:`chunks`, ``checked``): each block is read through the chain's levels (see above)."""
-
-    def __init__(self, group: "GroupMeta", store: "LfsStore", file: str | None = None):
-        self.group, self.store, self.file = group, store, file
-        self.dtype = dtypes.get(group.dtype).to_numpy()
-        self.shape = tuple(group.shape)
-        self.size = group.numel
-        self.checked = False
 
     def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
         g, steps = self.group, self.group.steps
@@ -648,15 +655,8 @@ class PositionalSource:
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + block.size), block
-            except IntegrityError as e:
-                raise bounds.located(e, self.file, g.name, i, steps[i].blob.oid) from None
-            except (UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
-                raise ChainError(f"{bounds.where(self.file, g.name, i, steps[i].blob.oid)}: step {steps[i].type!r} "
-                                 f"cannot be read by position: {e}", file=self.file, group=g.name,
-                                 oid=steps[i].blob.oid) from None
+            except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+                raise _step_failed(e, self.file, g, steps, i, "cannot be read by position") from None
         if h is not None:
-            if h.hexdigest() != g.hash:
-                raise ChainError(f"{bounds.where(self.file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain "
-                                 f"rebuilt a value whose hash differs from the recorded {g.hash}", file=self.file,
-                                 group=g.name, oid=steps[-1].blob.oid)
+            _check_rebuilt(h, self.file, g, steps)
             self.checked = True
