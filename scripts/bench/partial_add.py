@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The 20% add of scripts/bench/git.py alone, for one or more checkouts of theta side by side (an A/B of code).
+"""The 20% add of scripts/bench/git.py alone (or its full fine-tune, --step fine-tune), for one or more
+checkouts of theta side by side (an A/B of code).
 
-One repository holds v1 of the issue's history (make_history); each round then adds v2 (every 5th group
-changed) once per checkout, interleaved so a drifting load hits them all alike, and resets the index. Each
+One repository holds v1 of the issue's history (make_history), and v2 for the fine-tune; each round then adds
+v2 (every 5th group changed) or v3 (every group fine-tuned) once per checkout, interleaved so a drifting load hits them all alike, and resets the index. Each
 `git add` runs the filter from that checkout (PYTHONPATH), from cached bytecode. Printed per checkout: wall and
 CPU seconds of the process tree (min and median over the rounds) and the peak RSS.
 
@@ -29,9 +30,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", default="2", help="GIT_THETA_THREADS")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
+    ap.add_argument("--step", choices=("20%", "fine-tune"), default="20%")
     args = ap.parse_args()
     codes = [str(Path(c).resolve()) for c in args.code.split(",")]
-    root = args.workdir / "partial-add"
+    root = args.workdir / f"partial-add-{args.step}"
     root.mkdir(parents=True, exist_ok=True)
     env = git_env(root / "home")
     install_globally(env)
@@ -42,11 +44,17 @@ def main() -> int:
     first = {**env, "PYTHONPATH": codes[0]}
     sh(["git", "add", "model.pt"], repo, first)
     sh(["git", "commit", "-q", "-m", "v1"], repo, first)
+    added = paths[1]
+    if args.step == "fine-tune":
+        shutil.copyfile(paths[1], repo / "model.pt")
+        sh(["git", "add", "model.pt"], repo, first)
+        sh(["git", "commit", "-q", "-m", "v2"], repo, first)
+        added = paths[2]
     got: dict[str, list] = {c: [] for c in codes}
     for r in range(args.rounds):
         for c in codes:
             run_env = {**env, "PYTHONPATH": c}
-            shutil.copyfile(paths[1], repo / "model.pt")
+            shutil.copyfile(added, repo / "model.pt")
             settle(repo, run_env)
             got[c].append(run_measured(["git", "add", "model.pt"], repo, run_env))
             sh(["git", "reset", "-q"], repo, run_env)
