@@ -146,13 +146,19 @@ def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
-def available() -> int:
-    """Bytes a new allocation can count on now: the host's available memory, within the cgroup's headroom."""
+def host_available() -> int:
+    """The host's available memory in bytes (``MemAvailable`` from /proc, psutil where that is missing)."""
     host = _meminfo_available()
     if host is None:
         import psutil
 
         host = psutil.virtual_memory().available
+    return host
+
+
+def available() -> int:
+    """Bytes a new allocation can count on now: the host's available memory, within the cgroup's headroom."""
+    host = host_available()
     room = cgroup_headroom()
     return host if room is None else min(host, room)
 

@@ -16,9 +16,7 @@ from .memory import cgroup_memory_limit  # noqa: F401  (its home is zipslice.mem
 
 def cache_budget() -> int:
     """Bytes of page cache this process can count on: the host's available memory, within its cgroup."""
-    import psutil
-
-    available = psutil.virtual_memory().available
+    available = memory.host_available()
     limit = memory.cgroup_memory_limit()
     return min(available, limit) if limit else available
 

@@ -149,31 +149,22 @@ def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) ->
 
 
 def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:
-    """The value of a group whose chain is one dense step, when its blob proves its own bytes: every zstd
-    frame carries a checksum (verified while decoding) and the store has bound the blob to the group's hash
-    (:meth:`LfsStore.bind`: theta encoded, or hashed, that value on this machine). None otherwise (the caller
-    rebuilds and hashes the value). Bad frames raise, located."""
+    """The value of a group whose chain is one dense step, when its blob proves its own bytes (the checks of
+    :func:`proven_dense_frames`: every zstd frame carries a checksum, verified while decoding, and the store has
+    bound the blob to the group's hash -- :meth:`LfsStore.bind`: theta encoded, or hashed, that value on this
+    machine), decoded whole. None otherwise (the caller rebuilds and hashes the value). Bad frames raise,
+    located."""
     from theta.storage import codec
-    from theta.updates import bounds
 
-    if len(group.steps) != 1 or group.steps[0].type != "dense":
-        return None
-    step = group.steps[0]
-    if not store.bound(step.blob.oid, group.hash):
-        return None
-    try:
-        with store.mapped(step.blob, group=group.name, file=file) as blob:
-            if not codec.frames_checksummed(blob):
-                return None
-            # raises CodecError on a bad checksum or structure; never more than the group's own bytes
-            parts = codec.decode_parts(blob, max_bytes=bounds.group_bytes(group))
-    except IntegrityError as e:
-        raise bounds.located(e, file, group.name, 0, step.blob.oid) from None
-    value = parts.get("values")
-    want = dtypes.get(group.dtype).to_numpy()
-    if set(parts) != {"values"} or value.dtype != want or tuple(value.shape) != tuple(group.shape):
-        return None
-    return value
+    with proven_dense_frames(group, store, file) as proven:
+        if proven is None:
+            return None
+        values, plan = proven
+        try:
+            # raises CodecError on a bad checksum or structure; the plan was checked against the group's bytes
+            return codec.decode_array(values, max_bytes=plan.nbytes)
+        except IntegrityError as e:
+            raise bounds_located(e, file, group.name, group.steps[0].blob.oid) from None
 
 
 def step_binding(base_hash: str, value_hash: str) -> str:
