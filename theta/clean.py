@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, Checkpo
 from theta.storage.store import LfsStore
 from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_hash, fast_hash_pieces,
                            reconstruct_proven)
+
+if TYPE_CHECKING:
+    from theta.gitbytes import GroupHashes
 
 
 @dataclass
@@ -125,13 +128,15 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
                      options: CleanOptions | None = None, *, stats: CleanStats | None = None,
                      opener: Callable[[str], zipslice.LazyCheckpoint] | None = None,
-                     stop: threading.Event | None = None) -> CheckpointMeta:
+                     stop: threading.Event | None = None, git_bytes: "GroupHashes | None" = None) -> CheckpointMeta:
     """The metadata of the checkpoint at ``path``, in the file's own format; new/changed groups are put in ``store``.
 
     ``previous`` is the metadata of the last committed version of the same path (for reuse by tensor name),
     if any. ``opener`` opens the file (default :func:`zipslice.load`). ``stop``: once set, the clean ends
     with CleanStopped before its next group (what it stored stays in the store, unreferenced). A corrupt, unsafe or unreadable
-    checkpoint raises CheckpointError naming the file. To record a file in its committed format whatever
+    checkpoint raises CheckpointError naming the file. ``git_bytes``: the hashes of git's bytes of the groups
+    (the file's content as git sent it to the filter, theta.gitbytes): unchanged groups are recognized by them
+    without being read, and every group read must match them. To record a file in its committed format whatever
     format it has in the work tree, see :func:`theta.views.clean_as_committed`.
     """
     options = options or CleanOptions()
@@ -148,7 +153,7 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from e
     try:
         with lsd:
-            return _clean(lsd, path, store, previous, options, stats, stop)
+            return _clean(lsd, path, store, previous, options, stats, stop, git_bytes)
     except ZipsliceError as e:
         raise CheckpointError(f"cannot clean {path}: {e}") from e
     except OSError as e:
@@ -177,7 +182,7 @@ _OPAQUE_CHUNK = 8 << 20
 
 
 def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,
-           stats: CleanStats, stop: threading.Event | None = None) -> CheckpointMeta:
+           stats: CleanStats, stop: threading.Event | None = None, git_bytes=None) -> CheckpointMeta:
     order = list(lsd)
     groups: dict[str, GroupMeta] = {}
     aliases: dict[str, Alias] = {}
@@ -206,6 +211,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     # read-ahead never adds more than that to peak memory).
     # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
     # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
+    sent = _lay_out(lsd, path, group_keys, git_bytes) if git_bytes is not None else None
+    unproven: list = []  # (key, fast hash) of groups read before git's hash of them was asked for
     largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
     if any(lsh.hashable(lsd.info(k).dtype) for k in group_keys):
         # the signatures' random directions (~20 ms to draw) while the first group is still being read
@@ -223,7 +230,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous, options.exact, read_whole(key))
+                got = _read_group(lsd, key, previous, options.exact, read_whole(key), sent)
+            if sent is not None and key in sent.keys and got.sent is None:
+                unproven.append((key, got.fast))
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = 0 if got.raw is None else (
@@ -235,12 +244,14 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                     break
                 k = group_keys[nxt]
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, k, previous, options.exact,
-                                                                read_whole(k))))
+                                                                read_whole(k), sent)))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
             del got
             bar.advance(lsd.info(key).nbytes)
+        for key, fast in unproven:  # (git's bytes have all arrived by now, or never will)
+            sent.hashes.check(key, fast)
     finally:
         for _, fut in pending:
             fut.cancel() or fut.exception()  # never close the file under a running read
@@ -249,6 +260,26 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             update_data.close()
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
+
+
+@dataclass
+class _Sent:
+    """The groups whose hashes come from git's bytes (``keys``), and where they come from."""
+
+    hashes: object   # theta.gitbytes.GroupHashes
+    keys: set
+
+
+def _lay_out(lsd, path: str, keys: list[str], git_bytes) -> _Sent:
+    """Tell the thread receiving git's bytes where each group's bytes lie in the file (theta.gitbytes)."""
+    ranges = []
+    here = os.path.abspath(path)
+    plain_range = getattr(lsd, "plain_range", None)
+    for key in keys if plain_range is not None else ():
+        where = plain_range(key)
+        if where is not None and os.path.abspath(where[0]) == here:
+            ranges.append((where[1], where[1] + where[2], key))
+    return _Sent(git_bytes, git_bytes.expect(ranges))
 
 
 def _previous_group(previous: CheckpointMeta | None, key: str, dtype: str, shape: tuple) -> GroupMeta | None:
@@ -273,6 +304,7 @@ class _Read:
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
+    sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
 
 
 _HASH_PIECE = 4 << 20  # bytes per read when a group is hashed in place (one buffer per reader thread)
@@ -290,18 +322,27 @@ def _fast_hash_in_place(lsd, key: str) -> str | None:
 
 
 def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False,
-                whole: bool = False) -> _Read:
+                whole: bool = False, sent: _Sent | None = None) -> _Read:
     """Read and hash group ``key``. A group whose fast hash equals its previous version's is not held: its
-    ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway)."""
+    ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway). ``sent``: the hash of
+    git's bytes of the group decides that without reading the file (theta.gitbytes)."""
     info = lsd.info(key)
     prev = _previous_group(previous, key, info.dtype, info.shape)
+    git_fast = None
     if prev is not None and prev.fast is not None and not exact and not whole:
-        fast = _fast_hash_in_place(lsd, key)
-        if fast is not None and fast == prev.fast:
-            return _Read(key, info, None, None, prev.hash, fast, prev, None)
+        if sent is not None and key in sent.keys:
+            git_fast = sent.hashes.hash_of(key)  # (waits for git's bytes of it)
+            if git_fast is not None and git_fast == prev.fast:
+                return _Read(key, info, None, None, prev.hash, git_fast, prev, None, sent=git_fast)
+        if git_fast is None:
+            fast = _fast_hash_in_place(lsd, key)
+            if fast is not None and fast == prev.fast:
+                return _Read(key, info, None, None, prev.hash, fast, prev, None)
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     fast = fast_hash(raw)
+    if git_fast is not None and git_fast != fast:
+        sent.hashes.check(key, fast)  # raises: the file's bytes are not git's
     if prev is not None and prev.fast == fast and not exact:
         # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
         # value's, and the sha256 of the bytes is never computed
@@ -318,7 +359,7 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
             norm = lsh.l2norm(arr)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
         key in previous.groups or key in previous.aliases) else None
-    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm)
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, git_fast)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,

@@ -95,6 +95,11 @@ class CleanStopped(ThetaError):
     work-tree file while git's bytes arrived, which turned out not to be that file's."""
 
 
+class FileChanged(ThetaError):
+    """git's bytes of a file (or of one of its groups) differ from the work-tree file's, which the clean read:
+    the file changed while git was reading it (theta.gitbytes)."""
+
+
 class NotCheckpointError(CheckpointError):
     """The file is not a checkpoint at all (zipslice's NotACheckpointError: a README, an empty file, an
     HTML page, a zip without data.pkl): the git filter stores it as one opaque blob, as git-lfs would.

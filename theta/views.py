@@ -207,18 +207,20 @@ def committed_form(view: CheckpointMeta, committed: CheckpointMeta | None, fmt: 
 
 
 def clean_as_committed(path: str | os.PathLike, store, committed: CheckpointMeta | None, options=None,
-                       fmt: str | None = None, *, stats=None, name: str | None = None, stop=None) -> CheckpointMeta:
+                       fmt: str | None = None, *, stats=None, name: str | None = None, stop=None,
+                       git_bytes=None) -> CheckpointMeta:
     """Clean the work-tree file at ``path`` and record it in the committed format (see :func:`committed_form`).
 
     ``committed`` is the metadata in the index (else HEAD) and doubles as the previous version that unchanged
     groups are reused from; ``fmt`` an explicitly requested committed format; ``name`` names the file in
-    errors (default: ``path``); ``stop`` as for :func:`theta.clean.clean_checkpoint`.
+    errors (default: ``path``); ``stop`` and ``git_bytes`` as for :func:`theta.clean.clean_checkpoint`.
     """
     from theta.clean import clean_checkpoint
 
     path = os.fspath(path)
     opener = _view_opener(path, committed, fmt)
-    view = clean_checkpoint(path, store, committed, options, stats=stats, opener=opener, stop=stop)
+    view = clean_checkpoint(path, store, committed, options, stats=stats, opener=opener, stop=stop,
+                            git_bytes=git_bytes)
     return committed_form(view, committed, fmt, name or path)
 
 

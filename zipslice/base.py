@@ -143,16 +143,24 @@ class LazyCheckpoint(Mapping):
     #: (no decoding, no child process): :meth:`iter_plain` may read them piece by piece
     plain_spans: bool = False
 
-    def iter_plain(self, key: str, buf: "bytearray | memoryview") -> "Iterator[memoryview] | None":
-        """The values of ``key`` as contiguous little-endian bytes (what :meth:`read_bytes` returns), read
-        piece by piece into ``buf`` -- each piece valid until the next is asked for -- when the file holds
-        exactly those bytes at a known offset; None otherwise (then use :meth:`read_bytes`). Hashing a tensor
-        this way costs no tensor-sized buffer (no allocation, no page faults, nothing held)."""
+    def plain_range(self, key: str) -> "tuple[str, int, int] | None":
+        """``(file, offset, nbytes)`` when ``file`` holds exactly ``key``'s values as contiguous little-endian
+        bytes (what :meth:`read_bytes` returns) at ``offset``, read as they are; None otherwise."""
         info = self.info(key)
         dt = dtypes.get(info.dtype)
         if not (self.plain_spans and info.offset is not None and info.is_contiguous
                 and (info.byteorder == "little" or dt.itemsize == 1) and info.span_nbytes == info.nbytes):
             return None
+        return info.file, info.offset, info.nbytes
+
+    def iter_plain(self, key: str, buf: "bytearray | memoryview") -> "Iterator[memoryview] | None":
+        """The values of ``key`` as contiguous little-endian bytes (what :meth:`read_bytes` returns), read
+        piece by piece into ``buf`` -- each piece valid until the next is asked for -- when the file holds
+        exactly those bytes at a known offset; None otherwise (then use :meth:`read_bytes`). Hashing a tensor
+        this way costs no tensor-sized buffer (no allocation, no page faults, nothing held)."""
+        if self.plain_range(key) is None:
+            return None
+        info = self.info(key)
         view = memoryview(buf).cast("B")
         if view.nbytes == 0:
             raise ValueError("iter_plain needs a non-empty buffer")

@@ -64,6 +64,7 @@ def main() -> int:
         print(f"{c}: wall min {min(wall):.2f} median {statistics.median(wall):.2f} s, CPU min {min(cpu):.2f} "
               f"median {statistics.median(cpu):.2f} s, peak RSS {max(m.peak_tree_rss for m in ms) / 2**20:.0f} MiB "
               f"({len(ms)} rounds)")
+        print(f"    wall per round: {' '.join(f'{w:.2f}' for w in wall)}; CPU: {' '.join(f'{x:.2f}' for x in cpu)}")
     return 0
 
 

@@ -72,3 +72,61 @@ def test_a_refused_first_clean_leaves_nothing_and_stages_nothing(genv):
     assert leftovers(repo) == []
     repo.git("add", "b.pt")
     assert repo.out("ls-files").split() == ["b.pt"] and "model/embed.weight" in loads(repo.show(":b.pt")).groups
+
+
+def test_git_add_hashes_the_groups_git_sends_and_stores_what_a_spooled_clean_stores(genv):
+    """In `git add` the groups are recognized from the hashes of git's own bytes (theta.gitbytes): the text
+    is byte for byte the one a clean of a spooled copy writes, for a partial change and a full fine-tune."""
+    repo = genv.init("work", track=("*.pt",))
+    v1 = make_state(1)
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    partial = dict(v1)
+    partial.update({k: v for i, (k, v) in enumerate(tuned(v1, 4).items()) if i % 5 == 0})
+    for version in (partial, tuned(v1, 5)):
+        save_pt(repo / "model.pt", version)
+        proc = repo.git("add", "model.pt", extra_env={"GIT_THETA_TIMING": "1"})
+        hashed = int(proc.stderr.decode().split(" groups hashed from them")[0].rsplit(" ", 1)[1])
+        assert hashed == len(loads(repo.show(":model.pt")).groups), proc.stderr
+        text = repo.show(":model.pt")
+        repo.git("reset", "-q")
+        repo.git("add", "model.pt", extra_env={"GIT_THETA_SPOOL": "always"})
+        assert repo.show(":model.pt") == text
+        repo.git("reset", "-q")
+    assert leftovers(repo) == []
+
+
+def test_a_group_that_is_not_the_work_tree_files_in_an_add_is_refused_and_leaves_nothing(genv, monkeypatch):
+    """git's bytes of one group differ from the work-tree file's (the file was rewritten while git read it):
+    only the group's hash was kept, so the clean refuses, naming the file and the group, and leaves no
+    spool; the same bytes sent by `git hash-object` are compared byte by byte and spooled instead."""
+    from theta.commands.filter_process import Filter
+    from theta.errors import ThetaError
+    from zipslice import load
+
+    repo = genv.init("work", track=("*.pt",))
+    v1 = make_state(1)
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    data = (repo / "model.pt").read_bytes()
+    with load(repo / "model.pt") as lsd:
+        _, offset, nbytes = lsd.plain_range("model/layers.1.mlp.weight")
+    sent = bytearray(data)
+    sent[offset + nbytes // 2 + 3] ^= 0x40  # an exponent bit of one weight: far beyond the tolerance
+    for k, v in genv.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(repo.path)
+    for invoker, refused in (("add", True), ("hash-object", False)):
+        filt = Filter(repo.path)
+        filt._invoker = invoker
+        packets = iter([bytes(sent[i:i + 65516]) for i in range(0, len(sent), 65516)])
+        if refused:
+            with pytest.raises(ThetaError, match=r"model.pt: group 'model/layers.1.mlp.weight' changed "
+                                                 r"while git was reading the file"):
+                filt.clean("model.pt", packets)
+        else:  # a spooled copy of git's bytes: cleaned as they are (the changed group is stored anew)
+            meta = loads(filt.clean("model.pt", packets))
+            assert meta.groups["model/layers.1.mlp.weight"].hash != \
+                loads(repo.show("HEAD:model.pt")).groups["model/layers.1.mlp.weight"].hash
+        filt.close()
+        assert leftovers(repo) == []

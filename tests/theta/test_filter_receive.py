@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from theta.commands import filter_process
-from theta.commands.filter_process import receive
+from theta.commands import receive as filter_process
+from theta.commands.receive import receive
 
 
 @pytest.fixture(autouse=True)

@@ -38,12 +38,16 @@ from theta import faults, settings
 from theta.git import repo as gitutil
 from theta.errors import CleanStopped, ProtocolError, ThetaError
 from theta.git.pktline import PktReader, PktWriter
+from theta.commands.receive import Received, receive
+from theta.gitbytes import GroupHashes
 
 
 
 # files git (or theta) reads from the repository itself: a `* filter=theta` pattern must not turn them into
 # metadata, or a clone would read its attributes from a metadata text
 GIT_OWN_FILES = frozenset({".gitattributes", ".gitignore", ".gitmodules", ".mailmap", ".thetamerge"})
+# git commands whose clean requests carry the work-tree file's bytes (see Filter._clean_early)
+ADDS_WORK_TREE = frozenset({"add", "commit", "stash", "status", "diff"})
 # git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
 CONTENT_WANTED = frozenset({"archive", "cat-file"})
 
@@ -53,142 +57,27 @@ def log(msg: str) -> None:
 
 
 # -- receiving content ---------------------------------------------------------------------------------
-class Received:
-    """Where the content git sent us lives: the verified working-tree file or a spool file we own."""
-
-    def __init__(self, path: Path, owned: bool, head: bytes, size: int):
-        self.path, self.owned, self.head, self.size = path, owned, head, size
-
-    def cleanup(self) -> None:
-        if self.owned:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
-
-
-def receive(chunks: Iterable[bytes], spool_dir: Path, worktree_file: Path | None) -> Received:
-    """Consume all of ``chunks``; avoid copying when they equal ``worktree_file``'s bytes.
-
-    The work-tree file is read in blocks of ``_COMPARE_BLOCK`` and each packet compared with its slice of the
-    block: a read per packet released and re-took the GIL 6,600 times per 400 MiB, each time queueing behind
-    the clean's threads. (Not a map of the file: a file truncated meanwhile would kill the filter with SIGBUS.)
-    """
-    f = None
-    if worktree_file is not None and settings.env("SPOOL") != "always":
-        try:
-            if worktree_file.is_file():
-                f = open(worktree_file, "rb", buffering=0)
-        except OSError:
-            f = None
-    spool: BinaryIO | None = None
-    spool_name = None
-    head = b""
-    size = 0
-    block = _Window(f) if f is not None else None  # the work-tree file's bytes around offset ``size``
-    try:
-        for chunk in chunks:
-            if len(head) < 4096:
-                head += chunk[: 4096 - len(head)]
-            if spool is None and f is not None:
-                if block.take(len(chunk)) == chunk:
-                    size += len(chunk)
-                    continue
-                spool, spool_name = _new_spool(spool_dir)
-                f.seek(0)
-                _copy(f, spool, size)  # the matching prefix
-                f.close()
-                f = None
-            elif spool is None:
-                spool, spool_name = _new_spool(spool_dir)
-            spool.write(chunk)
-            size += len(chunk)
-        if spool is None and f is not None:
-            if block.at_end():  # same length too: the working-tree file is the content
-                return Received(worktree_file, False, head, size)
-            spool, spool_name = _new_spool(spool_dir)
-            f.seek(0)
-            _copy(f, spool, size)
-        if spool is None:
-            spool, spool_name = _new_spool(spool_dir)
-        spool.close()
-        return Received(Path(spool_name), True, head, size)
-    except BaseException:
-        if spool is not None:
-            spool.close()
-            os.unlink(spool_name)
-        raise
-    finally:
-        if f is not None:
-            f.close()
-        if spool is not None and not spool.closed:
-            spool.close()
-
-
-_COMPARE_BLOCK = 4 << 20  # bytes of the work-tree file read at a time to compare git's packets with
-
-
-class _Window:
-    """Sequential reads of a file through one reused buffer (a fresh buffer per read costs a page fault per
-    4 KiB): :meth:`take` returns the next ``n`` bytes (fewer at the end of the file)."""
-
-    def __init__(self, f: BinaryIO, size: int | None = None):
-        self.f, self.buf = f, bytearray(size or _COMPARE_BLOCK)
-        self.view = memoryview(self.buf)
-        self.at = self.valid = 0  # next byte to take; bytes of buf holding file data
-        self.eof = False
-
-    def take(self, n: int) -> bytearray:
-        if self.at + n > self.valid and not self.eof:
-            if n > len(self.buf):
-                self.view.release()
-                self.buf[self.valid:] = bytes(n - (self.valid - self.at))  # grow (a packet is 64 KiB)
-                self.view = memoryview(self.buf)
-            left = self.valid - self.at
-            self.buf[:left] = self.buf[self.at:self.valid]
-            self.at, self.valid = 0, left
-            while self.valid < len(self.buf):
-                got = self.f.readinto(self.view[self.valid:])
-                if not got:
-                    self.eof = True
-                    break
-                self.valid += got
-        out = self.buf[self.at:min(self.at + n, self.valid)]
-        self.at = min(self.at + n, self.valid)
-        return out
-
-    def at_end(self) -> bool:
-        """True when every byte of the file was taken."""
-        return self.at == self.valid and not self.take(1)
-
-
-def _new_spool(d: Path):
-    fd, name = tempfile.mkstemp(prefix="spool-", dir=d)
-    return os.fdopen(fd, "wb", buffering=1 << 20), name
-
-
-def _copy(src: BinaryIO, dst: BinaryIO, n: int) -> None:
-    while n > 0:
-        buf = src.read(min(n, 8 << 20))
-        if not buf:
-            raise OSError("working-tree file shrank while being read")
-        dst.write(buf)
-        n -= len(buf)
-
-
 # -- the two filters -------------------------------------------------------------------------------------
 class _EarlyClean:
     """A clean of the work-tree file running on the "clean" thread while git's bytes arrive: its outcome is
     used when those bytes prove to be the file's (:func:`receive` compared every one), dropped otherwise."""
 
-    def __init__(self, run):
+    def __init__(self, run, hashes: "GroupHashes | None" = None):
         import threading
 
         from theta import parallel
 
         self.t0 = time.perf_counter()
         self.stop = threading.Event()
-        self.future = parallel.pool("clean").submit(run, self.stop)
+        self.hashes = hashes
+
+        def clean(stop):
+            try:
+                return run(stop)
+            finally:
+                if hashes is not None:
+                    hashes.no_layout()  # (a clean that ended before laying out its groups)
+        self.future = parallel.pool("clean").submit(clean, self.stop)
 
     def outcome(self):
         """What the clean returned (or raised)."""
@@ -269,7 +158,7 @@ class Filter:
         t_request = time.perf_counter()
         early = self._clean_early(path, worktree)
         try:
-            got = receive(chunks, self.spool_dir, worktree)
+            got = receive(chunks, self.spool_dir, worktree, early.hashes if early is not None else None)
             t_received = time.perf_counter()
         except BaseException:
             if early is not None:
@@ -316,7 +205,9 @@ class Filter:
             if settings.env("TIMING"):
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'}"
-                    f"{', while git sent it' if early is not None else ''}; git's bytes received "
+                    f"{', while git sent it' if early is not None else ''}"
+                    f"{f', {early.hashes.hashed} groups hashed from them' if early is not None and early.hashes is not None else ''}; "
+                    f"git's bytes received "
                     f"{t_received - t_request:.2f}s after the request, the clean done "
                     f"{time.perf_counter() - t_request:.2f}s after)")
             text = dumps(meta, file=path).encode("utf-8")
@@ -329,7 +220,7 @@ class Filter:
                 early.drop()  # no-op once its outcome was taken
             got.cleanup()
 
-    def _clean_file(self, path: str, file: Path, previous, stop=None):
+    def _clean_file(self, path: str, file: Path, previous, stop=None, hashes=None):
         """(metadata, CleanStats) of the checkpoint at ``file`` (the content of ``path``); a file theta cannot
         read as a checkpoint is stored as one opaque blob."""
         from theta.clean import CleanStats, store_opaque
@@ -339,7 +230,8 @@ class Filter:
         stats = CleanStats()
         try:
             meta = clean_as_committed(file, self.store, previous, settings.clean_options(self.cwd),
-                                      settings.commit_format(), stats=stats, name=path, stop=stop)
+                                      settings.commit_format(), stats=stats, name=path, stop=stop,
+                                      git_bytes=hashes)
         except NotCheckpointError as e:
             # not a checkpoint (a README under `* filter=theta`, a zip, a damaged file): keep its bytes as
             # one blob, as git-lfs would, and say so on one line
@@ -375,7 +267,14 @@ class Filter:
         previous = self.previous(path, previous_text)
         if previous is None and self.git_theta_committed(path) is not None:
             return None
-        return _EarlyClean(lambda stop: (previous_text, *self._clean_file(path, worktree, previous, stop), before))
+        # git's bytes are hashed group by group instead of compared (theta.gitbytes) when they surely are the
+        # work-tree file's: the commands that add it (another command may send other bytes under its name,
+        # e.g. `git hash-object --path`; those are compared byte by byte, and spooled when they differ)
+        if self._invoker is None:
+            self._invoker = gitutil.invoking_subcommand() or ""
+        hashes = GroupHashes(path) if self._invoker in ADDS_WORK_TREE else None
+        return _EarlyClean(lambda stop: (previous_text, *self._clean_file(path, worktree, previous, stop, hashes),
+                                         before), hashes)
 
     def smudge(self, path: str, chunks: Iterable[bytes], out: "callable", can_delay: bool = False,
                stream: "callable | None" = None, blob: str | None = None) -> bool:
