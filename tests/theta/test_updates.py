@@ -207,6 +207,28 @@ def test_auto_picks_the_smallest_exact(dtype):
     assert c.update_type in ("delta", "sparse") and len(c.blob) < 0.7 * len(codec.encode_array(noisy))
 
 
+def test_auto_counts_every_change_unless_nearly_all_of_the_sample_changed(monkeypatch):
+    """The exact count of changed elements (a pass over both values) only decides whether sparse is tried:
+    a fine-tune (every sampled element changed) skips it and is stored as delta; a third changed is counted
+    and tried as sparse. Both rebuild bit for bit."""
+    from theta.updates import auto
+
+    counted = []
+    real = auto.changed_count
+    monkeypatch.setattr(auto, "changed_count", lambda a, b: counted.append(a.size) or real(a, b))
+    rng = np.random.default_rng(9)
+    prev = weights(rng, (1024, 1024), np.float32)  # 1 Mi elements, 4x the sample
+    sample = auto.SAMPLE_SLICES * auto.SAMPLE_ELEMENTS
+    tuned = (prev * (1 + 1e-3 * rng.standard_normal(prev.shape))).astype(np.float32)
+    third = prev.copy()
+    third.reshape(-1)[::3] += 1
+    for new, counts, tried in ((tuned, [sample], {"delta"}), (third, [sample, prev.size], {"sparse", "delta"})):
+        counted.clear()
+        c = choose(new, prev)
+        assert counted == counts and set(c.tried) == tried
+        assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.params, prev)) == raw(new)
+
+
 def test_auto_without_previous_is_dense():
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     c = choose(a, None)

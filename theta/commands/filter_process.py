@@ -151,7 +151,7 @@ class Filter:
         A file whose committed version Git-Theta wrote: if the content holds exactly the values that
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
         otherwise it is stored in theta's format, building on the Git-Theta version as its previous one."""
-        from theta.gittheta_files import is_git_theta, to_theta_metadata
+        # (Git-Theta's modules are imported only when its files are met: 8 ms before the clean could start)
         from theta.storage.metadata import dumps, is_metadata, same_content
 
         worktree = self.cwd / path if path else None
@@ -172,6 +172,8 @@ class Filter:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
             if got.head[:1] == b"{" and got.size <= _MAX_GIT_THETA_TEXT:
+                from theta.gittheta_files import is_git_theta
+
                 data = got.path.read_bytes()
                 if is_git_theta(data):
                     return data  # Git-Theta's own metadata text: already clean
@@ -196,6 +198,8 @@ class Filter:
                     gtf.fetch()
                     if gtf.matches(got.path):
                         return text
+                    from theta.gittheta_files import to_theta_metadata
+
                     previous = to_theta_metadata(gtf, self.spool_dir)
                 meta, stats = self._clean_file(path, got.path, previous)
             for w in stats.warnings:

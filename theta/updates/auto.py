@@ -9,7 +9,8 @@ Cheap estimates first, so that only candidates that can win are encoded in full:
 
 - the number of changed elements ``k`` is counted from the raw bits (one pass, no compression);
   sparse is tried only when ``k`` is at most half of the elements (beyond that delta always wins:
-  a sparse element costs its full value plus an index);
+  a sparse element costs its full value plus an index); when at least 90 % of the sample below changed,
+  that pass is skipped and sparse is not tried;
 - delta and dense are compared on a sample (up to 16 slices of 16 Ki elements spread over the group);
   dense is encoded in full only when its sample is within 10 % of delta's;
 - ``rows`` (the shape changed): dense is encoded only when more than half of the rows are new;
@@ -42,6 +43,7 @@ from theta.updates.delta import changed_count, same_layout
 SAMPLE_SLICES = 16
 SAMPLE_ELEMENTS = 1 << 14
 DENSE_MARGIN = 1.10
+MOSTLY_CHANGED = 0.9  # share of the sample's elements changed beyond which sparse is not tried (see choose)
 
 
 @dataclass
@@ -73,11 +75,11 @@ def _sample_of(size: int, read) -> np.ndarray:
     return np.concatenate([read(int(s), int(s) + SAMPLE_ELEMENTS) for s in starts])
 
 
-def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int, *, prev_sample: np.ndarray | None = None
-                    ) -> bool:
+def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int, *, prev_sample: np.ndarray | None = None,
+                    new_sample: np.ndarray | None = None) -> bool:
     """Compare delta and dense on a sample of the group (see module docstring). ``prev_sample``: the previous
-    value's sample, when the caller has no previous array (:func:`_change_of_grown`)."""
-    new_s = _sample(new)
+    value's sample, when the caller has no previous array (:func:`_change_of_grown`) or has it already."""
+    new_s = _sample(new) if new_sample is None else new_sample
     prev_s = _sample(previous) if prev_sample is None else prev_sample
     delta = get("delta").encode(new_s, prev_s)
     delta_size = len(codec.encode_parts(delta.parts, level))
@@ -101,12 +103,16 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
     picker = _Picker(level, store, with_dense)
     consider = picker.consider
     if same_layout(new, previous):
-        k = changed_count(new, previous)
+        new_s, prev_s = _sample(new), _sample(previous)
+        # sparse can win only when at most half of the elements changed; when nearly all of the sample did (a
+        # fine-tune), the exact count, a pass over both values, is not worth making
+        mostly = changed_count(new_s, prev_s) >= MOSTLY_CHANGED * new_s.size > 0
+        k = new.size if mostly else changed_count(new, previous)
         if 2 * k <= new.size:
             consider("sparse", get("sparse").encode(new, previous))
         if k:
             consider("delta", get("delta").encode(new, previous))
-            if dense_might_win(new, previous, level):
+            if dense_might_win(new, previous, level, prev_sample=prev_s, new_sample=new_s):
                 consider("dense", get("dense").encode(new, None))
     else:
         # lazy: the new rows are gathered frame by frame while compressed (no copy of them beside new and
