@@ -229,6 +229,28 @@ def test_auto_counts_every_change_unless_nearly_all_of_the_sample_changed(monkey
         assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.params, prev)) == raw(new)
 
 
+def test_auto_samples_only_dense_against_the_delta_encoded_in_full(monkeypatch):
+    """A fine-tuned group: delta is encoded once in full and one sample of the new value estimates dense (no
+    sample of the delta); unrelated values: the estimate sends dense to a full encode, and it wins."""
+    from theta.updates import auto
+
+    sampled = []
+    real = auto.codec.encode_parts
+    monkeypatch.setattr(auto.codec, "encode_parts", lambda parts, level: sampled.append(
+        {k: v.size for k, v in parts.items()}) or real(parts, level))
+    rng = np.random.default_rng(10)
+    prev = weights(rng, (1024, 1024), np.float32)
+    sample = auto.SAMPLE_SLICES * auto.SAMPLE_ELEMENTS
+    tuned = (prev * (1 + 1e-3 * rng.standard_normal(prev.shape))).astype(np.float32)
+    unrelated = weights(rng, prev.shape, np.float32)
+    for new, tried in ((tuned, {"delta"}), (unrelated, {"delta", "dense"})):
+        sampled.clear()
+        c = choose(new, prev)
+        assert sampled == [{"values": sample}] and set(c.tried) == tried
+        assert c.update_type == ("delta" if new is tuned else "dense")
+        assert raw(get(c.update_type).apply(codec.decode_parts(c.blob), c.params, prev)) == raw(new)
+
+
 def test_auto_without_previous_is_dense():
     a = np.arange(12, dtype=np.int64).reshape(3, 4)
     c = choose(a, None)

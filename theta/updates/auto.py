@@ -11,8 +11,8 @@ Cheap estimates first, so that only candidates that can win are encoded in full:
   sparse is tried only when ``k`` is at most half of the elements (beyond that delta always wins:
   a sparse element costs its full value plus an index); when at least 90 % of the sample below changed,
   that pass is skipped and sparse is not tried;
-- delta and dense are compared on a sample (up to 16 slices of 16 Ki elements spread over the group);
-  dense is encoded in full only when its sample is within 10 % of delta's;
+- delta is encoded in full; dense is estimated from a sample (up to 16 slices of 16 Ki elements spread
+  over the group, scaled to the group) and encoded in full only when that is within 10 % of delta's size;
 - ``rows`` (the shape changed): dense is encoded only when more than half of the rows are new;
   when dense still wins (rows were resized AND changed in one commit), a positional ``rows`` step
   followed by sparse/delta is tried (:func:`resize_then_change`);
@@ -36,9 +36,10 @@ from theta.storage.store import Staged, stage_chunks
 from theta.updates import Encoded, get, steps
 from theta.updates.delta import changed_count, same_layout
 
-# delta vs dense is compared on 16 slices of 16 Ki elements (1 MiB of fp32). 64 Ki-element slices made the
-# sample the whole group for every group up to 1 Mi elements (all attention matrices of a BERT), so a full
-# fine-tune encoded ~1 x the model three times instead of once (issue #17: -0.3 CPU s of 3.5 on 414 MiB);
+# dense is estimated from 16 slices of 16 Ki elements (1 MiB of fp32) against the delta blob encoded in full.
+# 64 Ki-element slices made the sample the whole group for every group up to 1 Mi elements (all attention
+# matrices of a BERT), so a full fine-tune encoded ~1 x the model three times instead of once (issue #17: -0.3
+# CPU s of 3.5 on 414 MiB); since round 6 only dense is sampled (delta was too: two sample encodes per group);
 # a delta of a fine-tune is ~0.6 x dense, far from the 10 % margin a smaller sample could misjudge
 SAMPLE_SLICES = 16
 SAMPLE_ELEMENTS = 1 << 14
@@ -63,27 +64,22 @@ class Choice:
 
 
 def _sample(arr: np.ndarray) -> np.ndarray:
+    """Up to SAMPLE_SLICES slices of SAMPLE_ELEMENTS elements spread over the flattened ``arr`` (all of it when
+    it is that small)."""
     flat = np.ascontiguousarray(arr).reshape(-1)
-    return _sample_of(flat.size, lambda a, b: flat[a:b])
+    if flat.size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
+        return flat
+    starts = np.linspace(0, flat.size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
+    return np.concatenate([flat[int(s):int(s) + SAMPLE_ELEMENTS] for s in starts])
 
 
-def _sample_of(size: int, read) -> np.ndarray:
-    """The sample of a flat value of ``size`` elements whose ``read(start, stop)`` gives a slice of it."""
-    if size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
-        return read(0, size)
-    starts = np.linspace(0, size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
-    return np.concatenate([read(int(s), int(s) + SAMPLE_ELEMENTS) for s in starts])
-
-
-def dense_might_win(new: np.ndarray, previous: np.ndarray, level: int, *, prev_sample: np.ndarray | None = None,
-                    new_sample: np.ndarray | None = None) -> bool:
-    """Compare delta and dense on a sample of the group (see module docstring). ``prev_sample``: the previous
-    value's sample, when the caller has no previous array (:func:`_change_of_grown`) or has it already."""
-    new_s = _sample(new) if new_sample is None else new_sample
-    prev_s = _sample(previous) if prev_sample is None else prev_sample
-    delta = get("delta").encode(new_s, prev_s)
-    delta_size = len(codec.encode_parts(delta.parts, level))
-    dense_size = len(codec.encode_parts({"values": new_s}, level))
+def dense_might_win(new: np.ndarray, delta_size: int, level: int, *, new_sample: np.ndarray | None = None) -> bool:
+    """Whether the dense blob of ``new`` may be smaller than the delta blob already encoded (``delta_size``
+    bytes): dense is estimated from a sample of ``new``, scaled to the whole group (see module docstring).
+    (The delta used to be estimated on the same sample too: for the many groups of a few MiB that sample was
+    a third to all of the group, compressed twice before the group itself.)"""
+    s = _sample(new) if new_sample is None else new_sample
+    dense_size = len(codec.encode_parts({"values": s}, level)) * (new.size / max(s.size, 1))
     return dense_size <= delta_size * DENSE_MARGIN
 
 
@@ -112,7 +108,7 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
             consider("sparse", get("sparse").encode(new, previous))
         if k:
             consider("delta", get("delta").encode(new, previous))
-            if dense_might_win(new, previous, level, prev_sample=prev_s, new_sample=new_s):
+            if dense_might_win(new, picker.tried["delta"], level, new_sample=new_s):
                 consider("dense", get("dense").encode(new, None))
     else:
         # lazy: the new rows are gathered frame by frame while compressed (no copy of them beside new and
@@ -179,15 +175,8 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
 
     picker.consider("delta", Encoded(parts={"codes": codec.LazyArray(new_words.dtype, (new_words.size,), codes,
                                                                      planes=True)}, params={"op": OPS[0]}))
-    if with_dense:
-        flat_new, flat_prev = np.ascontiguousarray(new).reshape(-1), np.ascontiguousarray(previous).reshape(-1)
-        cut = flat_prev.size
-
-        def grown(a: int, b: int) -> np.ndarray:
-            return flat_prev[a:b] if b <= cut else np.concatenate([flat_prev[a:min(b, cut)], flat_new[max(a, cut):b]])
-
-        if dense_might_win(new, None, level, prev_sample=_sample_of(flat_new.size, grown)):
-            picker.consider("dense", get("dense").encode(new, None))
+    if with_dense and dense_might_win(new, picker.tried["delta"], level):
+        picker.consider("dense", get("dense").encode(new, None))
     return picker.best
 
 
