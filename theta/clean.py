@@ -258,7 +258,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             nxt = max(nxt, i + 1)
             held = 0 if got.raw is None else (
                 got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2))
-            while encoding and (len(encoding) >= encoders or in_flight + held > 2 * largest):
+            # (groups queue for the encoders two deep: waiting for the oldest to finish with one slot free
+            # stopped this loop from feeding the reader)
+            while encoding and (len(encoding) >= 2 * encoders or in_flight + held > 2 * largest):
                 in_flight -= finish_oldest()
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             budget = min(READ_AHEAD_BYTES, max(2 * largest - in_flight - held, 0))

@@ -113,8 +113,12 @@ def fold(values: np.ndarray) -> np.ndarray:
 
 def signature(values: np.ndarray) -> list[int] | None:
     """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
+    # the fold of a group shorter than the pool is zero beyond its length: those terms add exactly nothing
+    # (einsum sums over p in order: the same bits), and a bias or norm vector costs 20 µs instead of 0.6 ms
+    used = min(POOL, values.size * (2 if values.dtype.kind == "c" else 1))
     with np.errstate(over="ignore", invalid="ignore"):
-        proj = np.einsum("pk,p->k", _pool(), fold(values))  # not BLAS: no thread pool, same result everywhere
+        # not BLAS: no thread pool, same result everywhere
+        proj = np.einsum("pk,p->k", _pool()[:used], fold(values)[:used])
     if not np.all(np.isfinite(proj)):
         return None
     return [int(v) for v in np.rint(proj / BUCKET_WIDTH)]

@@ -39,6 +39,19 @@ def test_signature_shape_and_determinism():
     assert lsh.signature(weights(seed=1)) != s
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64, np.complex64])
+@pytest.mark.parametrize("n", [1, 768, 3072, lsh.POOL // 2 + 1, lsh.POOL, lsh.POOL + 5, 3 * lsh.POOL])
+def test_signature_is_the_projection_of_the_fold_on_the_whole_pool(n, dtype):
+    """Groups shorter than the pool project only their used part (the rest of the fold is zero): the same
+    bits as projecting all of it, as every signature already stored was computed."""
+    x = (np.random.default_rng(n).standard_normal(n) * 0.02).astype(dtype)
+    if dtype == np.complex64:
+        x = x + 1j * x[::-1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        whole = np.einsum("pk,p->k", lsh._pool(), lsh.fold(x))
+    assert lsh.signature(x) == [int(v) for v in np.rint(whole / lsh.BUCKET_WIDTH)]
+
+
 def test_float_dtypes_hash_their_float32_values():
     x = weights((300,))
     for dt in (np.float16, ml_dtypes.bfloat16, np.float64):
