@@ -152,8 +152,13 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
     stats = stats if stats is not None else CleanStats()
     path = os.fspath(path)
     try:
-        lsd = opener(path) if opener is not None else zipslice.load(path, isolate=options.isolate,
-                                                                     timeout=options.isolate_timeout)
+        try:
+            lsd = opener(path) if opener is not None else zipslice.load(path, isolate=options.isolate,
+                                                                         timeout=options.isolate_timeout)
+        except BaseException:
+            if git_bytes is not None:
+                git_bytes.no_layout()  # git's bytes are compared instead, from now (not once the caller is done)
+            raise
     except NotACheckpointError as e:
         raise NotCheckpointError(f"cannot clean {path}: {e}", reason=str(e)) from e
     except ZipsliceError as e:

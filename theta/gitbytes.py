@@ -74,6 +74,12 @@ class GroupHashes:
                               f"run the git command again")
 
     @property
+    def decided(self) -> bool:
+        """Whether the layout is known (published, or none will come)."""
+        with self._cond:
+            return self._layout is not None
+
+    @property
     def hashed(self) -> int:
         """How many groups were hashed from git's bytes so far."""
         with self._cond:

@@ -134,3 +134,18 @@ def test_the_clean_waiting_for_a_hash_is_woken_when_the_receiving_fails(tmp_path
         receive(broken(), tmp_path, f, h)
     t.join(5)
     assert not t.is_alive() and waiter == [None]
+
+
+def test_a_file_that_is_no_checkpoint_tells_the_receiving_at_once(tmp_path):
+    """The clean of a file theta cannot read as a checkpoint says there is nothing to hash as soon as it fails
+    to open it, before the caller stores it as one opaque blob: git's bytes are compared from then on."""
+    from theta.clean import clean_checkpoint
+    from theta.errors import NotCheckpointError
+    from theta.storage.store import LfsStore
+
+    f = tmp_path / "README.md"
+    f.write_bytes(b"# not a checkpoint\n" * 1000)
+    h = GroupHashes("README.md")
+    with pytest.raises(NotCheckpointError):
+        clean_checkpoint(f, LfsStore(tmp_path / "objects"), git_bytes=h)
+    assert h.decided and h.layout(timeout=0) == []
