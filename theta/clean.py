@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -104,14 +103,6 @@ class CleanStats:
     new_blob_bytes: int = 0     # bytes of blobs this clean added to the store
     by_type: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)  # one line each, for the caller to show
-
-    def add(self, other: "CleanStats") -> None:
-        """Count ``other`` (one group's counters, kept apart while it was encoded on another thread) in."""
-        for name in ("groups", "aliases", "unchanged", "close", "written", "raw_bytes", "new_blob_bytes"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for t, n in other.by_type.items():
-            self.by_type[t] = self.by_type.get(t, 0) + n
-        self.warnings.extend(other.warnings)
 
 
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
@@ -219,12 +210,12 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
         if tie is not None:
             tie_owner[tie] = key
         group_keys.append(key)
-    # Pipeline: a reader thread reads and hashes the next groups while changed groups are decided, encoded
-    # and stored on the encoder threads (two at once: a group of a few MiB is one codec frame, so one group
-    # at a time left a core idle), in order of the file; the groups read ahead total at most READ_AHEAD_BYTES.
-    # The memory bound is 2 x the largest group: a changed group being encoded holds its value and its
-    # previous value (2 x its size), and the groups being encoded plus those read ahead stay within 2 x the
-    # largest (the largest group is encoded alone, nothing read ahead meanwhile).
+    # Pipeline: reader threads read and hash the next groups while this thread encodes and stores group i.
+    # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
+    # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
+    # read-ahead never adds more than that to peak memory).
+    # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
+    # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
     sent = _lay_out(lsd, path, group_keys, git_bytes) if git_bytes is not None else None
     unproven: list = []  # (key, fast hash) of groups read before git's hash of them was asked for
     largest = max((lsd.info(k).nbytes for k in group_keys), default=0)
@@ -237,20 +228,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
         return update_data is not None and key in update_data
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
-    encoding: deque = deque()  # (key, future, bytes held, its CleanStats), in order
-    encoders = 1 if update_data is not None else parallel.ENCODERS  # (a side-load checks groups in order)
-    done: dict[str, GroupMeta] = {}
-    written_before = store.written_bytes
-
-    def finish_oldest() -> int:
-        key, fut, held, group_stats = encoding.popleft()
-        done[key] = fut.result()
-        stats.add(group_stats)
-        bar.advance(lsd.info(key).nbytes)
-        return held
-
     try:
-        in_flight = 0  # bytes held by the groups being encoded
         for i, key in enumerate(group_keys):
             if stop is not None and stop.is_set():
                 raise CleanStopped(f"clean of {path} stopped")
@@ -261,14 +239,10 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if sent is not None and key in sent.keys and got.sent is None:
                 unproven.append((key, got.fast))
             nxt = max(nxt, i + 1)
+            ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = 0 if got.raw is None else (
                 got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2))
-            # (groups queue for the encoders two deep: waiting for the oldest to finish with one slot free
-            # stopped this loop from feeding the reader)
-            while encoding and (len(encoding) >= 2 * encoders or in_flight + held > 2 * largest):
-                in_flight -= finish_oldest()
-            ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
-            budget = min(READ_AHEAD_BYTES, max(2 * largest - in_flight - held, 0))
+            budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_GROUPS:
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
@@ -278,30 +252,17 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                                                                 read_whole(k), sent)))
                 ahead += size
                 nxt += 1
-            if got.raw is None:  # known unchanged from its hash alone: nothing to decide or encode
-                done[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
-                bar.advance(lsd.info(key).nbytes)
-            else:
-                group_stats = CleanStats()
-                encoding.append((key, parallel.pool("encode").submit(
-                    _clean_group, got, store, same_lsh, options, group_stats, path, update_data), held,
-                    group_stats))
-                in_flight += held
+            groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
             del got
-        while encoding:
-            finish_oldest()
+            bar.advance(lsd.info(key).nbytes)
         for key, fast in unproven:  # (git's bytes have all arrived by now, or never will)
             sent.hashes.check(key, fast)
     finally:
-        for _, fut, _, _ in encoding:
-            fut.cancel() or fut.exception()  # nothing writes to the store once the clean has ended
         for _, fut in pending:
             fut.cancel() or fut.exception()  # never close the file under a running read
         bar.close()
         if update_data is not None:
             update_data.close()
-    stats.new_blob_bytes += store.written_bytes - written_before
-    groups = {key: done[key] for key in group_keys}
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
 
@@ -472,6 +433,7 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                 stats.close += 1
                 return keep(prev)
 
+    before = store.written_bytes
     try:
         steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
                                      reshaped_previous=got.reshaped)
@@ -483,5 +445,6 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     bind_steps(steps, store)  # every step's value is now proven (hashed here, or bound before)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
+    stats.new_blob_bytes += store.written_bytes - before
     return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
                      is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)

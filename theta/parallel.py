@@ -41,14 +41,9 @@ def _threads() -> int:
 
 CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
-# changed groups a clean decides and encodes at once (theta.clean): most groups are one codec frame, so one
-# at a time kept one codec thread busy
-ENCODERS = min(2, CODEC_THREADS)
-
-# "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time);
-# "encode": the groups that clean encodes
+# "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
 _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
-            "numeric": min(2, CODEC_THREADS), "clean": 1, "encode": ENCODERS}
+            "numeric": min(2, CODEC_THREADS), "clean": 1}
 _pools: dict[str, Executor] = {}
 _lock = threading.Lock()
 
@@ -67,7 +62,7 @@ class Inline(Executor):
 
 
 def pool(name: str) -> Executor:
-    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric", "clean" or "encode" (an
+    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric" or "clean" (an
     :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
     with _lock:
         p = _pools.get(name)

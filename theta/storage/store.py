@@ -105,13 +105,6 @@ class LfsStore:
         self.verify = verify
         self.written_objects = 0  # objects this instance actually wrote (not deduplicated)
         self.written_bytes = 0
-        self._counting = threading.Lock()  # (groups are stored from several threads at once)
-
-    def count_written(self, size: int) -> None:
-        """One more object of ``size`` bytes written by this instance."""
-        with self._counting:
-            self.written_objects += 1
-            self.written_bytes += size
 
     @classmethod
     def for_repo(cls, cwd: str | os.PathLike = ".") -> "LfsStore":
@@ -314,7 +307,8 @@ class LfsStore:
         if self.keep_dir is not None:
             self._link(Path(tmp), self.keep_path(ref))  # theta's name first: the blob is never unprotected
         os.replace(tmp, dest)
-        self.count_written(ref.size)
+        self.written_objects += 1
+        self.written_bytes += ref.size
         faults.point("store:published")
         return None
 
@@ -360,7 +354,8 @@ class LfsStore:
                     name = None  # now the object itself
                     if self.keep_dir is not None:
                         self._link(dest, self.keep_path(ref))  # theta's protected name (git lfs prune)
-                    self.count_written(ref.size)
+                    self.written_objects += 1
+                    self.written_bytes += ref.size
                     faults.point("store:published")
             return ref
         except OSError as e:
@@ -522,7 +517,8 @@ class Staged:
         _discard(self.fd, None)  # published: close, nothing to remove
         if store.keep_dir is not None:
             store._link(dest, store.keep_path(self.ref))  # theta's protected name (git lfs prune)
-        store.count_written(self.ref.size)
+        store.written_objects += 1
+        store.written_bytes += self.ref.size
         faults.point("store:published")
         return self.ref
 
