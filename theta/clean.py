@@ -271,7 +271,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
 class _Sent:
     """The groups whose hashes come from git's bytes (``keys``), and where they come from."""
 
-    hashes: object   # theta.gitbytes.GroupHashes
+    hashes: "GroupHashes"
     keys: set
 
 

@@ -6,7 +6,6 @@ in a bound blob caught at a materialized checkout with the placeholder left in p
 from __future__ import annotations
 
 import io
-import os
 import tracemalloc
 import zipfile
 from collections import OrderedDict
@@ -14,6 +13,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
+from support.crafted import flip_byte
 from support.gitrepo import GitEnv
 from theta.clean import clean_checkpoint
 from theta.smudge import _FrameStream, smudge_to_stream
@@ -140,12 +140,8 @@ def test_a_flipped_byte_in_a_bound_blob_is_caught_and_the_placeholder_stays(tmp_
     repo.commit("v1", ".gitattributes", "model.pt")
     meta = loads(repo.show("HEAD:model.pt"))
     group = meta.groups[meta.group_for("embed.weight").name]
-    oid = group.steps[0].blob.oid
-    obj = repo.git_common_dir() / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
-    data = bytearray(obj.read_bytes())
-    data[len(data) // 2] ^= 0x01  # same size, inside a plane of the second frame: only its checksum can tell
-    os.chmod(obj, 0o644)
-    obj.write_bytes(bytes(data))
+    obj = repo.lfs_object(group.steps[0].blob.oid)
+    flip_byte(obj, obj.stat().st_size // 2)  # inside a plane of the second frame: only its checksum can tell
     (repo / "model.pt").unlink()
     proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False)  # 12+ MiB: a placeholder
     err = proc.stderr.decode()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from support.crafted import flip_byte
 from support.gitrepo import GitEnv
 from theta.clean import clean_checkpoint
 from theta.storage.metadata import dumps, loads
@@ -108,12 +109,8 @@ def test_frames_verification_catches_a_flipped_byte_at_checkout(tmp_path):
     meta = loads(repo.show("HEAD:model.pt"))
     group = meta.groups[meta.group_for("a.weight").name]
     assert [s.type for s in group.steps] == ["dense"]
-    obj = repo.git_common_dir() / "lfs" / "objects" / group.steps[0].blob.oid[:2] / group.steps[0].blob.oid[2:4] \
-        / group.steps[0].blob.oid
-    data = bytearray(obj.read_bytes())
-    data[len(data) // 3] ^= 0x01  # same size, inside a plane: only the frame checksum can tell
-    os.chmod(obj, 0o644)
-    obj.write_bytes(bytes(data))
+    obj = repo.lfs_object(group.steps[0].blob.oid)
+    flip_byte(obj, obj.stat().st_size // 3)  # inside a plane: only the frame checksum can tell
     (repo / "model.pt").unlink()
     proc = genv.run(["git", "checkout", "--", "model.pt"], cwd=repo.path, check=False)
     assert proc.returncode != 0

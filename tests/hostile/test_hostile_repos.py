@@ -155,7 +155,7 @@ def test_a_flipped_byte_in_a_stored_blob_names_file_group_and_oid(genv, position
     res, clone = victim_clone(genv, evil.url, "clone")
     assert res.returncode == 0, res.err
     oid = g["steps"][0]["oid"]
-    obj = clone.git_common_dir() / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+    obj = clone.lfs_object(oid)
     data = bytearray(obj.read_bytes())
     for i in range(0, len(data), max(1, len(data) // positions)):  # each position on its own, same size
         flipped = bytearray(data)

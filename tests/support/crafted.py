@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,14 @@ class Attacker:
 
     def push(self) -> None:
         self.repo.git("push", "-q", "-f", "origin", "main")
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Flip the lowest bit of byte ``at`` of a stored (read-only) object, keeping its size."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
 
 
 def install_theta_globally(genv: GitEnv) -> None:

@@ -115,6 +115,10 @@ class Repo:
         d = self.git_common_dir() / "lfs" / "objects"
         return {p.name for p in d.glob("??/??/*") if p.is_file() and len(p.name) == 64}
 
+    def lfs_object(self, oid: str) -> Path:
+        """Where this repository's local LFS store keeps object ``oid``."""
+        return self.git_common_dir() / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+
     def git_common_dir(self) -> Path:
         d = Path(self.out("rev-parse", "--git-common-dir"))
         return d if d.is_absolute() else (self.path / d).resolve()

@@ -1,17 +1,17 @@
-"""filter_process.receive: git's bytes are compared with the work-tree file through a reused window; the file
+"""commands.receive.receive: git's bytes are compared with the work-tree file through a reused window; the file
 is used in place only when every byte and the length match, else exactly git's bytes are spooled."""
 import os
 
 import pytest
 
-from theta.commands import receive as filter_process
+from theta.commands import receive as receiving
 from theta.commands.receive import receive
 
 
 @pytest.fixture(autouse=True)
 def small_window(monkeypatch):
     # windows smaller than git's packets and not a multiple of them: every refill path runs
-    monkeypatch.setattr(filter_process, "_COMPARE_BLOCK", 100_000)
+    monkeypatch.setattr(receiving, "_COMPARE_BLOCK", 100_000)
 
 
 @pytest.mark.parametrize("size", [0, 1, 65516, 300_001])

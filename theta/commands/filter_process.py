@@ -274,9 +274,7 @@ class Filter:
         # git's bytes are hashed group by group instead of compared (theta.gitbytes) when they surely are the
         # work-tree file's: the commands that add it (another command may send other bytes under its name,
         # e.g. `git hash-object --path`; those are compared byte by byte, and spooled when they differ)
-        if self._invoker is None:
-            self._invoker = gitutil.invoking_subcommand() or ""
-        hashes = GroupHashes(path) if self._invoker in ADDS_WORK_TREE else None
+        hashes = GroupHashes(path) if self.invoker() in ADDS_WORK_TREE else None
         return _EarlyClean(lambda stop: (previous_text, *self._clean_file(path, worktree, previous, stop, hashes),
                                          before), hashes)
 
@@ -404,6 +402,12 @@ class Filter:
             self._max_output = settings.max_checkout_bytes(self.cwd)
         return self._max_output
 
+    def invoker(self) -> str:
+        """The git subcommand that started this process ("" when unknown), asked once."""
+        if self._invoker is None:
+            self._invoker = gitutil.invoking_subcommand() or ""
+        return self._invoker
+
     def _hash_name(self) -> str:
         if self._hash is None:
             self._hash = gitutil.object_format(self.cwd)
@@ -423,10 +427,8 @@ class Filter:
             return True
         if data_bytes(meta) <= cs.materialize_above:
             return False
-        if self._invoker is None:
-            self._invoker = gitutil.invoking_subcommand() or ""
         # git archive and `git cat-file --filters` want the content itself: nothing writes it afterwards
-        return self._invoker not in CONTENT_WANTED
+        return self.invoker() not in CONTENT_WANTED
 
     def finish(self) -> None:
         """git has closed the request stream: it has written the work tree and the index and waits for this
