@@ -1,6 +1,8 @@
 """Checkpoint formats as plugins: entry points in the group ``zipslice.formats`` name a :class:`FormatSpec`.
 
-The built-ins register through the same entry points (pyproject.toml) that a third-party format would use.
+The built-ins register through the same entry points (pyproject.toml) that a third-party format would use,
+and are also known without scanning them (:mod:`zipslice.plugins`: opening a torch file does not read every
+installed distribution's entry points); a plugin cannot replace a built-in format.
 A plugin format that zipslice's own sniffing does not know gives a ``detect(head: bytes) -> bool`` function.
 A plugin may also open names that are not files (``opens``), e.g. theta's ``REV:PATH`` inside a git repository.
 """
@@ -10,8 +12,9 @@ import importlib
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib.metadata import entry_points
 from typing import Any, Callable
+
+from .plugins import installed
 
 
 def _resolve(ref: str) -> Any:
@@ -46,10 +49,17 @@ HDF5 = FormatSpec("hdf5", "zipslice.hdf5_format:HDF5Checkpoint", "zipslice.hdf5_
 SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.sharded:write", (".index.json",))
 
 
+# known without the entry points (a source checkout that was never pip-installed knows them too)
+BUILTIN = {spec.name: spec for spec in (TORCH, TORCH_LEGACY, SAFETENSORS, HDF5, SHARDED)}
+
+
 @lru_cache(maxsize=1)
 def registry() -> dict[str, FormatSpec]:
-    found: dict[str, FormatSpec] = {}
-    for ep in entry_points(group="zipslice.formats"):
+    """Every format: the built-ins, then the installed plugins' (scans the entry points)."""
+    found: dict[str, FormatSpec] = dict(BUILTIN)
+    for name, ep in installed("zipslice.formats").items():
+        if name in BUILTIN:
+            continue
         try:
             spec = ep.load()
         except Exception as e:  # one broken plugin must not take every format down: skip it, say why
@@ -59,17 +69,15 @@ def registry() -> dict[str, FormatSpec]:
         if not isinstance(spec, FormatSpec):
             raise TypeError(f"entry point zipslice.formats:{ep.name} must name a zipslice.formats.FormatSpec")
         found[spec.name] = spec
-    # A source checkout that was never pip-installed still knows its own formats.
-    for spec in (TORCH, TORCH_LEGACY, SAFETENSORS, HDF5, SHARDED):
-        found.setdefault(spec.name, spec)
     return found
 
 
 def get(name: str) -> FormatSpec:
-    try:
-        return registry()[name]
-    except KeyError:
-        raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(sorted(registry()))}") from None
+    """The format registered as ``name`` (a built-in without scanning the entry points)."""
+    spec = BUILTIN.get(name) or registry().get(name)
+    if spec is None:
+        raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(sorted(registry()))}")
+    return spec
 
 
 def detect_plugin(head: bytes) -> str | None:

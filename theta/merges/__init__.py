@@ -1,7 +1,8 @@
 """Merge strategies for parameter groups changed on both sides of a `git merge`.
 
 Strategies are plugins registered under the entry-point group ``theta.merges`` (the built-ins in
-:mod:`theta.merges.strategies` use the same mechanism, see pyproject.toml). A strategy is a class with::
+:mod:`theta.merges.strategies` use the same mechanism, see pyproject.toml, and are found without scanning the
+entry points: :mod:`zipslice.plugins`). A strategy is a class with::
 
     name: str                       # entry-point name, e.g. "ties"
     summary: str                    # one line for menus and `git theta merge-strategies`
@@ -17,14 +18,21 @@ an array of the same dtype and shape.
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from zipslice.plugins import Registry
+
 from theta.errors import MergeError
 
 ENTRY_POINT_GROUP = "theta.merges"
+_REGISTRY = Registry(ENTRY_POINT_GROUP, {  # in menu order
+    "ours": "theta.merges.strategies:Ours", "theirs": "theta.merges.strategies:Theirs",
+    "ancestor": "theta.merges.strategies:Ancestor", "average": "theta.merges.strategies:Average",
+    "task-arithmetic": "theta.merges.strategies:TaskArithmetic", "ties": "theta.merges.strategies:Ties",
+    "dare": "theta.merges.strategies:Dare", "slerp": "theta.merges.strategies:Slerp"})
+_BUILTIN = tuple(_REGISTRY.builtins)
 
 
 @runtime_checkable
@@ -47,22 +55,20 @@ class MergeStrategy(Protocol):
               **params: Any) -> np.ndarray: ...
 
 
-@lru_cache(maxsize=None)
 def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """The installed plugins' entry points (scanned once)."""
+    return _REGISTRY.installed()
 
 
 def names() -> list[str]:
     """Names of every registered strategy, built-ins first in their documented order."""
-    builtin = ["ours", "theirs", "ancestor", "average", "task-arithmetic", "ties", "dare", "slerp"]
-    found = _entry_points()
-    return [n for n in builtin if n in found] + sorted(n for n in found if n not in builtin)
+    return list(_BUILTIN) + sorted(n for n in _REGISTRY.all() if n not in _BUILTIN)
 
 
 @lru_cache(maxsize=None)
 def get(name: str) -> MergeStrategy:
     """The strategy registered as ``name``; unknown names raise MergeError listing the known ones."""
-    ep = _entry_points().get(name)
+    ep = _REGISTRY.find(name)
     if ep is None:
         raise MergeError(f"unknown merge strategy {name!r}; known: {', '.join(names())}")
     obj = ep.load()

@@ -1,7 +1,7 @@
 """Update types: how a parameter group's new value is stored relative to earlier values.
 
 Update types are plugins found through the entry-point group ``theta.updates`` (the built-ins register the
-same way, see pyproject.toml). Each stores its data as named arrays (``Encoded.parts``, one blob via
+same way, see pyproject.toml, and are found without scanning the entry points: :mod:`zipslice.plugins`). Each stores its data as named arrays (``Encoded.parts``, one blob via
 :func:`theta.storage.codec.encode_parts`) plus small JSON-able ``params`` recorded in the metadata step.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ import hashlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 import xxhash
 
 from zipslice import dtypes
+from zipslice.plugins import Registry
 
 from theta.storage.codec import decode_parts, part_blobs
 from theta.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from theta.storage.store import LfsStore
 
 GROUP = "theta.updates"
+_REGISTRY = Registry(GROUP, {"dense": "theta.updates.dense:DenseUpdate", "sparse": "theta.updates.sparse:SparseUpdate",
+                             "low-rank": "theta.updates.low_rank:LowRankUpdate", "ia3": "theta.updates.ia3:IA3Update",
+                             "delta": "theta.updates.delta:DeltaUpdate", "rows": "theta.updates.rows:RowsUpdate"})
 
 
 @dataclass
@@ -55,20 +58,20 @@ class UpdateType(Protocol):
     def apply(self, parts: dict[str, np.ndarray], params: dict, previous: np.ndarray | None) -> np.ndarray: ...
 
 
-@lru_cache(maxsize=1)
 def _entry_points() -> dict:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+    """The installed plugins' entry points (scanned once)."""
+    return _REGISTRY.installed()
 
 
 def names() -> list[str]:
     """Names of the installed update types."""
-    return sorted(_entry_points())
+    return sorted(_REGISTRY.all())
 
 
 @lru_cache(maxsize=None)
 def get(name: str) -> UpdateType:
     """The update type registered as ``name``; UpdateTypeError listing the known ones otherwise."""
-    ep = _entry_points().get(name)
+    ep = _REGISTRY.find(name)
     if ep is None:
         raise UpdateTypeError(f"unknown update type {name!r}; known: {', '.join(names()) or '(none installed)'}")
     try:
