@@ -6,6 +6,7 @@ Nothing here imports torch: the file formats are read and written without it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -64,7 +65,14 @@ _TABLE = [
 BY_NAME: dict[str, DType] = {d.name: d for d in _TABLE}
 BY_SAFETENSORS: dict[str, DType] = {d.safetensors: d for d in _TABLE if d.safetensors}
 BY_STORAGE: dict[str, DType] = {d.storage: d for d in _TABLE if d.storage}
-BY_NUMPY: dict[np.dtype, DType] = {d.to_numpy(): d for d in _TABLE if d.numpy}
+# numpy's own dtypes; ml_dtypes' (bfloat16, float8) are looked up only when met: importing ml_dtypes costs every
+# process ~10 ms (each `git add` waits for it before the clean can start)
+_BY_PLAIN_NUMPY: dict[np.dtype, DType] = {np.dtype(d.numpy): d for d in _TABLE if d.numpy and d.numpy[:3] != "ml:"}
+
+
+@lru_cache(maxsize=1)
+def _by_numpy() -> dict[np.dtype, DType]:
+    return {d.to_numpy(): d for d in _TABLE if d.numpy}
 
 
 def get(name: str) -> DType:
@@ -77,10 +85,10 @@ def get(name: str) -> DType:
 
 def from_numpy(dt: np.dtype) -> DType:
     dt = np.dtype(dt).newbyteorder("<") if np.dtype(dt).byteorder == ">" else np.dtype(dt)
-    try:
-        return BY_NUMPY[dt]
-    except KeyError:
-        raise KeyError(f"numpy dtype {dt} has no zipslice dtype") from None
+    found = _BY_PLAIN_NUMPY.get(dt) or _by_numpy().get(dt)
+    if found is None:
+        raise KeyError(f"numpy dtype {dt} has no zipslice dtype")
+    return found
 
 
 def to_torch(name: str):

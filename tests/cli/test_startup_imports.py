@@ -34,3 +34,27 @@ def test_import_zipslice_alone_brings_no_numpy_until_a_checkpoint_is_opened():
     assert "numpy" not in loaded
     loaded = modules_after("import zipslice\nzipslice.LazyCheckpoint")
     assert "numpy" in loaded and "zipslice.base" in loaded
+
+
+def test_a_clean_loads_neither_the_entry_points_nor_ml_dtypes_for_a_float32_checkpoint(tmp_path):
+    """What every `git add` goes through before the first byte git sends can be used: the filter's modules, a
+    torch file opened, the update types and a merge strategy found. Scanning the entry points (importlib.metadata
+    and the email package it pulls in) and ml_dtypes cost ~35 ms there; they load only when needed."""
+    path = tmp_path / "m.pt"
+    loaded = modules_after(f"""
+import numpy as np
+import zipslice, theta.updates, theta.merges
+import theta.commands.filter_process, theta.commands.hooks, theta.clean, theta.views, theta.updates.auto
+zipslice.save({str(path)!r}, {{"w": np.arange(6, dtype="<f4")}}, format="torch")
+with zipslice.load({str(path)!r}) as lsd:
+    assert lsd.numpy("w").tolist() == [0, 1, 2, 3, 4, 5]
+for name in ("dense", "delta", "sparse", "rows", "ia3", "low-rank"):
+    assert theta.updates.get(name).name == name
+assert theta.merges.get("ties").name == "ties"
+""")
+    assert "theta.clean" in loaded and "zipslice.torch_reader" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in ("email", "ml_dtypes") or m.startswith("importlib.metadata")}
+    bf16 = modules_after("from zipslice import dtypes\nimport numpy as np\nimport ml_dtypes\n"
+                         "assert dtypes.from_numpy(np.dtype(ml_dtypes.bfloat16)).name == 'bfloat16'\n"
+                         "assert dtypes.from_numpy(np.dtype('>f4')).name == 'float32'")
+    assert "ml_dtypes" in bf16

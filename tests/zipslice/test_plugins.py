@@ -39,25 +39,6 @@ def _run(code: str, site=None) -> str:
                           check=True).stdout
 
 
-def test_opening_a_torch_file_and_encoding_never_scan_the_entry_points(tmp_path):
-    """What a `git add` needs (a torch file opened, update types and a merge strategy found) imports neither
-    importlib.metadata nor anything it pulls in (~25 ms before git's first byte could be hashed)."""
-    torch = pytest.importorskip("torch")
-    path = tmp_path / "m.pt"
-    torch.save({"w": torch.arange(6, dtype=torch.float32)}, path)
-    out = _run(f"""
-        import sys
-        import zipslice, theta.updates, theta.merges
-        with zipslice.load({str(path)!r}) as lsd:
-            assert lsd.numpy("w").tolist() == [0, 1, 2, 3, 4, 5]
-        for name in ("dense", "delta", "sparse", "rows", "ia3", "low-rank"):
-            assert theta.updates.get(name).name == name
-        assert theta.merges.get("ties").name == "ties"
-        print(sorted(m for m in sys.modules if m.startswith(("importlib.metadata", "email"))))
-    """)
-    assert out.strip() == "[]"
-
-
 def _site(tmp_path, entries: dict) -> os.PathLike:
     info = tmp_path / "site" / "plugin_dist-1.0.dist-info"
     info.mkdir(parents=True)
