@@ -210,10 +210,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
         if tie is not None:
             tie_owner[tie] = key
         group_keys.append(key)
-    # Pipeline: reader threads read and hash the next groups while this thread encodes and stores group i.
-    # Two reads run at once (hashlib and preadv release the GIL: unchanged groups, which cost only their
-    # hash, go at two cores' speed) while the groups read ahead total at most READ_AHEAD_BYTES (so
-    # read-ahead never adds more than that to peak memory).
+    # Pipeline: a reader thread reads and hashes the next groups (up to READ_AHEAD_GROUPS, at most
+    # READ_AHEAD_BYTES in all, so read-ahead never adds more than that to peak memory) while this thread
+    # encodes and stores group i (hashlib, preadv, zstd and numpy release the GIL).
     # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
     # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
     sent = _lay_out(lsd, path, group_keys, git_bytes) if git_bytes is not None else None

@@ -1,8 +1,9 @@
 """Update types: how a parameter group's new value is stored relative to earlier values.
 
 Update types are plugins found through the entry-point group ``theta.updates`` (the built-ins register the
-same way, see pyproject.toml, and are found without scanning the entry points: :mod:`zipslice.plugins`). Each stores its data as named arrays (``Encoded.parts``, one blob via
-:func:`theta.storage.codec.encode_parts`) plus small JSON-able ``params`` recorded in the metadata step.
+same way, see pyproject.toml, and are found without scanning the entry points: :mod:`zipslice.plugins`).
+Each stores its data as named arrays (``Encoded.parts``, one blob via :func:`theta.storage.codec.encode_parts`)
+plus small JSON-able ``params`` recorded in the metadata step.
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ if TYPE_CHECKING:
     from theta.storage.store import LfsStore
 
 GROUP = "theta.updates"
-_REGISTRY = Registry(GROUP, {"dense": "theta.updates.dense:DenseUpdate", "sparse": "theta.updates.sparse:SparseUpdate",
-                             "low-rank": "theta.updates.low_rank:LowRankUpdate", "ia3": "theta.updates.ia3:IA3Update",
-                             "delta": "theta.updates.delta:DeltaUpdate", "rows": "theta.updates.rows:RowsUpdate"})
+_REGISTRY = Registry(GROUP, {
+    "dense": "theta.updates.dense:DenseUpdate", "sparse": "theta.updates.sparse:SparseUpdate",
+    "low-rank": "theta.updates.low_rank:LowRankUpdate", "ia3": "theta.updates.ia3:IA3Update",
+    "delta": "theta.updates.delta:DeltaUpdate", "rows": "theta.updates.rows:RowsUpdate"})
 
 
 @dataclass
