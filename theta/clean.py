@@ -27,12 +27,13 @@ from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.progress import Bar
 
 from theta.storage import codec
+from theta import framewise
 from theta import lsh
 from theta import numeric
 from theta import parallel
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
-from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, IntegrityError, MetadataError,
-                          NotCheckpointError, UpdateTypeError)
+from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
+                          MetadataError, NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
 from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_hash, fast_hash_pieces,
@@ -225,6 +226,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     def read_whole(key: str) -> bool:
         """A side-loaded group is checked against its update even when its bytes did not change."""
         return update_data is not None and key in update_data
+    stream = update_data is None and options.update_type in ("auto", "dense")  # what a frame pass can store
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
     try:
@@ -234,9 +236,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             if pending and pending[0][0] == i:
                 got = pending.pop(0)[1].result()
             else:
-                got = _read_group(lsd, key, previous, options.exact, read_whole(key), sent)
-            if sent is not None and key in sent.keys and got.sent is None:
-                unproven.append((key, got.fast))
+                got = _read_group(lsd, key, previous, options.exact, read_whole(key), sent, stream)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = 0 if got.raw is None else (
@@ -248,10 +248,12 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                     break
                 k = group_keys[nxt]
                 pending.append((nxt, parallel.pool("read").submit(_read_group, lsd, k, previous, options.exact,
-                                                                read_whole(k), sent)))
+                                                                read_whole(k), sent, stream)))
                 ahead += size
                 nxt += 1
             groups[key] = _clean_group(got, store, same_lsh, options, stats, path, update_data)
+            if sent is not None and key in sent.keys and got.sent is None:
+                unproven.append((key, got.fast))
             del got
             bar.advance(lsd.info(key).nbytes)
         for key, fast in unproven:  # (git's bytes have all arrived by now, or never will)
@@ -309,6 +311,7 @@ class _Read:
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
     sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
+    frames: "framewise.GroupFrames | None" = None  # to clean frame by frame (digest and fast set by then)
 
 
 _HASH_PIECE = 4 << 20  # bytes per read when a group is hashed in place (one buffer per reader thread)
@@ -326,12 +329,15 @@ def _fast_hash_in_place(lsd, key: str) -> str | None:
 
 
 def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = False,
-                whole: bool = False, sent: _Sent | None = None) -> _Read:
+                whole: bool = False, sent: _Sent | None = None, stream: bool = False) -> _Read:
     """Read and hash group ``key``. A group whose fast hash equals its previous version's is not held: its
     ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway). ``sent``: the hash of
-    git's bytes of the group decides that without reading the file (theta.gitbytes)."""
+    git's bytes of the group decides that without reading the file (theta.gitbytes). ``stream``: a big
+    changed group may be left to be cleaned frame by frame (theta.framewise; its ``frames`` are set)."""
     info = lsd.info(key)
     prev = _previous_group(previous, key, info.dtype, info.shape)
+    reshaped = previous.group_for(key) if prev is None and previous is not None and (
+        key in previous.groups or key in previous.aliases) else None
     git_fast = None
     if prev is not None and prev.fast is not None and not exact and not whole:
         if sent is not None and key in sent.keys:
@@ -342,6 +348,10 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
             fast = _fast_hash_in_place(lsd, key)
             if fast is not None and fast == prev.fast:
                 return _Read(key, info, None, None, prev.hash, fast, prev, None)
+    if stream and framewise.streams(lsd, key, info, prev, reshaped, exact):
+        # read, hashed and encoded frame by frame when it is cleaned (nothing read here)
+        return _Read(key, info, None, None, "", "", prev, None, sent=git_fast,
+                     frames=framewise.GroupFrames(lsd, key, info, lsd.path))
     raw = lsd.numpy(key, raw=True)
     arr = raw.view(dtypes.get(info.dtype).to_numpy())
     fast = fast_hash(raw)
@@ -361,8 +371,6 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
         sig = lsh.signature(arr)
         if prev is not None and sig is not None and prev.lsh is not None:
             norm = lsh.l2norm(arr)
-    reshaped = previous.group_for(key) if prev is None and previous is not None and (
-        key in previous.groups or key in previous.aliases) else None
     return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, git_fast)
 
 
@@ -376,7 +384,7 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
     def keep(p: GroupMeta) -> GroupMeta:
         # the previous value is kept: the new bytes' fast hash when they are that value (so metadata written
         # before fast hashes gets them as its groups are met again), else (allclose) the previous one's
-        fast = got.fast if p.hash == digest else p.fast
+        fast = got.fast if p.hash == got.digest else p.fast
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
                          lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast)
 
@@ -420,6 +428,12 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             raise UpdateTypeError(f"{path}: group {key!r}: its previous version rebuilt from the store does not "
                                   f"match its content hash (corrupt object?)")
 
+    if got.frames is not None:
+        steps = _clean_streamed(got, store, same_lsh, options, stats, path, previous_value, check_previous)
+        if steps is None:
+            return keep(prev)
+        return _written(got, steps, got.sig, store, stats, 0)
+
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
                                 (got.norm if got.norm is not None else lsh.l2norm(arr))
@@ -441,9 +455,67 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
         raise
     check_previous()
+    return _written(got, steps, sig, store, stats, store.written_bytes - before)
+
+
+def _written(got: _Read, steps: list[Step], sig, store: LfsStore, stats: CleanStats, new_bytes: int) -> GroupMeta:
+    """The metadata of a group stored as ``steps`` (checked), its chain bound in ``store``."""
     bind_steps(steps, store)  # every step's value is now proven (hashed here, or bound before)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
+    stats.new_blob_bytes += new_bytes
+    info = got.info
+    return GroupMeta(name=got.key, dtype=info.dtype, shape=tuple(info.shape), hash=got.digest, steps=steps,
+                     lsh=sig, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)
+
+
+def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
+                    path: str, previous_value: Callable[[], np.ndarray | None],
+                    check_previous: Callable[[], None]) -> list[Step] | None:
+    """:func:`_clean_group`'s decisions for a group cleaned frame by frame (theta.framewise): its steps, or
+    None when it is unchanged or close to its previous version (``got``'s digest, fast hash and signature are
+    set either way). The stored bytes are counted in ``stats.new_blob_bytes`` here."""
+    from contextlib import ExitStack
+
+    from theta.updates import get as update_type
+    from theta.updates.steps import chain, chain_full, store_staged
+
+    frames, prev = got.frames, got.prev
+    delta_base = prev is not None and options.update_type == "auto" and not chain_full(prev, options.max_chain)
+    before = store.written_bytes
+    with ExitStack() as stack:
+        def previous_frames():
+            return stack.enter_context(framewise.previous_frames(prev, store, path, frames.bounds, previous_value))
+
+        old = previous_frames() if delta_base else None
+        first = framewise.first_pass(frames, old, options.level, store)
+        try:
+            got.digest, got.fast, got.sig = first.digest, first.fast, first.sig
+            if got.sent is not None and got.sent != first.fast:
+                raise FileChanged(f"{path}: group {got.key!r} changed while git was reading the file; "
+                                  f"run the git command again")
+            if prev is not None and prev.hash == first.digest:
+                first.staged.discard()
+                stats.unchanged += 1
+                return None
+            if prev is not None and not options.exact and lsh.maybe_close(
+                    first.sig, prev.lsh if same_lsh else None, frames.size,
+                    first.norm if first.sig is not None and prev.lsh is not None else 0.0, options.rtol, options.atol):
+                old = old if delta_base else previous_frames()
+                if old is not None and framewise.allclose(frames, old, options.rtol, options.atol):
+                    check_previous()
+                    first.staged.discard()
+                    stats.close += 1
+                    return None
+            if first.kind == "dense":
+                steps = [store_staged("dense", first.staged, {}, first.digest, store)]
+            else:
+                choice = framewise.best_change(first, frames, old, options.level, store)
+                step = store_staged(choice.update_type, choice.staged, choice.params, first.digest, store)
+                steps = chain(prev, step, update_type(choice.update_type).incremental)
+            check_previous()
+        except BaseException:
+            first.staged.discard()
+            raise
     stats.new_blob_bytes += store.written_bytes - before
-    return GroupMeta(name=key, dtype=info.dtype, shape=tuple(info.shape), hash=digest, steps=steps, lsh=sig,
-                     is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)
+    return steps

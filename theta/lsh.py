@@ -80,52 +80,101 @@ def _as_float32(chunk: np.ndarray, buf: np.ndarray | None = None) -> np.ndarray:
         return chunk.astype(np.float32)
 
 
+class Folder:
+    """:func:`fold` of a group given piece by piece, in order (each piece but the last a whole number of rows of
+    POOL values): the same bits as the fold of the whole, so a group streamed frame by frame gets the signature
+    it would get read whole. Rows are summed in blocks of _ROWS_PER_CHUNK, each block's even and odd rows summed
+    in order (as numpy sums a block along its rows), then added to and subtracted from the fold."""
+
+    def __init__(self) -> None:
+        self.acc = np.zeros(POOL, dtype=np.float64)
+        self.rows = 0                    # rows folded so far
+        self._open: list | None = None   # [even, odd] sums of the block being filled row by row
+        self._ended = False              # a piece that was not whole rows came: it was the last
+
+    def add(self, values: np.ndarray) -> None:
+        """Fold the next values of the group (any float dtype, flat or not; complex as (re, im) pairs)."""
+        with np.errstate(over="ignore", invalid="ignore"):  # NaN/Inf or float64 beyond float32: no signature
+            self._add(values)
+
+    def _add(self, values: np.ndarray) -> None:
+        flat = values.reshape(-1)
+        if flat.dtype.kind == "c":
+            flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
+        if flat.size and self._ended:
+            raise ValueError("Folder.add after a piece that was not a whole number of rows")
+        full = flat.size // POOL
+        step = _ROWS_PER_CHUNK
+        i = 0
+        buf = None
+        while i < full:
+            if self.rows % step == 0 and full - i >= step:  # a whole block: summed at once
+                if buf is None and flat.dtype.name == "bfloat16":
+                    buf = np.empty(step * POOL, np.uint32)
+                rows = _as_float32(flat[i * POOL:(i + step) * POOL], buf).reshape(step, POOL)
+                self.acc += rows[0::2].sum(axis=0, dtype=np.float64)  # (blocks start on even rows)
+                self.acc -= rows[1::2].sum(axis=0, dtype=np.float64)
+                i += step
+                self.rows += step
+                continue
+            if self._open is None:
+                self._open = [np.zeros(POOL, dtype=np.float64), np.zeros(POOL, dtype=np.float64)]
+            target = self._open[self.rows % 2]
+            np.add(target, _as_float32(flat[i * POOL:(i + 1) * POOL]), out=target)
+            i += 1
+            self.rows += 1
+            if self.rows % step == 0:
+                self._close_block()
+        rem = flat.size - full * POOL
+        if rem:
+            self._close_block()
+            tail = _as_float32(flat[full * POOL:]).astype(np.float64)
+            if self.rows % 2:
+                self.acc[:rem] -= tail
+            else:
+                self.acc[:rem] += tail
+            self._ended = True
+
+    def _close_block(self) -> None:
+        if self._open is not None:
+            self.acc += self._open[0]
+            self.acc -= self._open[1]
+            self._open = None
+
+    def result(self) -> np.ndarray:
+        """The fold (float64, length POOL)."""
+        self._close_block()
+        return self.acc
+
+
 def fold(values: np.ndarray) -> np.ndarray:
     """Sign-alternated sum of the rows of ``values`` laid out in rows of POOL (float64, length POOL)."""
-    flat = values.reshape(-1)
-    if flat.dtype.kind == "c":
-        flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
-    acc = np.zeros(POOL, dtype=np.float64)
-    n = flat.size
-    full = n // POOL
-    step = _ROWS_PER_CHUNK
-    buf = np.empty(min(full, step) * POOL, np.uint32) if flat.dtype.name == "bfloat16" and full else None
-    for r0 in range(0, full, step):
-        r1 = min(full, r0 + step)
-        rows = _as_float32(flat[r0 * POOL:r1 * POOL], buf).reshape(r1 - r0, POOL)
-        # rows r0, r0+2, ... get +1 when r0 is even
-        even, odd = rows[0::2].sum(axis=0, dtype=np.float64), rows[1::2].sum(axis=0, dtype=np.float64)
-        if r0 % 2 == 0:
-            acc += even
-            acc -= odd
-        else:
-            acc -= even
-            acc += odd
-    rem = n - full * POOL
-    if rem:
-        tail = _as_float32(flat[full * POOL:]).astype(np.float64)
-        if full % 2:
-            acc[:rem] -= tail
-        else:
-            acc[:rem] += tail
-    return acc
+    f = Folder()
+    f.add(values)
+    return f.result()
 
 
-def signature(values: np.ndarray) -> list[int] | None:
-    """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
+def signature_of_fold(folded: np.ndarray, size: int) -> list[int] | None:
+    """The signature of a group of ``size`` values (complex: 2 per element) from its :func:`fold`."""
     # the fold of a group shorter than the pool is zero beyond its length: those terms add exactly nothing
     # (einsum sums over p in order: the same bits), and a bias or norm vector costs 20 µs instead of 0.6 ms
-    used = min(POOL, values.size * (2 if values.dtype.kind == "c" else 1))
+    used = min(POOL, size)
     with np.errstate(over="ignore", invalid="ignore"):
         # not BLAS: no thread pool, same result everywhere
-        proj = np.einsum("pk,p->k", _pool()[:used], fold(values)[:used])
+        proj = np.einsum("pk,p->k", _pool()[:used], folded[:used])
     if not np.all(np.isfinite(proj)):
         return None
     return [int(v) for v in np.rint(proj / BUCKET_WIDTH)]
 
 
-def l2norm(values: np.ndarray) -> float:
-    """Euclidean norm of a float group's values (as float32 values, accumulated in float64), in chunks."""
+def signature(values: np.ndarray) -> list[int] | None:
+    """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
+    return signature_of_fold(fold(values), values.size * (2 if values.dtype.kind == "c" else 1))
+
+
+def squares(values: np.ndarray) -> float:
+    """Sum of the squares of a float group's values (as float32 values, summed per chunk), in chunks: the
+    square of :func:`l2norm`, and what sums up piece by piece for a group streamed in pieces."""
     flat = values.reshape(-1)
     if flat.dtype.kind == "c":
         flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
@@ -134,7 +183,12 @@ def l2norm(values: np.ndarray) -> float:
     for s in range(0, flat.size, chunk):
         c = _as_float32(flat[s:s + chunk])
         total += float(np.dot(c, c))
-    return math.sqrt(total)
+    return total
+
+
+def l2norm(values: np.ndarray) -> float:
+    """Euclidean norm of a float group's values (as float32 values, accumulated in float64), in chunks."""
+    return math.sqrt(squares(values))
 
 
 def estimated_distance(a: list[int], b: list[int]) -> float:

@@ -103,8 +103,11 @@ class LazyCheckpoint(Mapping):
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")
         fd = self._fds.get(file)
-        if fd is None:
-            fd = self._fds[file] = os.open(file, os.O_RDONLY)
+        if fd is None:  # (threads may race here: the first descriptor stored wins, the other is closed)
+            opened = os.open(file, os.O_RDONLY)
+            fd = self._fds.setdefault(file, opened)
+            if fd != opened:
+                os.close(opened)
         return fd
 
     def _read_span(self, info: TensorInfo) -> bytearray:
@@ -165,6 +168,19 @@ class LazyCheckpoint(Mapping):
         if view.nbytes == 0:
             raise ValueError("iter_plain needs a non-empty buffer")
         return self._pieces(self._fd(info.file), info, view)
+
+    def read_plain_into(self, key: str, start: int, buf: "bytearray | memoryview") -> None:
+        """Fill ``buf`` with bytes ``start:start + len(buf)`` of ``key``'s plain values (see :meth:`plain_range`):
+        any piece of a tensor, in any order, from any thread (positioned reads). ValueError when ``key`` has no
+        plain range or the piece lies outside it."""
+        where = self.plain_range(key)
+        view = memoryview(buf).cast("B")
+        if where is None or not 0 <= start <= start + view.nbytes <= where[2]:
+            raise ValueError(f"{self.path}: {key!r} has no plain bytes {start}:{start + view.nbytes}")
+        info = self.info(key)
+        fd = self._fd(info.file)
+        pread_into(fd, view, info.offset + start, info.file, info.name)
+        self._read_done(fd, info.offset + start, view.nbytes)
 
     def _pieces(self, fd: int, info: TensorInfo, view: memoryview) -> Iterator[memoryview]:
         done = 0

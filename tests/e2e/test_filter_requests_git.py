@@ -12,7 +12,7 @@ import torch
 
 from theta.storage.metadata import loads
 
-from support.checkpoints import make_state, save_pt
+from support.checkpoints import assert_same_checkpoint, make_state, save_pt
 from support.crafted import leftovers
 from support.gitrepo import GitEnv
 
@@ -130,3 +130,31 @@ def test_a_group_that_is_not_the_work_tree_files_in_an_add_is_refused_and_leaves
                 loads(repo.show("HEAD:model.pt")).groups["model/layers.1.mlp.weight"].hash
         filt.close()
         assert leftovers(repo) == []
+
+
+def test_a_big_group_is_cleaned_frame_by_frame_in_git_add_and_checks_out_bit_for_bit(genv):
+    """A group above theta.framewise.STREAM_BYTES (40 MiB) goes through one frame pass in a real `git add`,
+    against the hashes of git's own bytes: first stored dense, then as a delta of a fine-tune; both versions
+    check out bit for bit, and the status is clean."""
+    from theta import framewise
+
+    repo = genv.init("work", track=("*.pt",))
+    g = torch.Generator().manual_seed(0)
+    v1 = {"embed": torch.randn(10240, 1024, generator=g) * 0.02, "bias": torch.zeros(1024)}
+    assert v1["embed"].numel() * 4 > framewise.STREAM_BYTES
+    save_pt(repo / "model.pt", v1)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = tuned(v1, 3)
+    save_pt(repo / "model.pt", v2)
+    proc = repo.git("add", "model.pt", extra_env={"GIT_THETA_TIMING": "1"})
+    assert " 2 groups hashed from them" in proc.stderr.decode(), proc.stderr
+    repo.commit("v2", "model.pt")
+    meta = loads(repo.show("HEAD:model.pt"))
+    assert [s.type for s in meta.groups["model/embed"].steps] == ["dense", "delta"]
+    assert meta.groups["model/embed"].hash == hashlib.sha256(v2["embed"].numpy().tobytes()).hexdigest()
+    repo.git("checkout", "-q", "HEAD~1")
+    assert_same_checkpoint(repo / "model.pt", v1)
+    repo.git("checkout", "-q", "main")
+    assert_same_checkpoint(repo / "model.pt", v2)
+    assert repo.git("status", "--porcelain").stdout == b""
+    assert leftovers(repo) == []

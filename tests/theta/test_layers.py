@@ -20,7 +20,7 @@ LAYERS = {
     "theta.clean": 3, "theta.smudge": 3, "theta.diff": 3, "theta.merges": 3, "theta.updates": 3,
     "theta.squash": 3, "theta.lsh": 3, "theta.numeric": 3, "theta.views": 3, "theta.fsck": 3,
     "theta.gittheta_files": 3,
-    "theta.lazy": 3,
+    "theta.lazy": 3, "theta.framewise": 3,
     "theta.storage": 2,
     "theta.git": 1,
     "theta.errors": 0, "theta.parallel": 0, "theta": 0,

@@ -17,7 +17,7 @@ from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, get, reconstruct, steps, stream
-from theta.updates.delta import _combine, raw_words, to_planes
+from theta.updates.delta import combine, raw_words, to_planes
 from theta.updates.rows import encode_sources
 from theta.updates.sparse import residual
 from support.traced import traced_peak
@@ -68,7 +68,7 @@ def link(store, kind: str, prev: np.ndarray, new: np.ndarray, src=None, hash_of=
         parts = enc.parts if enc is not None else {"source_gaps": encode_sources(src), "extra": new[src < 0]}
         params = {"rows": int(new.shape[0])}
     elif kind == "planes":
-        parts, params, kind = {"planes": to_planes(_combine(raw_words(new), raw_words(prev), "zigzag"))}, \
+        parts, params, kind = {"planes": to_planes(combine(raw_words(new), raw_words(prev), "zigzag"))}, \
             {"op": "zigzag"}, "delta"
     else:
         enc = get(kind).encode(new, prev)

@@ -13,7 +13,7 @@ from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore, stage_chunks
 from theta.updates import content_hash, get, reconstruct, steps
 from theta.updates.auto import choose, resize_then_change
-from theta.updates.delta import _combine, changed_count, raw_words, to_planes
+from theta.updates.delta import combine, changed_count, raw_words, to_planes
 from support.traced import traced_peak
 
 FLOATS = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float64),
@@ -74,7 +74,7 @@ def test_delta_codes_compress_better_in_planes(monkeypatch):
     monkeypatch.setattr(codec, "FRAME_BYTES", 1 << 20)
     rng = np.random.default_rng(10)
     prev = weights(rng, 1 << 18, np.float32)
-    codes = _combine(raw_words(tuned(rng, prev)), raw_words(prev), "zigzag")
+    codes = combine(raw_words(tuned(rng, prev)), raw_words(prev), "zigzag")
     assert len(codec.encode_array(codec.planed(codes))) < 0.9 * len(codec.encode_array(codes))
 
 
@@ -109,7 +109,7 @@ def test_corrupt_frame_in_a_streamed_decode_fails_clearly():
 # ------------------------------------------------------------------------------------------------ delta
 def old_layout_delta_blob(new: np.ndarray, prev: np.ndarray, op: str = "zigzag") -> bytes:
     """A delta blob as theta wrote it before issue #17: part "planes" (word bytes, n) uint8."""
-    words = _combine(raw_words(new), raw_words(prev), op)
+    words = combine(raw_words(new), raw_words(prev), op)
     return codec.encode_parts({"planes": to_planes(words)})
 
 

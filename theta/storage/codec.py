@@ -104,12 +104,15 @@ class LazyArray:
     ``read(start, stop)`` returns elements ``[start, stop)`` of the C-order flattened array as a contiguous
     array of ``dtype`` (a fresh or a read-only one: the encoder only reads it); it must be safe to call
     from several threads at once. ``planes``: byte-plane every frame (see :func:`iter_encode_array`).
+    ``after(start, stop)``, when given, is called for each frame in order, in the thread consuming the blob,
+    once the frame is compressed (e.g. to hash, in order, what ``read`` read on the codec threads).
     """
 
     dtype: np.dtype
     shape: tuple
     read: Callable[[int, int], np.ndarray]
     planes: bool | None = None
+    after: Callable[[int, int], None] | None = None
 
     @property
     def size(self) -> int:
@@ -124,6 +127,13 @@ def planed(arr: np.ndarray) -> LazyArray:
 
 
 ArrayLike = Union[np.ndarray, LazyArray]
+
+
+def frame_bounds(n: int, item: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` element ranges of the frames the encoder cuts ``n`` elements of ``item`` bytes into
+    (at most FRAME_BYTES each)."""
+    per_frame = max(1, FRAME_BYTES // item)
+    return [(s, min(s + per_frame, n)) for s in range(0, n, per_frame)]
 
 
 def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool | None = None) -> Iterator[bytes]:
@@ -150,8 +160,8 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
     if planes is None:
         planes = _uses_planes(dt)
     planes = bool(planes) and item > 1
-    per_frame = max(1, FRAME_BYTES // item)  # elements
-    bounds = [(s, min(s + per_frame, n)) for s in range(0, n, per_frame)]
+    bounds = frame_bounds(n, item)
+    after = lazy.after if lazy is not None else None
 
     def frame_bytes(b: tuple[int, int]) -> np.ndarray:
         if lazy is None:
@@ -172,6 +182,8 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
     frames = []
     for b, ps in zip(bounds, _ordered(work, bounds)):
         frames.append([b[1] - b[0], [len(p) for p in ps]])
+        if after is not None:
+            after(*b)
         yield from ps
     header = {"dtype": dt.name, "shape": list(shape), "enc": "planes" if planes else "zstd", "frames": frames}
     h = msgpack.packb(header)

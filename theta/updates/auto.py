@@ -63,23 +63,34 @@ class Choice:
         return self.staged.read()
 
 
+def sample_spans(size: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` element ranges of the sample of a group of ``size`` elements: up to SAMPLE_SLICES
+    slices of SAMPLE_ELEMENTS spread over it (all of it when it is that small)."""
+    if size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
+        return [(0, size)]
+    starts = np.linspace(0, size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
+    return [(int(s), int(s) + SAMPLE_ELEMENTS) for s in starts]
+
+
 def _sample(arr: np.ndarray) -> np.ndarray:
-    """Up to SAMPLE_SLICES slices of SAMPLE_ELEMENTS elements spread over the flattened ``arr`` (all of it when
-    it is that small)."""
+    """The elements of :func:`sample_spans` of the flattened ``arr``, concatenated."""
     flat = np.ascontiguousarray(arr).reshape(-1)
-    if flat.size <= SAMPLE_SLICES * SAMPLE_ELEMENTS:
+    spans = sample_spans(flat.size)
+    if len(spans) == 1:
         return flat
-    starts = np.linspace(0, flat.size - SAMPLE_ELEMENTS, SAMPLE_SLICES).astype(np.int64)
-    return np.concatenate([flat[int(s):int(s) + SAMPLE_ELEMENTS] for s in starts])
+    return np.concatenate([flat[a:b] for a, b in spans])
 
 
-def dense_might_win(new: np.ndarray, delta_size: int, level: int, *, new_sample: np.ndarray | None = None) -> bool:
-    """Whether the dense blob of ``new`` may be smaller than the delta blob already encoded (``delta_size``
-    bytes): dense is estimated from a sample of ``new``, scaled to the whole group (see module docstring).
-    (The delta used to be estimated on the same sample too: for the many groups of a few MiB that sample was
-    a third to all of the group, compressed twice before the group itself.)"""
+def dense_might_win(new: np.ndarray | int, delta_size: int, level: int, *,
+                    new_sample: np.ndarray | None = None) -> bool:
+    """Whether the dense blob of ``new`` (the value, or its number of elements when ``new_sample`` is given)
+    may be smaller than the delta blob already encoded (``delta_size`` bytes): dense is estimated from a
+    sample of ``new``, scaled to the whole group (see module docstring). (The delta used to be estimated on the
+    same sample too: for the many groups of a few MiB that sample was a third to all of the group, compressed
+    twice before the group itself.)"""
     s = _sample(new) if new_sample is None else new_sample
-    dense_size = len(codec.encode_parts({"values": s}, level)) * (new.size / max(s.size, 1))
+    size = new if isinstance(new, int) else new.size
+    dense_size = len(codec.encode_parts({"values": s}, level)) * (size / max(s.size, 1))
     return dense_size <= delta_size * DENSE_MARGIN
 
 
@@ -134,12 +145,15 @@ class _Picker:
     def consider(self, name: str, encoded: Encoded | None) -> None:
         if encoded is None or (name == "dense" and not self.with_dense):
             return
-        staged = self.stage(codec.iter_encode_parts(encoded.parts, self.level))
+        self.consider_staged(name, encoded.params, self.stage(codec.iter_encode_parts(encoded.parts, self.level)))
+
+    def consider_staged(self, name: str, params: dict, staged: Staged) -> None:
+        """A candidate already encoded and staged (kept or discarded like the others)."""
         self.tried[name] = staged.size
         if self.best is None or staged.size < self.best.size:
             if self.best is not None:
                 self.best.staged.discard()
-            self.best = Choice(name, dict(encoded.params), staged, self.tried)  # parts dropped: memory
+            self.best = Choice(name, dict(params), staged, self.tried)  # parts dropped: memory
         else:
             staged.discard()
 
@@ -151,7 +165,7 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
     ``previous`` (the same blobs as from the built value, bit for bit); the rest of the delta's code words are
     zeros and sparse has no index there. Memory: ``new``, ``previous`` and codec frames (issue #17: a group
     grown and fine-tuned in one commit no longer holds a third copy). None when nothing changed."""
-    from theta.updates.delta import OPS, _combine, raw_words
+    from theta.updates.delta import OPS, combine, raw_words
     from theta.updates.sparse import index_dtype
 
     m = previous.shape[0]
@@ -167,10 +181,10 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
 
     def codes(a: int, b: int, op: str = OPS[0]) -> np.ndarray:
         if b <= split:
-            return _combine(new_words[a:b], prev_words[a:b], op)
+            return combine(new_words[a:b], prev_words[a:b], op)
         out = np.zeros(b - a, new_words.dtype)
         if a < split:
-            out[:split - a] = _combine(new_words[a:split], prev_words[a:split], op)
+            out[:split - a] = combine(new_words[a:split], prev_words[a:split], op)
         return out
 
     picker.consider("delta", Encoded(parts={"codes": codec.LazyArray(new_words.dtype, (new_words.size,), codes,

@@ -51,7 +51,8 @@ def changed_mask(new: np.ndarray, previous: np.ndarray) -> np.ndarray:
     return diff if per == 1 else diff.reshape(-1, per).any(axis=1)
 
 
-def _combine(new_words: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarray:
+def combine(new_words: np.ndarray, prev_words: np.ndarray, op: str) -> np.ndarray:
+    """The code words of ``new_words`` against ``prev_words`` (raw words of the same length) under ``op``."""
     if op == "xor":
         return np.bitwise_xor(new_words, prev_words)
     diff = np.subtract(new_words, prev_words)  # unsigned: wraps modulo 2**bits, so exact
@@ -106,7 +107,7 @@ def lazy_codes(new: np.ndarray, previous: np.ndarray, op: str) -> codec.LazyArra
     """The code words of ``new`` against ``previous``, computed frame by frame when the codec pulls them."""
     new_words, prev_words = raw_words(new), raw_words(previous)
     return codec.LazyArray(new_words.dtype, (new_words.size,),
-                           lambda a, b: _combine(new_words[a:b], prev_words[a:b], op), planes=True)
+                           lambda a, b: combine(new_words[a:b], prev_words[a:b], op), planes=True)
 
 
 class DeltaUpdate:

@@ -1,0 +1,252 @@
+"""A big group cleaned frame by frame: one read of its bytes, nothing group-sized held.
+
+Reading a changed group whole costs its size in fresh pages, and rebuilding its previous value as much again:
+the kernel faults in and zeroes every one of them (and, for numpy's transparent huge pages, often compacts
+memory first). On a 2-core VM one fresh 89 MiB buffer cost 12 to 270 ms of CPU (``clear_page_erms`` and
+compaction were up to a fifth of a 20% `git add`'s samples), more than encoding it. So a group of
+STREAM_BYTES or more that the file holds as plain bytes (:meth:`zipslice.LazyCheckpoint.plain_range`) is
+cleaned in one pass over the codec's frames (:func:`first_pass`): the codec threads read each frame, decode the
+previous version's frame and compress the candidate (the delta's code words, or the value itself), while the
+thread consuming the blob hashes, in order, what they read:
+
+- sha256 (the value's content hash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
+  so a later pass may read any frame again and prove it is the same (:meth:`GroupFrames.verified`);
+- the LSH fold (:class:`theta.lsh.Folder`: the same bits as the signature of the value read whole), the sum of
+  squares, the number of changed elements and dense's sample (:func:`theta.updates.auto.sample_spans`).
+
+The clean then decides as it does for a value read whole (``theta.clean``): unchanged, close (allclose frame
+by frame), or stored, choosing among the same candidates (:func:`best_change`: sparse only when at most
+half of the elements changed, dense when its sample says it may win). Stored blobs and metadata are bit for
+bit those of the whole-value path. Memory: a few frames per codec thread, plus the previous value when it is
+not one proven dense blob with the same frames (then it is rebuilt whole, :func:`previous_frames`).
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import xxhash
+
+from zipslice import dtypes
+
+from theta import lsh, numeric
+from theta.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
+from theta.storage import codec
+from theta.storage.store import Staged
+from theta.updates import Encoded, get, proven_dense_frames
+from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
+from theta.updates.delta import combine, raw_words
+
+# Groups this big or bigger are streamed. Smaller ones are read whole: their buffers come from the heap,
+# which glibc keeps for the next group (theta.commands.entry.reuse_freed_memory), so they cost fresh pages
+# once per filter, not once per group; anything above 32 MiB (glibc's largest mmap threshold) is
+# mapped and unmapped, fresh every time.
+STREAM_BYTES = 32 << 20
+DELTA_OP = "zigzag"
+
+
+def streams(lsd, key: str, info, prev, reshaped, exact: bool) -> bool:
+    """Whether group ``key`` (its ``info``, its previous version ``prev`` of the same dtype and shape, or
+    ``reshaped`` of another) is cleaned frame by frame: big, a real float dtype, plain bytes in the file, and
+    a change a frame pass can decide (no previous version of another shape: ``rows`` needs both whole; no
+    metadata older than fast hashes, nor ``exact``, where only a sha256 decides that nothing changed)."""
+    dt = dtypes.get(info.dtype)
+    return (info.nbytes >= STREAM_BYTES and sys.byteorder == "little" and dt.kind == "float"
+            and dt.itemsize in (2, 4, 8) and (codec.FRAME_BYTES // dt.itemsize) % lsh.POOL == 0  # (Folder)
+            and reshaped is None
+            and (prev is None or (prev.fast is not None and not exact))
+            and hasattr(lsd, "read_plain_into") and lsd.plain_range(key) is not None)
+
+
+class GroupFrames:
+    """A group's values in the work-tree file, read by the codec's frames with positioned reads (any frame,
+    any thread). The first read of each frame is recorded (:meth:`record`); :meth:`verified` reads it again
+    and raises :class:`FileChanged` when the file no longer holds those bytes."""
+
+    def __init__(self, lsd, key: str, info, path: str):
+        self._lsd, self.key, self.path = lsd, key, path
+        self.dtype = dtypes.get(info.dtype).to_numpy()
+        self.item = self.dtype.itemsize
+        self.shape = tuple(info.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.bounds = codec.frame_bounds(self.size, self.item)
+        self._seen: dict[int, int] = {}  # frame start -> xxh3-64 of its bytes when first read
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``start:stop`` as they are in the file now (fresh memory)."""
+        buf = np.empty((stop - start) * self.item, np.uint8)
+        self._lsd.read_plain_into(self.key, start * self.item, buf)
+        return buf.view(self.dtype)
+
+    def record(self, start: int, frame: np.ndarray) -> None:
+        self._seen[start] = xxhash.xxh3_64_intdigest(frame)
+
+    def verified(self, start: int, stop: int) -> np.ndarray:
+        """Frame ``start:stop`` again, proven equal to its first read."""
+        frame = self.read(start, stop)
+        if xxhash.xxh3_64_intdigest(frame) != self._seen.get(start):
+            raise FileChanged(f"{self.path}: group {self.key!r} changed while theta was reading it; "
+                              f"run the git command again")
+        return frame
+
+    def lazy(self) -> codec.LazyArray:
+        """The value, frame by frame as the encoder pulls it, each frame proven (:meth:`verified`)."""
+        return codec.LazyArray(self.dtype, self.shape, self.verified)
+
+    def whole(self) -> np.ndarray:
+        """The value read whole, each frame proven (:meth:`verified`)."""
+        out = np.empty(self.size, self.dtype)
+        for a, b in self.bounds:
+            out[a:b] = self.verified(a, b)
+        return out.reshape(self.shape)
+
+
+class _BlobFrames:
+    """The previous value frame by frame from its dense blob (frames checksummed, decoded on demand)."""
+
+    def __init__(self, values: memoryview, plan: codec.FramePlan):
+        self._values, self._plan = values, plan
+        self._jobs = {job[0] // plan.item: job for job in plan.jobs}
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return codec.decode_frame(self._values, self._plan, self._jobs[start]).view(self._plan.dtype)
+
+    def whole(self) -> np.ndarray:
+        return codec.decode_array(self._values, max_bytes=self._plan.nbytes)
+
+
+class _ArrayFrames:
+    """The previous value held whole (rebuilt from a chain, or a blob with other frames)."""
+
+    def __init__(self, value: np.ndarray):
+        self._value = value
+        self._flat = np.ascontiguousarray(value).reshape(-1)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self._flat[start:stop]
+
+    def whole(self) -> np.ndarray:
+        return self._value
+
+
+@contextmanager
+def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None]) -> Iterator:
+    """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blob when it is one
+    proven dense blob cut into ``bounds`` (:func:`theta.updates.proven_dense_frames`), else ``rebuilt()``'s
+    value (None when there is none: not fetched, or broken -- ``rebuilt`` reports that)."""
+    if prev is None:
+        yield None
+        return
+    with ExitStack() as stack:
+        try:
+            proven = stack.enter_context(proven_dense_frames(prev, store, path))
+        except (BlobMissingError, IntegrityError, MetadataError):
+            proven = None  # rebuilt() meets it again and reports it
+        if proven is not None and [(j[0] // proven[1].item, j[1]) for j in proven[1].jobs] == \
+                [(a, b - a) for a, b in bounds]:
+            yield _BlobFrames(*proven)
+            return
+        stack.close()
+        value = rebuilt()
+        yield None if value is None else _ArrayFrames(value)
+
+
+@dataclass
+class FirstPass:
+    """What one pass over a group's frames found, and the candidate it staged."""
+
+    digest: str                 # sha256 of the value (its content hash)
+    fast: str                   # xxh3-128 of the value
+    sig: list[int] | None       # LSH signature (None: NaN/Inf)
+    squares: float              # sum of squares (lsh.squares, frame by frame)
+    changed: int                # elements whose bits differ from the previous value (all, with none)
+    sample: np.ndarray          # dense's sample (auto.sample_spans)
+    kind: str                   # "delta" (against the previous value) or "dense"
+    staged: Staged              # the candidate's blob
+
+    @property
+    def norm(self) -> float:
+        return float(np.sqrt(self.squares))
+
+
+def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
+    """One read of ``frames``: the hashes, signature and sample of the value, and its blob staged beside
+    ``store`` -- the delta against ``old`` (previous frames, :func:`previous_frames`), or dense when ``old`` is
+    None."""
+    sha, fast, folder = hashlib.sha256(), xxhash.xxh3_128(), lsh.Folder()
+    spans = sample_spans(frames.size)
+    sample = np.empty(sum(b - a for a, b in spans), frames.dtype)
+    read_ahead: dict[int, tuple[np.ndarray, int]] = {}  # frame start -> (its values, changed elements)
+    totals = [0.0, 0]  # squares, changed
+
+    def read(a: int, b: int) -> np.ndarray:  # on the codec threads
+        new = frames.read(a, b)
+        frames.record(a, new)
+        if old is None:
+            read_ahead[a] = (new, b - a)
+            return new
+        codes = combine(raw_words(new), raw_words(old.read(a, b)), DELTA_OP)
+        read_ahead[a] = (new, int(np.count_nonzero(codes)))
+        return codes
+
+    def after(a: int, b: int) -> None:  # in order, in this thread
+        new, changed = read_ahead.pop(a)
+        sha.update(new)
+        fast.update(new)
+        folder.add(new)
+        totals[0] += lsh.squares(new)
+        totals[1] += changed
+        at = 0
+        for s, e in spans:  # the parts of the sample in this frame
+            lo, hi = max(s, a), min(e, b)
+            if lo < hi:
+                sample[at + lo - s:at + hi - s] = new[lo - a:hi - a]
+            at += e - s
+
+    if old is None:
+        kind, parts = "dense", {"values": codec.LazyArray(frames.dtype, frames.shape, read, after=after)}
+    else:
+        words = raw_words(np.empty(0, frames.dtype)).dtype
+        kind, parts = "delta", {"codes": codec.LazyArray(words, (frames.size,), read, planes=True, after=after)}
+    staged = store.stage(codec.iter_encode_parts(parts, level))
+    size = frames.size * (2 if frames.dtype.kind == "c" else 1)
+    return FirstPass(sha.hexdigest(), fast.hexdigest(), lsh.signature_of_fold(folder.result(), size), totals[0],
+                     totals[1], sample, kind, staged)
+
+
+def allclose(frames: GroupFrames, old, rtol: float, atol: float) -> bool:
+    """numeric.allclose of the value (proven frames) against the previous value, frame by frame on the codec
+    threads."""
+    def close(b: tuple[int, int]) -> bool:
+        return numeric.allclose(frames.verified(*b), old.read(*b), rtol, atol)
+
+    results = codec.ordered(close, frames.bounds)
+    try:
+        return all(results)
+    finally:
+        results.close()  # stopped at the first far frame: the frames in flight are let go
+
+
+def best_change(first: FirstPass, frames: GroupFrames, old, level: int, store) -> Choice:
+    """The smallest exact encoding among auto's candidates (theta.updates.auto.choose), the delta of
+    ``first`` being one: sparse when at most half of the elements changed (both values then read whole),
+    dense when its sample says it may win (streamed from proven frames)."""
+    picker = _Picker(level, store)
+    try:
+        if 2 * first.changed <= frames.size:
+            new, prev = frames.whole(), old.whole()
+            picker.consider("sparse", get("sparse").encode(new, prev))
+            del new, prev
+        picker.consider_staged("delta", {"op": DELTA_OP}, first.staged)
+        if dense_might_win(frames.size, picker.tried["delta"], level, new_sample=first.sample):
+            picker.consider("dense", Encoded(parts={"values": frames.lazy()}, params={}))
+    except BaseException:
+        first.staged.discard()
+        if picker.best is not None:
+            picker.best.staged.discard()
+        raise
+    return picker.best
