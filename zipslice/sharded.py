@@ -136,6 +136,16 @@ class ShardedCheckpoint(LazyCheckpoint):
     def read_bytes(self, key: str):
         return self._shard(key).read_bytes(key)
 
+    # (each shard's own plain bytes: hashed piece by piece, or read frame by frame, without a tensor-sized copy)
+    def plain_range(self, key: str):
+        return self._shard(key).plain_range(key)
+
+    def iter_plain(self, key: str, buf):
+        return self._shard(key).iter_plain(key, buf)
+
+    def read_plain_into(self, key: str, start: int, buf) -> None:
+        self._shard(key).read_plain_into(key, start, buf)
+
     def source(self, key: str) -> TensorSource:
         return self._shard(key).source(key)  # tie keys carry the shard's path: no clash across shards
 

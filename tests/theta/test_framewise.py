@@ -282,3 +282,35 @@ def test_one_pass_finds_what_the_whole_value_gives(tmp_path, key):
             assert got.squares == pytest.approx(lsh.squares(new), rel=1e-4)  # float32 dot products
             assert got.kind == ("dense" if previous is None else "delta")
             got.staged.discard()
+
+
+def test_the_groups_of_a_sharded_checkpoint_are_streamed_from_their_shards(tmp_path, passes):
+    """A Hugging Face sharded checkpoint (index + safetensors shards): its big groups are read frame by frame
+    from their shard files, and stored as when read whole."""
+    import json
+
+    import safetensors.torch
+
+    def write(where, tensors):
+        where.mkdir(parents=True, exist_ok=True)
+        weight_map = {}
+        for s, names in enumerate((["embed", "small"], ["wide", "half"])):
+            fname = f"model-{s + 1:05d}-of-00002.safetensors"
+            safetensors.torch.save_file({n: tensors[n].contiguous() for n in names}, str(where / fname))
+            weight_map.update({n: fname for n in names})
+        index = where / "model.safetensors.index.json"
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        return index
+
+    v1 = model()
+    v2 = dict(v1, embed=tuned(v1["embed"]), half=tuned(v1["half"]))
+    texts = {}
+    for way, threshold in (("frames", 1 << 20), ("whole", 1 << 60)):
+        framewise.STREAM_BYTES = threshold
+        store = LfsStore(tmp_path / way / "objects")
+        first = clean_checkpoint(write(tmp_path / way / "v1", v1), store)
+        texts[way] = (metadata.dumps(first), metadata.dumps(clean_checkpoint(write(tmp_path / way / "v2", v2), store,
+                                                                             first)), blobs(store))
+    framewise.STREAM_BYTES = 1 << 20
+    assert texts["frames"] == texts["whole"]
+    assert passes[0] == 3 + 2
