@@ -239,8 +239,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
                 got = _read_group(lsd, key, previous, options.exact, read_whole(key), sent, stream)
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
-            held = 0 if got.raw is None else (
-                got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2))
+            held = _held(got)
             budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_GROUPS:
                 size = lsd.info(group_keys[nxt]).nbytes
@@ -266,6 +265,18 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             update_data.close()
     return CheckpointMeta(format=lsd.format, order=order, groups=groups, structure=lsd.structure,
                           aliases=aliases, metadata=dict(lsd.metadata or {}), lsh=dict(lsh.PARAMS))
+
+
+def _held(got: "_Read") -> int:
+    """The most a group holds while it is cleaned: its value, and its previous value when it changed. A group
+    cleaned frame by frame holds only frames, unless the sparse candidate (both values read whole) or a
+    previous version rebuilt from a chain needs them: counted as 2 x its size whenever it has a previous
+    version (a "50% pruned" add went 23 MiB over the bound when read-ahead took that room)."""
+    if got.frames is not None:
+        return 2 * got.info.nbytes if got.prev is not None else 0
+    if got.raw is None:
+        return 0
+    return got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
 
 
 @dataclass

@@ -34,6 +34,7 @@ import xxhash
 from zipslice import dtypes
 
 from theta import lsh, numeric
+from theta.malloc import give_back_freed_memory
 from theta.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
 from theta.storage import codec
 from theta.storage.store import Staged
@@ -42,7 +43,7 @@ from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import combine, raw_words
 
 # Groups this big or bigger are streamed. Smaller ones are read whole: their buffers come from the heap,
-# which glibc keeps for the next group (theta.commands.entry.reuse_freed_memory), so they cost fresh pages
+# which glibc keeps for the next group (theta.malloc.reuse_freed_memory), so they cost fresh pages
 # once per filter, not once per group; anything above 32 MiB (glibc's largest mmap threshold) is
 # mapped and unmapped, fresh every time.
 STREAM_BYTES = 32 << 20
@@ -238,6 +239,7 @@ def best_change(first: FirstPass, frames: GroupFrames, old, level: int, store) -
     picker = _Picker(level, store)
     try:
         if 2 * first.changed <= frames.size:
+            give_back_freed_memory()  # (the pass's frames, kept by glibc, would come on top of both values)
             new, prev = frames.whole(), old.whole()
             picker.consider("sparse", get("sparse").encode(new, prev))
             del new, prev

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The 20% add of scripts/bench/git.py alone (or its full fine-tune, --step fine-tune), for one or more
-checkouts of theta side by side (an A/B of code).
+"""The 20% add of scripts/bench/git.py alone (or its full fine-tune, --step fine-tune, or its 50%-pruned add,
+--step pruned), for one or more checkouts of theta side by side (an A/B of code).
 
 One repository holds v1 of the issue's history (make_history), and v2 for the fine-tune; each round then adds
 v2 (every 5th group changed) or v3 (every group fine-tuned) once per checkout, interleaved so a drifting load hits them all alike, and resets the index. Each
@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from git import install_globally, make_history, settle  # noqa: E402  (scripts/bench/git.py)
+from git import install_globally, make_chain_versions, make_history, settle  # noqa: E402  (scripts/bench/git.py)
 from harness import git_env, new_repo, run_measured, sh  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", default="2", help="GIT_THETA_THREADS")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
-    ap.add_argument("--step", choices=("20%", "fine-tune"), default="20%")
+    ap.add_argument("--step", choices=("20%", "fine-tune", "pruned"), default="20%")
     args = ap.parse_args()
     codes = [str(Path(c).resolve()) for c in args.code.split(",")]
     root = args.workdir / f"partial-add-{args.step}"
@@ -50,6 +50,13 @@ def main() -> int:
         sh(["git", "add", "model.pt"], repo, first)
         sh(["git", "commit", "-q", "-m", "v2"], repo, first)
         added = paths[2]
+    elif args.step == "pruned":  # git.py's "50% pruned: add": from the grown fine-tune of v4 (a chained embedding)
+        chain = make_chain_versions(args.workdir / "data", 1.0)
+        for label, version in (("v4", paths[3]), ("grow", chain["grow"])):
+            shutil.copyfile(version, repo / "model.pt")
+            sh(["git", "add", "model.pt"], repo, first)
+            sh(["git", "commit", "-q", "-m", label], repo, first)
+        added = chain["pruned"]
     got: dict[str, list] = {c: [] for c in codes}
     for r in range(args.rounds):
         for c in codes:

@@ -1,5 +1,6 @@
-"""The filter process keeps memory it freed for its next allocations (theta.commands.entry.reuse_freed_memory):
-a buffer of the same size allocated again costs no page faults, where glibc's defaults fault it in afresh."""
+"""The filter process keeps memory it freed for its next allocations (theta.malloc.reuse_freed_memory):
+a buffer of the same size allocated again costs no page faults, where glibc's defaults fault it in afresh;
+and gives it back when asked (give_back_freed_memory), before a group is held whole after a frame pass."""
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 SCRIPT = r"""
 import resource, sys
 import numpy as np
-from theta.commands.entry import reuse_freed_memory
+from theta.malloc import reuse_freed_memory
 if sys.argv[1] == "1":
     assert reuse_freed_memory()
 def faults():
@@ -35,3 +36,26 @@ def second_allocation_faults(reuse: bool) -> int:
 def test_a_freed_buffer_is_reused_without_page_faults():
     assert second_allocation_faults(reuse=True) < 50          # 16 MiB: 4096 pages, or 8 huge pages
     assert second_allocation_faults(reuse=False) > 200        # glibc's defaults: mapped and zeroed again
+
+
+GIVE_BACK = r"""
+import numpy as np
+from theta.malloc import give_back_freed_memory, reuse_freed_memory
+assert reuse_freed_memory()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+blocks = [np.ones(1 << 20, np.uint8) for _ in range(96)]  # 96 MiB of heap blocks (each under the threshold)
+del blocks
+kept = rss()
+assert give_back_freed_memory()
+print(kept - rss())
+"""
+
+
+def test_freed_memory_is_given_back_when_asked():
+    proc = subprocess.run([sys.executable, "-c", GIVE_BACK], capture_output=True, text=True)
+    if proc.returncode and "AssertionError" in proc.stderr:
+        pytest.skip("no glibc mallopt / malloc_trim here")
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 64 << 20  # most of the 96 MiB the process still held

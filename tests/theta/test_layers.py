@@ -23,7 +23,7 @@ LAYERS = {
     "theta.lazy": 3, "theta.framewise": 3,
     "theta.storage": 2,
     "theta.git": 1,
-    "theta.errors": 0, "theta.parallel": 0, "theta": 0,
+    "theta.errors": 0, "theta.parallel": 0, "theta.malloc": 0, "theta": 0,
 }
 # theta/__init__.py is the public API: it re-exports names from every layer (loaded lazily), so it sits above
 # them all, and no module of theta may import it (a module importing `theta` itself would import upward).

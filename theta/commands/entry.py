@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from theta.malloc import reuse_freed_memory  # (the filter's memory policy: theta.malloc)
+
 PROG = "git theta"           # how users type it (help, usage and error lines)
 SCRIPT = "git-theta"         # the console script git runs (shell completion asks it)
 EXIT_USAGE = 2               # zipslice.clistyle's codes (not imported here: it brings typer)
@@ -37,23 +39,6 @@ def single_threaded_blas() -> None:
     filter's few BLAS calls are tiny (the LSH norm of a group), yet OpenBLAS's idle threads spin for a while
     after each one, taking ~7% of a `git add`'s CPU from the threads doing the work (measured with perf)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def reuse_freed_memory() -> bool:
-    """Let glibc keep memory the filter frees for its next allocations instead of returning it to the kernel at
-    once: every codec frame, code-word block and read buffer otherwise comes back as fresh pages the kernel
-    must fault in and zero (``clear_page`` was 13% of a 20% `git add`'s CPU samples in perf). Blocks up to
-    32 MiB (glibc's largest ``M_MMAP_THRESHOLD``) come from the heap; up to 256 MiB freed at its top is kept.
-    Peak RSS is unchanged: only memory already used once is kept (scripts/bench/git.py measures it).
-    False where the C library has no ``mallopt`` (not glibc)."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc: its own defaults
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
 def filter_main(argv: list[str] | None = None) -> int:
