@@ -2,10 +2,11 @@
 """The 20% add of scripts/bench/git.py alone (or its full fine-tune, --step fine-tune, or its 50%-pruned add,
 --step pruned), for one or more checkouts of theta side by side (an A/B of code).
 
-One repository holds v1 of the issue's history (make_history), and v2 for the fine-tune; each round then adds
-v2 (every 5th group changed) or v3 (every group fine-tuned) once per checkout, interleaved so a drifting load hits them all alike, and resets the index. Each
-`git add` runs the filter from that checkout (PYTHONPATH), from cached bytecode. Printed per checkout: wall and
-CPU seconds of the process tree (min and median over the rounds) and the peak RSS.
+One repository holds v1 of the issue's history (make_history), v2 for the fine-tune, and v4 then the grown
+version for the pruned add; each round then adds v2 (every 5th group changed), v3 (every group fine-tuned) or
+the pruned version once per checkout, interleaved so a drifting load hits them all alike, and resets the
+index. Each `git add` runs the filter from that checkout (PYTHONPATH), from cached bytecode. Printed per
+checkout: wall and CPU seconds of the process tree (min and median over the rounds) and the peak RSS.
 
     python3 scripts/bench/partial_add.py --code /path/to/main,/path/to/branch --rounds 8
 """
