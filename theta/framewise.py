@@ -34,8 +34,8 @@ import xxhash
 from zipslice import dtypes
 
 from theta import lsh, numeric
-from theta.malloc import give_back_freed_memory
 from theta.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
+from theta.malloc import give_back_freed_memory
 from theta.storage import codec
 from theta.storage.store import Staged
 from theta.updates import Encoded, get, proven_dense_frames

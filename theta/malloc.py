@@ -9,12 +9,16 @@ Both are no-ops (False) where the C library is not glibc.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 
-def _libc():
+
+@lru_cache(maxsize=None)
+def _glibc(name: str):
+    """glibc's function ``name``, or None where the C library has none by that name (not glibc)."""
     try:
         import ctypes
 
-        return ctypes.CDLL(None)
+        return getattr(ctypes.CDLL(None), name, None)
     except OSError:
         return None
 
@@ -26,8 +30,7 @@ def reuse_freed_memory() -> bool:
     32 MiB (glibc's largest ``M_MMAP_THRESHOLD``) come from the heap; up to 256 MiB freed at its top is kept.
     Peak RSS is unchanged: only memory already used once is kept (scripts/bench/git.py measures it).
     False where the C library has no ``mallopt`` (not glibc)."""
-    libc = _libc()
-    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    mallopt = _glibc("mallopt")
     if mallopt is None:  # not glibc: its own defaults
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
@@ -39,8 +42,7 @@ def give_back_freed_memory() -> bool:
     (``malloc_trim``): a frame pass leaves its frames' worth in the heap, and a group then read whole comes on
     top of it (a "50% pruned" add of the benchmark peaked at 336 MiB, over its bound of 329 MiB; 318 MiB with
     this). False where the C library has no ``malloc_trim``."""
-    libc = _libc()
-    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)
