@@ -1,7 +1,7 @@
 """glibc's allocator, as theta's long-running processes use it: one home for its two settings.
 
-- :func:`reuse_freed_memory`: the filter keeps what it frees for its next allocations (fresh pages are the
-  dearest thing a clean touches on a small virtual machine);
+- :func:`reuse_freed_memory`: the filter keeps what it frees for its next allocations, whichever thread
+  frees and allocates them (fresh pages are the dearest thing a clean touches on a small virtual machine);
 - :func:`give_back_freed_memory`: before a group is held whole after a frame pass, what the pass freed is
   returned, so the kept memory and the group never add up past the bound.
 
@@ -28,13 +28,19 @@ def reuse_freed_memory() -> bool:
     once: every codec frame, code-word block and read buffer otherwise comes back as fresh pages the kernel
     must fault in and zero (``clear_page`` was 13% of a 20% `git add`'s CPU samples in perf). Blocks up to
     32 MiB (glibc's largest ``M_MMAP_THRESHOLD``) come from the heap; up to 256 MiB freed at its top is kept.
-    Peak RSS is unchanged: only memory already used once is kept (scripts/bench/git.py measures it).
+
+    And one heap for every thread (``M_ARENA_MAX`` 1): glibc gives each new thread an arena of its own, so a
+    frame freed by the in-order thread was never reused by a codec thread, and each arena grew to its own
+    high-water mark in fresh pages. The filter's threads allocate few, large blocks, so they do not queue
+    on the one arena's lock. A/B with ``scripts/bench/partial_add.py`` (docs/design/performance.md, round 9):
+    a full fine-tune's add 9% faster, peak RSS of every add 10-20% lower.
     False where the C library has no ``mallopt`` (not glibc)."""
     mallopt = _glibc("mallopt")
     if mallopt is None:  # not glibc: its own defaults
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
+    return (bool(mallopt(m_arena_max, 1)) and bool(mallopt(m_mmap_threshold, 32 << 20))
+            and bool(mallopt(m_trim_threshold, 256 << 20)))
 
 
 def give_back_freed_memory() -> bool:

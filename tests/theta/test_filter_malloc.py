@@ -1,6 +1,7 @@
 """The filter process keeps memory it freed for its next allocations (theta.malloc.reuse_freed_memory):
-a buffer of the same size allocated again costs no page faults, where glibc's defaults fault it in afresh;
-and gives it back when asked (give_back_freed_memory), before a group is held whole after a frame pass."""
+a buffer of the same size allocated again costs no page faults, where glibc's defaults fault it in afresh,
+also when another thread allocates it (one arena for all threads); and gives it back when asked
+(give_back_freed_memory), before a group is held whole after a frame pass."""
 import platform
 import subprocess
 import sys
@@ -37,6 +38,43 @@ def second_allocation_faults(reuse: bool) -> int:
 def test_a_freed_buffer_is_reused_without_page_faults():
     assert second_allocation_faults(reuse=True) < 50          # 16 MiB: 4096 pages, or 8 huge pages
     assert second_allocation_faults(reuse=False) > 200        # glibc's defaults: mapped and zeroed again
+
+
+OTHER_THREAD = r"""
+import resource, sys, threading
+import numpy as np
+from theta.malloc import reuse_freed_memory
+if sys.argv[1] == "1":
+    assert reuse_freed_memory()
+def use():
+    a = np.empty(16 << 20, np.uint8)
+    a.fill(1)
+    del a
+use()  # allocated and freed by the main thread
+seen = []
+def worker():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    use()
+    seen.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+t = threading.Thread(target=worker)
+t.start()
+t.join()
+print(seen[0])
+"""
+
+
+def other_thread_faults(reuse: bool) -> int:
+    proc = subprocess.run([sys.executable, "-c", OTHER_THREAD, "1" if reuse else "0"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout)
+
+
+def test_a_buffer_freed_by_one_thread_is_reused_by_another():
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc: no mallopt to call")
+    assert other_thread_faults(reuse=True) < 50    # one arena: the main thread's freed 16 MiB, already mapped
+    assert other_thread_faults(reuse=False) > 200  # glibc's defaults: a new arena for the thread, fresh pages
 
 
 GIVE_BACK = r"""
