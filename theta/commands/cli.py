@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from theta.commands.entry import (EXIT_INTERRUPTED, EXIT_USAGE, FILTER_HELP, PROG, SCRIPT,  # noqa: F401
-                                  filter_main, single_threaded_blas, version)
+                                  filter_main, reuse_freed_memory, single_threaded_blas, version)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["filter-process"]:  # the hot path git starts for every add/checkout: skip building the CLI
         return filter_main([])
+    if argv is None:  # a process of its own (the merge driver, the hooks materializing checkouts, squash...):
+        reuse_freed_memory()  # the filter's memory policy (not in a caller's process, e.g. tests)
     from theta.commands.app import run
 
     return run(args)
