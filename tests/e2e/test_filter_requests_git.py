@@ -158,3 +158,35 @@ def test_a_big_group_is_cleaned_frame_by_frame_in_git_add_and_checks_out_bit_for
     assert_same_checkpoint(repo / "model.pt", v2)
     assert repo.git("status", "--porcelain").stdout == b""
     assert leftovers(repo) == []
+
+
+def test_git_add_with_one_thread_completes_and_stores_what_two_threads_store(genv):
+    """GIT_THETA_THREADS=1 runs every pool inline, the early clean too: it must not wait for git's bytes, which
+    only the request's own thread receives after it (a first add hung there for good). A first version, a
+    partial change and a full fine-tune, each added with one thread and then with two: the same text."""
+    import subprocess
+
+    repo = genv.init("work", track=("*.pt",))
+    repo.commit("attributes", ".gitattributes")
+    v1 = make_state(1)
+    partial = dict(v1)
+    partial.update({k: v for i, (k, v) in enumerate(tuned(v1, 4).items()) if i % 5 == 0})
+    for version in (v1, partial, tuned(v1, 5)):
+        save_pt(repo / "model.pt", version)
+        texts = []
+        for threads in ("1", "2"):
+            # in a session of its own: a hung add fails the test, and its filter is killed with it
+            proc = subprocess.Popen(["git", "add", "model.pt"], cwd=repo.path, stderr=subprocess.PIPE,
+                                    env={**genv.env, "GIT_THETA_THREADS": threads}, start_new_session=True)
+            try:
+                _, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.communicate()
+                pytest.fail(f"git add with GIT_THETA_THREADS={threads} did not finish in 120 s")
+            assert proc.returncode == 0, err
+            texts.append(repo.show(":model.pt"))
+            repo.git("reset", "-q")
+        assert texts[0] == texts[1]
+        repo.commit("version", "model.pt")
+    assert leftovers(repo) == []

@@ -252,10 +252,16 @@ class Filter:
         """Start cleaning the work-tree file while git's bytes still arrive (they are that file's in a
         `git add`): reading git's pipe and comparing it with the file overlaps the clean instead of preceding
         it. None when the bytes must be seen first (no such file, ``GIT_THETA_SPOOL=always``, metadata,
-        Git-Theta text, git's own files, a file whose committed version Git-Theta wrote)."""
+        Git-Theta text, git's own files, a file whose committed version Git-Theta wrote) or when there is no
+        thread to clean on (``GIT_THETA_THREADS=1``)."""
+        from theta import parallel
         from theta.storage.metadata import is_metadata
 
         if worktree is None or not path or settings.env("SPOOL") == "always" or Path(path).name in GIT_OWN_FILES:
+            return None
+        if parallel.CODEC_THREADS <= 1:
+            # GIT_THETA_THREADS=1: the "clean" pool runs inline, so an early clean would run before git's bytes
+            # are received, on the thread that receives them, and wait for their hashes for good
             return None
         try:
             if not worktree.is_file():
