@@ -121,3 +121,41 @@ def test_byte_planes_through_words_equal_the_transposed_bytes(item):
     for i in range(item):
         assert got[i].dtype == np.uint8 and got[i].tobytes() == want[i].tobytes()
 
+
+
+def _fine_tune(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prev = (rng.standard_normal(n) * 0.05).astype(np.float32)
+    return (prev * (1 + 1e-3 * rng.standard_normal(n))).astype(np.float32), prev
+
+
+def test_a_plane_near_noise_is_told_apart_from_one_huffman_shrinks():
+    rng = np.random.default_rng(3)
+    noise = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    weights = (rng.standard_normal(1 << 20) * 0.05).astype(np.float32).view(np.uint8).reshape(-1, 4)
+    assert codec._near_noise(noise)
+    assert codec._near_noise(np.ascontiguousarray(weights[:, 0]))       # low mantissa byte
+    assert not codec._near_noise(np.ascontiguousarray(weights[:, 3]))   # sign and exponent
+    assert not codec._near_noise(np.zeros(1 << 20, np.uint8))
+    assert not codec._near_noise(noise[:codec._NOISE_SAMPLE])  # too small to judge: zstd decides
+
+
+def test_near_noise_planes_keep_their_literals_and_the_rest_is_compressed_as_before():
+    """A fine-tune's delta: its two low planes are near noise (stored as they are, at most a frame header and
+    block headers over their size), its high planes still shrink to a few percent; the blob decodes bit for bit
+    and the value's planes of sign and exponent are still Huffman coded in the dense blob."""
+    from theta.updates.delta import lazy_codes
+
+    new, prev = _fine_tune(codec.FRAME_BYTES // 4 * 2)
+    blob = b"".join(codec.iter_encode_array(lazy_codes(new, prev, "zigzag")))
+    layout = codec._array_layout(memoryview(blob))
+    for count, sizes in layout.frames:
+        assert count <= sizes[0] <= count * 1.001 and count <= sizes[1] <= count * 1.001  # kept as they are
+        assert sizes[2] < count * 0.1 and sizes[3] < count * 0.01
+    codes = codec.decode_array(blob)
+    assert codes.tobytes() == lazy_codes(new, prev, "zigzag").read(0, new.size).tobytes()
+
+    dense = codec._array_layout(memoryview(codec.encode_array(new)))
+    for count, sizes in dense.frames:
+        assert sizes[3] < count * 0.5  # the exponent plane: Huffman coding still pays
+    assert bits(codec.decode_array(codec.encode_array(new))) == bits(new)

@@ -552,22 +552,12 @@ def _grow_pipes(*streams: BinaryIO) -> None:
             pass  # not a pipe, or over /proc/sys/fs/pipe-max-size: keep the default
 
 
-def _big_buffered(stdin: BinaryIO) -> BinaryIO:
-    """git's pipe read through a 1 MiB buffer (a pipe's size, see _grow_pipes): one read per MiB instead of two
-    per 64 KiB packet, each of which released the GIL and waited to take it back. Other streams as they are."""
-    try:
-        fd = stdin.fileno()
-    except (AttributeError, OSError, ValueError):  # io.BytesIO in tests: no descriptor
-        return stdin
-    return open(fd, "rb", buffering=_PIPE_BYTES, closefd=False)
-
-
 _PIPE_BYTES = 1 << 20
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:
     _grow_pipes(stdin, stdout)
-    r, w = PktReader(_big_buffered(stdin)), PktWriter(stdout)
+    r, w = PktReader(stdin, _PIPE_BYTES), PktWriter(stdout)  # (reads a pipe's worth at a time)
     hello = r.read_text_list()
     if hello[:1] != ["git-filter-client"] or "version=2" not in hello[1:]:
         raise ProtocolError(f"filter protocol: unexpected greeting {hello!r}")
@@ -606,7 +596,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             w.text_list([f"pathname={p}" for p in paths])
             w.text_list(["status=success"])
             continue
-        chunks = r.iter_content()
+        chunks = r.iter_content_views()  # (each consumed before the next: receive and _spool_all)
         content = None  # the content section being streamed to git, if one was started
         try:
             if command == "clean":

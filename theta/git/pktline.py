@@ -14,31 +14,57 @@ FLUSH = None
 
 
 class PktReader:
-    def __init__(self, stream: BinaryIO):
+    """Packets from ``stream``, read through a buffer of this reader's own (``buffer_bytes``, at least two
+    packets): one read per buffer instead of two per packet, and content handed out as views of the buffer
+    (:meth:`iter_content_views`) with no copy. Bytes read past a flush stay in the buffer for the next call."""
+
+    def __init__(self, stream: BinaryIO, buffer_bytes: int = 1 << 20):
         self.stream = stream
+        self._read = getattr(stream, "readinto1", None) or stream.readinto  # at most one read of the pipe
+        self._buf = bytearray(max(buffer_bytes, 2 * (MAX_PAYLOAD + 4)))
+        self._view = memoryview(self._buf)
+        self._pos = self._end = 0  # the unread bytes are _buf[_pos:_end]
 
-    def _exact(self, n: int) -> bytes:
-        buf = self.stream.read(n)
-        if buf is None or len(buf) != n:
-            raise ProtocolError(f"filter protocol: stream ended inside a packet (wanted {n} bytes)")
-        return buf
+    def _have(self, n: int) -> bool:
+        """Whether ``n`` unread bytes are buffered, reading more until they are; False at EOF before that."""
+        while self._end - self._pos < n:
+            if len(self._buf) - self._pos < n:  # move the unread tail to the front (n fits: a packet at most)
+                left = self._end - self._pos
+                self._buf[:left] = self._buf[self._pos:self._end]
+                self._pos, self._end = 0, left
+            got = self._read(self._view[self._end:])
+            if not got:
+                return False
+            self._end += got
+        return True
 
-    def read_packet(self) -> bytes | None:
-        """One payload, or None for a flush packet. EOF between packets raises EOFError."""
-        head = self.stream.read(4)
-        if not head:
+    def _next(self) -> memoryview | None:
+        """The next payload as a view of the buffer (valid until the next read), or None for a flush packet.
+        EOF between packets raises EOFError."""
+        if not self._have(4):
+            if self._end > self._pos:
+                raise ProtocolError("filter protocol: truncated packet length")
             raise EOFError
-        if len(head) != 4:
-            raise ProtocolError("filter protocol: truncated packet length")
+        head = self._buf[self._pos:self._pos + 4]
         try:
             size = int(head, 16)
         except ValueError:
-            raise ProtocolError(f"filter protocol: bad packet length {head!r}") from None
+            raise ProtocolError(f"filter protocol: bad packet length {bytes(head)!r}") from None
         if size == 0:
+            self._pos += 4
             return FLUSH
         if size < 4 or size > MAX_PAYLOAD + 4:
             raise ProtocolError(f"filter protocol: bad packet length {size}")
-        return self._exact(size - 4)
+        if not self._have(size):
+            raise ProtocolError(f"filter protocol: stream ended inside a packet (wanted {size - 4} bytes)")
+        start = self._pos + 4
+        self._pos += size
+        return self._view[start:self._pos]
+
+    def read_packet(self) -> bytes | None:
+        """One payload, or None for a flush packet. EOF between packets raises EOFError."""
+        pkt = self._next()
+        return FLUSH if pkt is FLUSH else bytes(pkt)
 
     def read_text_list(self) -> list[str]:
         """Text lines up to the next flush (trailing newlines removed)."""
@@ -60,6 +86,12 @@ class PktReader:
     def iter_content(self) -> Iterator[bytes]:
         """Binary packets up to the next flush."""
         while (pkt := self.read_packet()) is not FLUSH:
+            yield pkt
+
+    def iter_content_views(self) -> Iterator[memoryview]:
+        """Binary packets up to the next flush, as views of the reader's buffer: each is valid only until the
+        next is asked for (git's 400 MiB of a checkpoint reach their hasher without being copied again)."""
+        while (pkt := self._next()) is not FLUSH:
             yield pkt
 
 
