@@ -40,6 +40,8 @@ from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_h
                            reconstruct_proven)
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from theta.gitbytes import GroupHashes
 
 
@@ -259,7 +261,8 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             sent.hashes.check(key, fast)
     finally:
         for _, fut in pending:
-            fut.cancel() or fut.exception()  # never close the file under a running read
+            if not fut.cancel() and fut.exception() is None:  # never close the file under a running read,
+                fut.result().settle()                          # nor leave its sha256 running
         bar.close()
         if update_data is not None:
             update_data.close()
@@ -276,7 +279,8 @@ def _held(got: "_Read") -> int:
         return 2 * got.info.nbytes if got.prev is not None else 0
     if got.raw is None:
         return 0
-    return got.raw.nbytes * (1 if got.prev is not None and got.prev.hash == got.digest else 2)
+    same = got.hashing is None and got.prev is not None and got.prev.hash == got.digest
+    return got.raw.nbytes * (1 if same else 2)
 
 
 @dataclass
@@ -323,6 +327,17 @@ class _Read:
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
     sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
     frames: "framewise.GroupFrames | None" = None  # to clean frame by frame (digest and fast set by then)
+    hashing: "Future | None" = None  # the sha256 being taken on the hash thread (digest is "" until resolve())
+
+    def resolve(self) -> None:
+        """Wait for the sha256 taken on the hash thread, if one is (it becomes ``digest``)."""
+        if self.hashing is not None:
+            self.digest, self.hashing = self.hashing.result(), None
+
+    def settle(self) -> None:
+        """A read not cleaned after all: wait until nothing works on its bytes any more."""
+        if self.hashing is not None:
+            self.hashing.cancel() or self.hashing.exception()
 
 
 _HASH_PIECE = 4 << 20  # bytes per read when a group is hashed in place (one buffer per reader thread)
@@ -368,25 +383,31 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
     fast = fast_hash(raw)
     if git_fast is not None and git_fast != fast:
         sent.hashes.check(key, fast)  # raises: the file's bytes are not git's
+    hashing = None
     if prev is not None and prev.fast == fast and not exact:
         # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
         # value's, and the sha256 of the bytes is never computed
         digest = prev.hash
+    elif (prev is None or prev.fast is not None) and not exact:
+        # new, or changed (its fast hash is not its previous one's): the sha256 only names the value, so it is
+        # taken on the hash thread while this one signs the group (_Read.resolve waits for it)
+        digest, hashing = "", parallel.pool("hash").submit(content_hash, raw)
     else:
         digest = content_hash(raw)
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.
     sig, norm = None, None
-    if lsh.hashable(info.dtype) and (prev is None or prev.hash != digest):
+    if lsh.hashable(info.dtype) and (prev is None or hashing is not None or prev.hash != digest):
         sig = lsh.signature(arr)
         if prev is not None and sig is not None and prev.lsh is not None:
             norm = lsh.l2norm(arr)
-    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, git_fast)
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, git_fast, hashing=hashing)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
                  path: str, update_data=None) -> GroupMeta:
+    got.resolve()
     key, info, arr, digest, prev, sig = got.key, got.info, got.arr, got.digest, got.prev, got.sig
     dt = dtypes.get(info.dtype)
     stats.groups += 1

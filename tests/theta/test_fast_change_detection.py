@@ -224,3 +224,30 @@ def test_a_sideloaded_group_is_still_read_whole(tmp_path, store, monkeypatch):
         lean = theta.clean._read_group(lsd, "w0", first)
         assert lean.raw is None and lean.arr is None and lean.digest == first.groups["w0"].hash
         assert lean.fast == first.groups["w0"].fast
+
+
+def test_a_changed_or_new_group_is_sha256_hashed_on_the_hash_thread(tmp_path, store, monkeypatch):
+    """The sha256 of a group known to be changed (its fast hash is not its previous one's) or new only names its
+    value: it is taken on the hash thread while the reader signs the group, and the metadata holds it."""
+    import hashlib
+    import threading
+
+    from theta import parallel
+
+    if parallel.CODEC_THREADS <= 1:
+        pytest.skip("GIT_THETA_THREADS=1: every pool runs inline")
+    arrays, p, first = first_version(tmp_path, store)
+    arrays["w1"] = arrays["w1"] * np.float32(1.001)
+    arrays["new"] = np.ones((8, 8), np.float32)
+    save(p, arrays)
+    threads = {}
+    real = theta.clean.content_hash
+    monkeypatch.setattr(theta.clean, "content_hash",
+                        lambda a: threads.setdefault(a.nbytes, threading.current_thread().name) and real(a))
+    second = clean_checkpoint(p, store, first)
+    assert set(threads) == {arrays["w1"].nbytes, arrays["new"].nbytes}
+    assert all(name.startswith("theta-hash") for name in threads.values()), threads
+    for key in ("w1", "new"):
+        assert second.groups[key].hash == hashlib.sha256(arrays[key].tobytes()).hexdigest()
+    assert [second.groups[k].steps for k in ("w0", "w2", "w3", "ids")] == \
+        [first.groups[k].steps for k in ("w0", "w2", "w3", "ids")]
