@@ -82,3 +82,55 @@ def test_a_view_is_the_buffer_until_the_next_packet():
 def test_a_broken_stream_is_refused(raw, error):
     with pytest.raises(error):
         list(PktReader(io.BytesIO(raw)).iter_content_views())
+
+
+def test_the_end_of_a_request_never_waits_for_bytes_git_sends_only_after_the_answer():
+    """git sends a request, then waits for the answer with the pipe open. The reader must not ask the pipe for
+    more once it holds the request: here its first read ends 100 bytes before its buffer's end, inside a packet,
+    and the rest of the request (that packet's end, one more packet, the flush) arrives in one write. A
+    ``BufferedReader.readinto1`` took those bytes into its own buffer, then read the pipe again and waited for good
+    (the hang `tests/hostile/test_faults.py` met in CI); the reader reads the raw pipe, one system call a time."""
+    import fcntl
+    import struct
+    import termios
+    import time
+
+    size = 2 * (MAX_PAYLOAD + 4)
+    head = io.BytesIO()
+    PktWriter(head).text_list(["command=clean", "pathname=model.pt"])
+    h = len(head.getvalue())
+    body = io.BytesIO()
+    w = PktWriter(body)
+    second = size - 50 - h - (MAX_PAYLOAD + 4) - 4  # the second packet ends 50 bytes before the buffer's end
+    for n, fill in ((MAX_PAYLOAD, 1), (second, 2), (1000, 3)):
+        w.packet(bytes([fill]) * n)
+    w.flush()
+    raw = head.getvalue() + body.getvalue()
+    cut = size - 100
+    rfd, wfd = os.pipe()
+    fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    answered = threading.Event()
+
+    def git():
+        with os.fdopen(wfd, "wb", buffering=0) as out:
+            out.write(raw[:cut])
+            while struct.unpack("i", fcntl.ioctl(rfd, termios.FIONREAD, b"\0" * 4))[0]:
+                time.sleep(0.001)  # until the filter has read it all
+            out.write(raw[cut:])  # one write: the rest of the request
+            answered.wait(30)     # the pipe stays open until the filter answers
+
+    got = []
+
+    def filter_process():
+        with os.fdopen(rfd, "rb") as stdin:
+            r = PktReader(stdin, size)
+            r.read_pairs()
+            got.append(b"".join(bytes(v) for v in r.iter_content_views()))
+            answered.set()
+    threads = [threading.Thread(target=t, daemon=True) for t in (git, filter_process)]
+    for t in threads:
+        t.start()
+    threads[1].join(20)
+    answered.set()
+    assert not threads[1].is_alive(), "the reader waited for bytes git sends only after the answer"
+    assert got == [b"\1" * MAX_PAYLOAD + b"\2" * second + b"\3" * 1000]

@@ -16,11 +16,17 @@ FLUSH = None
 class PktReader:
     """Packets from ``stream``, read through a buffer of this reader's own (``buffer_bytes``, at least two
     packets): one read per buffer instead of two per packet, and content handed out as views of the buffer
-    (:meth:`iter_content_views`) with no copy. Bytes read past a flush stay in the buffer for the next call."""
+    (:meth:`iter_content_views`) with no copy. Bytes read past a flush stay in the buffer for the next call.
+
+    It must be the stream's only reader from its start: a buffered stream is read through its raw file, one
+    system call per read. (A ``BufferedReader``'s ``readinto1`` is not that: once it holds a few bytes of its
+    own, it hands them over and then reads the pipe again, and at the end of a request, when git sends nothing
+    more until it is answered, that read waits for good.)"""
 
     def __init__(self, stream: BinaryIO, buffer_bytes: int = 1 << 20):
         self.stream = stream
-        self._read = getattr(stream, "readinto1", None) or stream.readinto  # at most one read of the pipe
+        raw = getattr(stream, "raw", None)
+        self._read = raw.readinto if raw is not None else getattr(stream, "readinto1", stream.readinto)
         self._buf = bytearray(max(buffer_bytes, 2 * (MAX_PAYLOAD + 4)))
         self._view = memoryview(self._buf)
         self._pos = self._end = 0  # the unread bytes are _buf[_pos:_end]
