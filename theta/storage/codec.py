@@ -184,10 +184,9 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
         frame = frame_bytes(b)
         c = _compressor(level, planes)
         if planes:
-            if level != 0:
-                return [c.compress(p.data) for p in _to_planes(frame, item)]
-            noisy = _compressor(level, planes, noise=True)
-            return [(noisy if _near_noise(p) else c).compress(p.data) for p in _to_planes(frame, item)]
+            noisy = _compressor(level, planes, noise=True)  # c itself unless level 0 (theta's preset)
+            return [(noisy if noisy is not c and _near_noise(p) else c).compress(p.data)
+                    for p in _to_planes(frame, item)]
         return [c.compress(frame.data)]
 
     yield ARRAY_MAGIC
