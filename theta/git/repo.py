@@ -187,17 +187,21 @@ class _Remembered:
     def __init__(self, cwd):
         self.cwd = os.path.realpath(cwd or ".")
         self.config: dict[str, list[str]] = {}
-        proc = subprocess.run(["git", "config", "-l", "-z"], cwd=cwd, capture_output=True)
-        if proc.returncode != 0:
-            raise GitError(f"git config -l: {proc.stderr.decode('utf-8', 'replace').strip()}")
-        for item in proc.stdout.decode("utf-8").split("\0"):
+        # both git processes at once (on a 2-core machine the filter's own start leaves a core idle)
+        pipes = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        config = subprocess.Popen(["git", "config", "-l", "-z"], cwd=cwd, **pipes)
+        # the object format in the same call (git >= 2.25); an older git answers the rest without it
+        asked = ["rev-parse", "--git-common-dir", "--git-path", "hooks", "--git-path", "index"]
+        where = subprocess.Popen(["git", *asked, "--show-object-format"], cwd=cwd, **pipes)
+        out, err = config.communicate()
+        where_out, _ = where.communicate()
+        if config.returncode != 0:
+            raise GitError(f"git config -l: {err.decode('utf-8', 'replace').strip()}")
+        for item in out.decode("utf-8").split("\0"):
             if item:
                 key, nl, value = item.partition("\n")
                 self.config.setdefault(key, []).append(value if nl else "")
-        # the object format in the same call (git >= 2.25); an older git answers the rest without it
-        asked = ["rev-parse", "--git-common-dir", "--git-path", "hooks", "--git-path", "index"]
-        proc = subprocess.run(["git", *asked, "--show-object-format"], cwd=cwd, capture_output=True)
-        lines = proc.stdout.decode("utf-8", "surrogateescape").split("\n") if proc.returncode == 0 else []
+        lines = where_out.decode("utf-8", "surrogateescape").split("\n") if where.returncode == 0 else []
         if len(lines) < 4:
             lines = run_text(asked, cwd).split("\n") + [""]
         common, hooks, index, fmt = lines[:4]

@@ -532,6 +532,9 @@ def _discard(fd: int, name: str | None) -> None:
     scratch.discard(fd, name)
 
 
+_swept: set = set()  # the temp directories stage_chunks has swept in this process
+
+
 def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "str | os.PathLike | None" = None,
                  store: LfsStore | None = None) -> Staged:
     """Stream ``chunks`` into a temp file under ``tmp_dir`` (default: the system's) with its sha256."""
@@ -543,7 +546,9 @@ def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "s
     tmp_dir = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
     try:
         os.makedirs(tmp_dir, exist_ok=True)
-        scratch.sweep(tmp_dir)  # what killed theta processes left here (file systems without O_TMPFILE)
+        if os.fspath(tmp_dir) not in _swept:  # what killed theta processes left here (file systems without
+            scratch.sweep(tmp_dir)  # O_TMPFILE): once per process (a `git add` stages a blob per changed group)
+            _swept.add(os.fspath(tmp_dir))
         fd, name = scratch.anonymous(tmp_dir, readable=True)
         with os.fdopen(fd, "wb", closefd=False) as f:
             for c in chunks:
