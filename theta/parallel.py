@@ -42,8 +42,9 @@ def _threads() -> int:
 CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side
 
 # "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
+# "start": the filter's git reads while its modules are imported (theta.commands.filter_process.serve)
 _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
-            "numeric": min(2, CODEC_THREADS), "clean": 1}
+            "numeric": min(2, CODEC_THREADS), "clean": 1, "start": 1}
 _pools: dict[str, Executor] = {}
 _lock = threading.Lock()
 
@@ -62,7 +63,7 @@ class Inline(Executor):
 
 
 def pool(name: str) -> Executor:
-    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric" or "clean" (an
+    """The pool for one kind of work: "hash", "read", "rebuild", "codec", "numeric", "clean" or "start" (an
     :class:`Inline` executor for every kind when CODEC_THREADS is 1)."""
     with _lock:
         p = _pools.get(name)

@@ -9,12 +9,13 @@ written again; a directory that cannot be written only means the array is made e
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import xxhash
+
+from theta import scratch
 
 _DIGEST = 16  # bytes of the xxh3-128 before the array
 
@@ -46,21 +47,18 @@ def cached_array(name: str, dtype: str, shape: tuple[int, ...], make: Callable[[
 
 
 def _write(where: Path, name: str, value: np.ndarray) -> None:
-    """Write the cache file in one rename (a concurrent reader sees the old file or the whole new one)."""
-    tmp = None
+    """Give the cache file its name in one step (theta.scratch: a reader sees the old file or the whole new one,
+    and a process killed meanwhile leaves nothing behind)."""
+    fd = tmp = None
     try:
         where.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=where)
-        with os.fdopen(fd, "wb") as f:
+        fd, tmp = scratch.anonymous(where)
+        with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(xxhash.xxh3_128_digest(value))
             f.write(value.data)
-        os.replace(tmp, where / name)
+        scratch.publish(fd, tmp, where / name)
         tmp = None
     except OSError:
         pass  # read-only home, full disk: the array is made again next time
     finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        scratch.discard(fd, tmp)

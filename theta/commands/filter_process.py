@@ -555,31 +555,6 @@ def _grow_pipes(*streams: BinaryIO) -> None:
 _PIPE_BYTES = 1 << 20
 
 
-def _started(fn, *args):
-    """``fn(*args)`` started on a thread of its own; returns a call that waits for it and returns what it
-    returned, or raises what it raised."""
-    import threading
-
-    outcome: list = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, fn(*args)))
-        except BaseException as e:  # handed to the caller
-            outcome.append((False, e))
-
-    thread = threading.Thread(target=run, name="theta-start", daemon=True)
-    thread.start()
-
-    def wait():
-        thread.join()
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
-    return wait
-
-
 def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:
     _grow_pipes(stdin, stdout)
     r, w = PktReader(stdin, _PIPE_BYTES), PktWriter(stdout)  # (reads a pipe's worth at a time)
@@ -595,12 +570,14 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
 
     # one git config -l and one rev-parse instead of one process per read, run while the hook check's modules
     # (numpy) are imported
-    remembering = _started(gitutil.remember_reads, cwd)
+    from theta import parallel
+
+    remembering = parallel.pool("start").submit(gitutil.remember_reads, cwd)
     from theta.commands.hooks import ensure_installed_quietly
     from theta.errors import GitError
 
     try:
-        remembering()
+        remembering.result()
     except GitError:
         pass  # not a repository: Filter() below says so in its own words
     ensure_installed_quietly(cwd)

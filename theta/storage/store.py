@@ -543,12 +543,12 @@ def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "s
     h = hashlib.sha256()
     size = 0
     fd = name = None
-    tmp_dir = tmp_dir if tmp_dir is not None else tempfile.gettempdir()
+    tmp_dir = os.fspath(tmp_dir) if tmp_dir is not None else tempfile.gettempdir()
     try:
         os.makedirs(tmp_dir, exist_ok=True)
-        if os.fspath(tmp_dir) not in _swept:  # what killed theta processes left here (file systems without
-            scratch.sweep(tmp_dir)  # O_TMPFILE): once per process (a `git add` stages a blob per changed group)
-            _swept.add(os.fspath(tmp_dir))
+        if tmp_dir not in _swept:  # what killed theta processes left here (file systems without O_TMPFILE):
+            scratch.sweep(tmp_dir)  # once per process (a `git add` stages a blob per changed group)
+            _swept.add(tmp_dir)
         fd, name = scratch.anonymous(tmp_dir, readable=True)
         with os.fdopen(fd, "wb", closefd=False) as f:
             for c in chunks:
