@@ -144,7 +144,7 @@ class Filter:
                 return data, GitThetaFile(data, path, self.cwd, self.store, label=spec)
         return None
 
-    def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
+    def clean(self, path: str, chunks: Iterable[bytes], forked=None) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
         checked out in another format is a view of the committed one (theta.views).
 
@@ -158,7 +158,11 @@ class Filter:
         t_request = time.perf_counter()
         early = self._clean_early(path, worktree)
         try:
-            got = receive(chunks, self.spool_dir, worktree, early.hashes if early is not None else None)
+            hashes = early.hashes if early is not None else None
+            if forked is not None:  # (a child has received them: theta.commands.forked_receive)
+                got = forked.received(worktree, hashes)
+            else:
+                got = receive(chunks, self.spool_dir, worktree, hashes)
             t_received = time.perf_counter()
         except BaseException:
             if early is not None:
@@ -210,6 +214,7 @@ class Filter:
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'}"
                     f"{', while git sent it' if early is not None else ''}"
+                    f"{', received by a forked child' if forked is not None else ''}"
                     f"{f', {early.hashes.hashed} groups hashed from them' if early is not None and early.hashes is not None else ''}; "
                     f"git's bytes received "
                     f"{t_received - t_request:.2f}s after the request, the clean done "
@@ -568,6 +573,18 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
     w.text_list([c for c in offered if c in caps])
 
+    # the first request is read now: a `git add`'s content is received by a forked child while this process
+    # imports what the clean needs (git waits for the first read of its content, a core idle meanwhile)
+    from theta.commands import forked_receive
+
+    try:
+        pending = r.read_pairs()
+    except EOFError:
+        pending = None
+    forked = None
+    if pending is not None and (file := forked_receive.wanted(pending, Path(cwd).resolve())) is not None:
+        forked = forked_receive.start(r, file, Path(cwd).resolve())
+
     # one git config -l and one rev-parse instead of one process per read, run while the hook check's modules
     # (numpy) are imported
     from theta import parallel
@@ -584,7 +601,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
     filt = Filter(cwd)
     while True:
         try:
-            header = r.read_pairs()
+            if pending is None:
+                raise EOFError
+            header, pending = pending, {}
+            if not header:
+                header = r.read_pairs()
         except EOFError:
             filt.finish()
             filt.close()
@@ -602,10 +623,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             w.text_list(["status=success"])
             continue
         chunks = r.iter_content_views()  # (each consumed before the next: receive and _spool_all)
+        received_by, forked = forked, None  # the first request's content: a child's
         content = None  # the content section being streamed to git, if one was started
         try:
             if command == "clean":
-                data = filt.clean(path, chunks)
+                data = filt.clean(path, chunks, received_by)
                 w.text_list(["status=success"])
                 if data:
                     w.packet(data)
@@ -633,10 +655,14 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
                 raise ThetaError(f"unsupported filter command {command!r}")
             w.flush()  # empty list: keep status=success
         except ProtocolError:
+            filt.close()  # git's stream is broken: this process ends, and leaves no scratch directory
             raise
         except Exception as e:  # report any failure to git as status=error for this file, keep serving
-            for _ in chunks:  # drain whatever git still sends for this file
-                pass
+            if received_by is not None:
+                received_by.abandon()
+            else:
+                for _ in chunks:  # drain whatever git still sends for this file
+                    pass
             _report(path, command, e)
             if content is not None:  # content (partly) sent: end it; the error then makes git drop it
                 content.close()
