@@ -187,6 +187,9 @@ class Measure:
         return self.status == "ok"
 
 
+RECEIVER_NAME = "git-theta-recv"  # theta.commands.forked_receive.NAME
+
+
 def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
                  check: bool = True, stdin=None, stdout=None) -> Measure:
     """Run a command, sampling the RSS of its whole process tree every 20 ms (and, in ``cgroup``, reading the
@@ -210,20 +213,28 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
                 procs = [proc] + proc.children(recursive=True)
             except psutil.NoSuchProcess:
                 break
-            seen: dict[int, tuple[int, list, int]] = {}  # pid -> (parent pid, cmdline, rss) in this poll
+            seen: dict[int, tuple] = {}  # pid -> (parent pid, cmdline, rss, process) in this poll
             for p in procs:
                 try:
-                    seen[p.pid] = (p.ppid(), p.cmdline(), p.memory_info().rss)
+                    seen[p.pid] = (p.ppid(), p.cmdline(), p.memory_info().rss, p)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
             total = 0
-            for ppid, full, rss in seen.values():
+            for ppid, full, rss, p in seen.values():
                 parent = seen.get(ppid)
                 if parent is not None and parent[1] == full:
-                    # a child between fork/vfork and exec (e.g. the filter starting `git`): it shares its parent's
-                    # pages (vfork: the same memory), so only what it holds beyond the parent is more memory. Under
-                    # load that window lasts, and summing RSS counted the filter twice (issue #17: a clone "at 333
-                    # MiB" whose processes held 184)
+                    # a forked child: it shares its parent's pages. The filter's receiver of git's first request
+                    # (named so by theta.commands.forked_receive) counts the pages it holds alone (USS: its own
+                    # buffers, and the old copies of pages the filter wrote since the fork). A child between
+                    # vfork and exec (e.g. the filter starting `git`) shares its parent's very memory: only what
+                    # its RSS exceeds the parent's counts (summing RSS counted the filter twice, issue #17: a clone
+                    # "at 333 MiB" whose processes held 184)
+                    try:
+                        if p.name() == RECEIVER_NAME:
+                            total += p.memory_full_info().uss
+                            continue
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                        pass
                     total += max(0, rss - parent[2])
                     continue
                 total += rss

@@ -5,7 +5,9 @@ handed back to the filter's reader."""
 import os
 import subprocess
 import threading
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -148,3 +150,21 @@ def test_only_a_clean_of_a_zip_with_threads_is_received_by_a_child(repo, monkeyp
     monkeypatch.delenv("GIT_THETA_FORK_RECEIVE")
     monkeypatch.setattr(parallel, "CODEC_THREADS", 1)
     assert forked_receive.wanted(clean, repo) is None
+
+
+def test_the_child_is_named_for_ps_and_the_benchmark(repo):
+    """The benchmark counts the child's own pages (USS) by this name (scripts/bench/harness.py)."""
+    data, _ = make_zip(repo / "model.pt")
+    r, w = os.pipe()
+    reader = PktReader(os.fdopen(r, "rb"))
+    child = forked_receive.start(reader, repo / "model.pt", repo)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/comm").read_text().strip() != forked_receive.NAME:
+        assert time.monotonic() < deadline, "the child never took its name"
+        time.sleep(0.005)
+    with os.fdopen(w, "wb") as out:
+        pw = PktWriter(out)
+        pw.packet(data)
+        pw.flush()
+    got = child.received(repo / "model.pt", None)
+    assert not got.owned and got.size == len(data)

@@ -47,6 +47,9 @@ def wanted(header: dict, cwd: Path) -> Path | None:
     return file
 
 
+NAME = "git-theta-recv"  # the child's process name (ps, top; the benchmark counts its own pages by it)
+
+
 def start(reader, file: Path, cwd: Path) -> "ForkedReceive":
     """Fork the child that receives the current request's content from ``reader`` (its header was read)."""
     r, w = os.pipe()
@@ -59,6 +62,7 @@ def start(reader, file: Path, cwd: Path) -> "ForkedReceive":
             quiet = os.open(os.devnull, os.O_RDWR)  # git's stdout is the filter's alone: the child never answers
             os.dup2(quiet, 1)
             os.close(quiet)
+            _name_self()
             _child(reader, file, cwd, w)
         except BaseException:
             code = 1
@@ -66,6 +70,14 @@ def start(reader, file: Path, cwd: Path) -> "ForkedReceive":
             os._exit(code)
     os.close(w)
     return ForkedReceive(pid, r, reader)
+
+
+def _name_self() -> None:
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(NAME)
+    except OSError:
+        pass  # (not Linux)
 
 
 def _grow(fd: int) -> None:
