@@ -37,7 +37,7 @@ from typing import BinaryIO, Iterable
 from theta import faults, settings
 from theta.git import repo as gitutil
 from theta.errors import CleanStopped, ProtocolError, ThetaError
-from theta.git.pktline import PktReader, PktWriter
+from theta.git.pktline import PktReader, PktWriter, grow_pipe
 from theta.commands.receive import Received, receive
 from theta.gitbytes import GroupHashes
 
@@ -545,16 +545,11 @@ def _grow_pipes(*streams: BinaryIO) -> None:
     then block on each other ~16x less often while a checkpoint streams through. Best effort."""
     if settings.env("PIPE_SIZE") == "0":
         return
-    try:
-        import fcntl
-    except ImportError:
-        return
-    setsz = getattr(fcntl, "F_SETPIPE_SZ", 1031)
     for s in streams:
         try:
-            fcntl.fcntl(s.fileno(), setsz, _PIPE_BYTES)
+            grow_pipe(s.fileno(), _PIPE_BYTES)
         except (OSError, ValueError, AttributeError):
-            pass  # not a pipe, or over /proc/sys/fs/pipe-max-size: keep the default
+            pass  # no file descriptor (a test's stream)
 
 
 _PIPE_BYTES = 1 << 20

@@ -24,6 +24,7 @@ import xxhash
 
 from theta import faults, settings
 from theta.errors import FileChanged, ProtocolError, ThetaError
+from theta.git.pktline import grow_pipe
 from theta.gitbytes import GroupHashes
 
 
@@ -53,7 +54,9 @@ NAME = "git-theta-recv"  # the child's process name (ps, top; the benchmark coun
 def start(reader, file: Path, cwd: Path) -> "ForkedReceive":
     """Fork the child that receives the current request's content from ``reader`` (its header was read)."""
     r, w = os.pipe()
-    _grow(w)
+    # 1 MiB for the reports (~11,000 members' hashes): the child must not wait for the filter, which reads
+    # them only once its clean has laid the file out
+    grow_pipe(w)
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 0
@@ -78,17 +81,6 @@ def _name_self() -> None:
             f.write(NAME)
     except OSError:
         pass  # (not Linux)
-
-
-def _grow(fd: int) -> None:
-    """A pipe of 1 MiB for the reports (~11,000 members' hashes): the child must not wait for the filter,
-    which reads them only once its clean has laid the file out. Best effort."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except (ImportError, OSError):
-        pass
 
 
 class ForkedReceive:

@@ -13,6 +13,19 @@ MAX_PAYLOAD = 65516  # 65520 bytes per packet minus the 4-byte header
 FLUSH = None
 
 
+def grow_pipe(fd: int, nbytes: int = 1 << 20) -> None:
+    """Ask for a pipe buffer of ``nbytes`` (Linux; default 64 KiB). Best effort: not a pipe, or over
+    /proc/sys/fs/pipe-max-size, keeps the default."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), nbytes)
+    except (OSError, ValueError):
+        pass
+
+
 class PktReader:
     """Packets from ``stream``, read through a buffer of this reader's own (``buffer_bytes``, at least two
     packets): one read per buffer instead of two per packet, and content handed out as views of the buffer
