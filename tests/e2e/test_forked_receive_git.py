@@ -12,7 +12,7 @@ from support.crafted import leftovers
 from support.gitrepo import GitEnv
 
 ALONE = {"GIT_THETA_FORK_RECEIVE": "0"}
-TIMED = {"GIT_THETA_TIMING": "1"}
+TIMED = {"GIT_THETA_TIMING": "1", "GIT_THETA_THREADS": "2"}  # (one thread forks no child)
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_a_child_killed_while_receiving_fails_the_add_and_leaves_nothing(genv):
     repo = genv.init("work", track=("*.pt",))
     save_pt(repo / "model.pt", make_state(1))
     proc = repo.git("add", ".gitattributes", "model.pt", check=False,
-                    extra_env={"GIT_THETA_FAULT": "receive:forked:2"})
+                    extra_env={"GIT_THETA_FAULT": "receive:forked:2", "GIT_THETA_THREADS": "2"})
     assert proc.returncode != 0 and b"model.pt" in proc.stderr
     assert b"git-theta" in proc.stderr  # git names the filter that failed
     assert "model.pt" not in repo.out("ls-files")

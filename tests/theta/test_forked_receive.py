@@ -141,6 +141,8 @@ def test_only_a_clean_of_a_zip_with_threads_is_received_by_a_child(repo, monkeyp
     make_zip(repo / "model.pt")
     (repo / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     clean = {"command": "clean", "pathname": "model.pt"}
+    monkeypatch.setattr(parallel, "CODEC_THREADS", 2)
+    monkeypatch.delenv("GIT_THETA_SPOOL", raising=False)
     assert forked_receive.wanted(clean, repo) == repo / "model.pt"
     assert forked_receive.wanted({"command": "smudge", "pathname": "model.pt"}, repo) is None
     assert forked_receive.wanted({"command": "clean", "pathname": "model.safetensors"}, repo) is None
