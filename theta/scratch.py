@@ -58,9 +58,10 @@ def alive(pid: int, start: int) -> bool:
     return now is None or start == 0 or now == start
 
 
-def owned_dir(parent: str | os.PathLike) -> Path:
-    """This process's scratch directory under ``parent`` (created; swept by a later run once we are gone)."""
-    d = Path(parent) / owner_tag()
+def owned_dir(parent: str | os.PathLike, pid: int | None = None) -> Path:
+    """This process's (or process ``pid``'s) scratch directory under ``parent`` (created; swept by a later run
+    once its owner is gone)."""
+    d = Path(parent) / owner_tag(pid)
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -576,9 +576,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         pending = r.read_pairs()
     except EOFError:
         pending = None
-    forked = None
-    if pending is not None and (file := forked_receive.wanted(pending, Path(cwd).resolve())) is not None:
-        forked = forked_receive.start(r, file, Path(cwd).resolve())
+    forked, root = None, Path(cwd).resolve()
+    if pending is not None and (file := forked_receive.wanted(pending, root)) is not None:
+        forked = forked_receive.start(r, file, root)
 
     # one git config -l and one rev-parse instead of one process per read, run while the hook check's modules
     # (numpy) are imported

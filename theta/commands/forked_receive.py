@@ -91,9 +91,10 @@ class ForkedReceive:
         reader.take_unread()  # the child has them (content bytes read with the request's header)
         self.f = os.fdopen(fd, "rb")
 
-    def received(self, file: Path, hashes: GroupHashes | None, check: bool = True):
+    def received(self, file: Path | None, hashes: GroupHashes | None):
         """The content's :class:`~theta.commands.receive.Received` once the child has it all; ``hashes`` (the
-        early clean's) gets git's hash of each group whose range is a member's."""
+        early clean's) gets git's hash of each group whose range is a member's. The members no group took are
+        checked against ``file`` (None: the content will not be used)."""
         from theta.commands.receive import Received
 
         try:
@@ -118,7 +119,7 @@ class ForkedReceive:
                     if end["error"] is not None:
                         raise (FileChanged if end["changed"] else ThetaError)(end["error"])
                     got = Received(Path(end["path"]), end["owned"], head, end["size"])
-                    if check and not got.owned:
+                    if file is not None and not got.owned:
                         _check_untaken(file, untaken)
                     return got
                 elif kind == b"P":  # git's stream broke: nothing more can be read from it
@@ -134,7 +135,7 @@ class ForkedReceive:
         if self.f is None:
             return
         try:
-            got = self.received(Path(os.devnull), None, check=False)
+            got = self.received(None, None)
             got.cleanup()
         except (ThetaError, OSError):
             pass
@@ -176,15 +177,14 @@ class _Reporting(GroupHashes):
         self.expect(ranges)
         self.out = out
 
-    def put(self, key: str, digest: str) -> None:
-        s, e = key.split("-")
-        self.out.write(f"H {s} {e} {digest}\n".encode())
+    def put(self, key: tuple[int, int], digest: str) -> None:
+        self.out.write(b"H %d %d %s\n" % (*key, digest.encode()))
         faults.point("receive:forked")
 
 
-def _member_ranges(file: Path) -> list[tuple[int, int, str]]:
-    """(start, end, key) of each stored member with bytes; [] when ``file`` is no zip theta can read (then every
-    byte is compared with the file)."""
+def _member_ranges(file: Path) -> list[tuple[int, int, tuple[int, int]]]:
+    """(start, end, (start, end)) of each stored member with bytes (the range is its key); [] when ``file`` is
+    no zip theta can read (then every byte is compared with the file)."""
     from zipslice.errors import ZipsliceError
     from zipslice.zipfmt import ZipIndex
 
@@ -195,8 +195,8 @@ def _member_ranges(file: Path) -> list[tuple[int, int, str]]:
     try:
         zi = ZipIndex(fd, str(file))
         members = [m for m in (zi.members[n] for n in zi.order) if m.method == 0 and m.compressed_size]
-        return [(m.data_offset, m.data_offset + m.compressed_size, f"{m.data_offset}-{m.data_offset + m.compressed_size}")
-                for m in zi.resolve_many(members)]
+        spans = [(m.data_offset, m.data_offset + m.compressed_size) for m in zi.resolve_many(members)]
+        return [(s, e, (s, e)) for s, e in spans]
     except (ZipsliceError, OSError, ValueError):
         return []
     finally:
@@ -212,12 +212,9 @@ class _LazyDir(os.PathLike):
 
     def __fspath__(self) -> str:
         if self.path is None:
-            from theta import scratch
             from theta.git import repo as gitutil
 
-            d = gitutil.theta_dir(self.cwd) / "tmp" / scratch.owner_tag(os.getppid())
-            d.mkdir(parents=True, exist_ok=True)
-            self.path = os.fspath(d)
+            self.path = os.fspath(gitutil.scratch_dir(self.cwd, os.getppid()))
         return self.path
 
 
@@ -235,12 +232,12 @@ def _child(reader, file: Path, cwd: Path, w: int) -> None:
             head = got.head
         except (ProtocolError, EOFError):
             raise
-        except Exception as e:  # git's bytes must all be read before the filter answers
-            for _ in chunks:
-                pass
+        except Exception as e:  # refused: git's bytes must still all be read before the filter answers
             end.update(error=str(e) if isinstance(e, ThetaError) else f"{file.name}: {type(e).__name__}: {e}",
                        changed=isinstance(e, FileChanged))
-    except (ProtocolError, EOFError) as e:
+            for _ in chunks:
+                pass
+    except (ProtocolError, EOFError) as e:  # (while receiving, or while draining after a refusal)
         out.write(b"P " + json.dumps(str(e) or "filter protocol: git's stream ended").encode() + b"\n")
         return
     left = reader.take_unread()

@@ -167,15 +167,15 @@ def theta_dir(cwd=None) -> Path:
     return d
 
 
-def scratch_dir(cwd=None) -> Path:
-    """This process's own temp directory, ``<git-common-dir>/theta/tmp/<pid>-<start time>``, after removing
-    what killed theta processes left there (:mod:`theta.scratch`)."""
+def scratch_dir(cwd=None, pid: int | None = None) -> Path:
+    """This process's own temp directory (or process ``pid``'s), ``<git-common-dir>/theta/tmp/<pid>-<start
+    time>``, after removing what killed theta processes left there (:mod:`theta.scratch`)."""
     from theta import scratch
 
     parent = theta_dir(cwd) / "tmp"
     parent.mkdir(exist_ok=True)
     scratch.sweep(parent)
-    return scratch.owned_dir(parent)
+    return scratch.owned_dir(parent, pid)
 
 
 # -- reads remembered for a process's life (the filter) ---------------------------------------------
