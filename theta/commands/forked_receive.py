@@ -20,8 +20,6 @@ import json
 import os
 from pathlib import Path
 
-import xxhash
-
 from theta import faults, settings
 from theta.errors import FileChanged, ProtocolError, ThetaError
 from theta.git.pktline import grow_pipe
@@ -149,23 +147,15 @@ class ForkedReceive:
 
 def _check_untaken(file: Path, untaken: list) -> None:
     """The file's bytes of each member no group took must be git's (the child only hashed them)."""
+    from theta.commands.receive import file_changed, next_digest
+
     if not untaken:
         return
-    with open(file, "rb", buffering=0) as f:
-        buf = bytearray(4 << 20)
-        view = memoryview(buf)
+    with open(file, "rb") as f:
         for s, e, digest in untaken:
-            h = xxhash.xxh3_128()
             f.seek(s)
-            left = e - s
-            while left:
-                got = f.readinto(view[:min(left, len(buf))])
-                if not got:
-                    break
-                h.update(view[:got])
-                left -= got
-            if left or h.hexdigest() != digest:
-                raise FileChanged(f"{file.name}: the file changed while git was reading it; run the git command again")
+            if next_digest(f, e - s) != digest:
+                raise file_changed(file)
 
 
 # -- the child -----------------------------------------------------------------------------------------------

@@ -168,12 +168,33 @@ def _copy_checked(src: BinaryIO, dst: BinaryIO, n: int, hashed: list, file: Path
     at = 0
     for start, end, digest in hashed:
         _copy(src, dst, start - at)
-        h = xxhash.xxh3_128()
-        _copy(src, dst, end - start, h.update)
-        if h.hexdigest() != digest:
-            raise FileChanged(f"{file.name}: the file changed while git was reading it; run the git command again")
+        got = next_digest(src, end - start, dst)
+        if got is None:
+            raise OSError("working-tree file shrank while being read")
+        if got != digest:
+            raise file_changed(file)
         at = end
     _copy(src, dst, n - at)
+
+
+def next_digest(src: BinaryIO, n: int, dst: BinaryIO | None = None) -> str | None:
+    """The xxh3-128 of ``src``'s next ``n`` bytes (copied to ``dst`` on the way, if given); None when the file
+    ends first."""
+    h = xxhash.xxh3_128()
+    while n > 0:
+        buf = src.read(min(n, 8 << 20))
+        if not buf:
+            return None
+        h.update(buf)
+        if dst is not None:
+            dst.write(buf)
+        n -= len(buf)
+    return h.hexdigest()
+
+
+def file_changed(file: Path) -> FileChanged:
+    """The refusal of content whose work-tree file no longer holds the bytes git sent."""
+    return FileChanged(f"{file.name}: the file changed while git was reading it; run the git command again")
 
 
 class _Window:
