@@ -13,11 +13,13 @@ these helpers, so all figures are measured the same way:
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -190,6 +192,48 @@ class Measure:
 RECEIVER_NAME = "git-theta-recv"  # theta.commands.forked_receive.NAME
 
 
+class WarmLedger:
+    """The warm filter's children that served one command (theta.warm): forked by a server, they are not in
+    the command's process tree, so each writes its pid when it starts and its CPU time when it ends to the file
+    ``GIT_THETA_WARM_LEDGER`` names; the poller adds them (and their children) to the tree, and their CPU is
+    added to the command's."""
+
+    def __init__(self):
+        fd, name = tempfile.mkstemp(prefix="warm-ledger-")
+        os.close(fd)
+        self.path, self._read, self._pids = Path(name), 0, []
+
+    def _entries(self) -> list[dict]:
+        try:
+            with open(self.path) as f:
+                f.seek(self._read)
+                text = f.read()
+        except OSError:
+            return []
+        whole = text[:text.rfind("\n") + 1]  # (a line being written is read next time)
+        self._read += len(whole.encode())
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+    def processes(self) -> list:
+        """The warm children that started so far, and their children, alive now."""
+        self._pids += [e["pid"] for e in self._entries() if e["what"] == "start"]
+        out = []
+        for pid in self._pids:
+            try:
+                p = psutil.Process(pid)
+                out += [p] + p.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    def close(self) -> float:
+        """CPU seconds of the warm children that served the command (each wrote them before its client exited)."""
+        self._read = 0
+        cpu = sum(e.get("cpu", 0.0) for e in self._entries() if e["what"] == "end")
+        self.path.unlink(missing_ok=True)
+        return cpu
+
+
 def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
                  check: bool = True, stdin=None, stdout=None) -> Measure:
     """Run a command, sampling the RSS of its whole process tree every 20 ms (and, in ``cgroup``, reading the
@@ -200,6 +244,8 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     def join() -> None:
         (child / "cgroup.procs").write_text(str(os.getpid()))
 
+    ledger = WarmLedger()
+    env = {**(os.environ if env is None else env), "GIT_THETA_WARM_LEDGER": str(ledger.path)}
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = psutil.Popen(args, cwd=cwd, env=env, stdin=stdin or subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
@@ -210,7 +256,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     def poll() -> None:
         while not done.is_set():
             try:
-                procs = [proc] + proc.children(recursive=True)
+                procs = [proc] + proc.children(recursive=True) + ledger.processes()
             except psutil.NoSuchProcess:
                 break
             seen: dict[int, tuple] = {}  # pid -> (parent pid, cmdline, rss, process) in this poll
@@ -253,7 +299,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     done.set()
     th.join()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + ledger.close()
     cg_peak, killed = 0, False
     if child is not None:
         cg_peak, killed = cgroup.peak(child), cgroup.oom_killed(child)

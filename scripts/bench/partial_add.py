@@ -9,6 +9,9 @@ index. Each `git add` runs the filter from that checkout (PYTHONPATH), from cach
 checkout: wall and CPU seconds of the process tree (min and median over the rounds) and the peak RSS.
 
     python3 scripts/bench/partial_add.py --code /path/to/main,/path/to/branch --rounds 8
+
+A checkout may carry environment variables after ``@`` (``path@NAME=value@NAME=value``), e.g. the warm filter
+against the cold one: ``--code .,.@GIT_THETA_WARM=0``.
 """
 from __future__ import annotations
 
@@ -27,22 +30,24 @@ from harness import git_env, new_repo, run_measured, sh  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--code", required=True, help="comma-separated checkouts of this project to compare")
+    ap.add_argument("--code", required=True, help="comma-separated checkouts of this project to compare, each "
+                    "optionally followed by @NAME=value environment variables")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", default="2", help="GIT_THETA_THREADS")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
     ap.add_argument("--step", choices=("20%", "fine-tune", "pruned"), default="20%")
     args = ap.parse_args()
-    codes = [str(Path(c).resolve()) for c in args.code.split(",")]
+    variants = {c: _variant(c) for c in args.code.split(",")}
+    codes = list(variants)
     root = args.workdir / f"partial-add-{args.step}"
     root.mkdir(parents=True, exist_ok=True)
     env = git_env(root / "home")
     install_globally(env)
     paths, _ = make_history(args.workdir / "data", 1.0)
     env = {**env, "GIT_THETA_THREADS": args.threads}
-    repo = new_repo(root, "repo", "theta", {**env, "PYTHONPATH": codes[0]})
+    repo = new_repo(root, "repo", "theta", {**env, **variants[codes[0]]})
     shutil.copyfile(paths[0], repo / "model.pt")
-    first = {**env, "PYTHONPATH": codes[0]}
+    first = {**env, **variants[codes[0]]}
     sh(["git", "add", "model.pt"], repo, first)
     sh(["git", "commit", "-q", "-m", "v1"], repo, first)
     added = paths[1]
@@ -61,7 +66,7 @@ def main() -> int:
     got: dict[str, list] = {c: [] for c in codes}
     for r in range(args.rounds):
         for c in codes:
-            run_env = {**env, "PYTHONPATH": c}
+            run_env = {**env, **variants[c]}
             shutil.copyfile(added, repo / "model.pt")
             settle(repo, run_env)
             got[c].append(run_measured(["git", "add", "model.pt"], repo, run_env))
@@ -74,6 +79,16 @@ def main() -> int:
               f"({len(ms)} rounds)")
         print(f"    wall per round: {' '.join(f'{w:.2f}' for w in wall)}; CPU: {' '.join(f'{x:.2f}' for x in cpu)}")
     return 0
+
+
+def _variant(spec: str) -> dict:
+    """``path[@NAME=value...]`` -> the environment that runs it (PYTHONPATH first)."""
+    path, *pairs = spec.split("@")
+    env = {"PYTHONPATH": str(Path(path).resolve())}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        env[name] = value
+    return env
 
 
 if __name__ == "__main__":

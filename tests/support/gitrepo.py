@@ -46,8 +46,11 @@ class GitEnv:
             "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_TERMINAL_PROMPT": "0", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
             "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
-            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            # (no empty entry: it would put each command's working directory on git-theta's sys.path)
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         })
+        if "GIT_THETA_WARM_DIR" in os.environ:  # the suite's warm servers (tests/conftest.py)
+            env["GIT_THETA_WARM_DIR"] = os.environ["GIT_THETA_WARM_DIR"]
         env["PATH"] = _theta_bin_dir() + os.pathsep + env.get("PATH", "")
         self = cls(home, env)
         for k, v in {"user.name": "Theta Test", "user.email": "theta@example.com",

@@ -67,6 +67,14 @@ def filter_main(argv: list[str] | None = None) -> int:
         print("git-theta-filter: error: this is git's filter process and speaks git's protocol on stdin; "
               "run `git theta install` and use git (see git-theta-filter -h)", file=sys.stderr)
         return EXIT_USAGE
+    from theta import warm
+
+    if warm.enabled():  # a started filter forked by the warm server serves git (theta.warm), else this process
+        from theta.warm.client import run
+
+        code = run(args)
+        if code is not None:
+            return code
     single_threaded_blas()
     reuse_freed_memory()
     few_collections()
