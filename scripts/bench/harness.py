@@ -74,7 +74,7 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
     ~0.4 s per call). ``pythonpath``: put this checkout first on PYTHONPATH (benchmarks of uncommitted code).
     """
     home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_")) or k == "GIT_THETA_WARM_DIR"}
     env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
                 "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config")})
     own = Path(sys.executable).parent
@@ -149,7 +149,7 @@ class MemCgroup:
     def remove(self, child: Path) -> None:
         c = self._children.pop(child, None)
         if c is not None:
-            c.remove(wait=2.5)
+            c.remove(wait=2.5, kill=True)  # (with what the command left in it: a warm filter server, theta.warm)
 
     def close(self) -> None:
         for child in list(self._children):

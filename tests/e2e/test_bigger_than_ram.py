@@ -36,7 +36,7 @@ def cgroup():
         yield None
         return
     yield cg
-    cg.remove()
+    cg.remove(kill=True)  # (a warm filter server a command started in it: theta.warm)
 
 
 def test_memory_cgroup_is_available():
@@ -472,4 +472,4 @@ def test_model_several_times_the_memory_limit(tmp_path):
         assert cg.oom_kills() == 0
         assert cg.peak() <= BIG_LIMIT
     finally:
-        cg.remove()
+        cg.remove(kill=True)

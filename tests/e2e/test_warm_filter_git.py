@@ -314,3 +314,19 @@ def test_module_level_environment_reads_are_read_again_in_a_warm_child():
             elif isinstance(sub, ast.Subscript) and ast.unparse(sub.value).endswith("environ"):
                 found.add((path.relative_to(ROOT).as_posix(), ast.unparse(sub)))
     assert found == {("theta/faults.py", "configure"), ("theta/parallel.py", "configure")}, found
+
+
+def test_no_more_than_max_servers_are_left(genv):
+    """Filters that each need a server of their own (here: six values of OPENBLAS_NUM_THREADS) leave at most
+    MAX_SERVERS; the others run cold."""
+    repo = genv.init("work", track=("*.pt",))
+    save_pt(repo / "model.pt", make_state(1))
+    repo.commit("v1", ".gitattributes", "model.pt")
+    wait_for_servers(genv)
+    for n in range(2, 8):
+        save_pt(repo / "model.pt", make_state(n))
+        repo.git("add", "model.pt", extra_env={"OPENBLAS_NUM_THREADS": str(n)})
+        time.sleep(0.5)  # (a server started by the last filter binds its socket)
+    live = wait_for_servers(genv, warm.MAX_SERVERS)
+    time.sleep(1.0)
+    assert len(servers(genv)) == len(live) == warm.MAX_SERVERS

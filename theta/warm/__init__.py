@@ -24,6 +24,7 @@ import os
 import sys
 
 IDLE_SECONDS = 600.0
+MAX_SERVERS = 4     # live servers per user and directory: a filter whose key has none starts one only below this
 SOCKET = "s"        # <dir>/<key>.s: the server's socket
 LOCK = "lock"       # <dir>/<key>.lock: held (flock) by the live server of that key
 

@@ -113,6 +113,8 @@ def spawn_server() -> None:
         pass
     finally:
         s.close()
+    if len(warm.servers(d)) >= warm.MAX_SERVERS:
+        return  # (processes that differ in sys.path, limits... would each leave one: a few are enough)
     import subprocess
 
     code = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "

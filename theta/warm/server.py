@@ -9,7 +9,7 @@ import array
 import fcntl
 import json
 import os
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -61,13 +61,14 @@ def main(d: str, k: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
+    # a child keeps neither: the lock would outlive the server, and a client could queue on the socket of a
+    # server that is gone
+    _server_fds.extend((lock, listener.fileno()))
     ino = os.stat(path).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
     idle = warm.idle_seconds()
     try:
-        while sel.select(idle):
+        while select.select([listener], [], [], idle)[0]:
             conn, _ = listener.accept()
             if _serve(conn, sources) == "stale":
                 break
@@ -82,6 +83,9 @@ def main(d: str, k: str) -> None:
                 os.unlink(path)
         except OSError:
             pass
+
+
+_server_fds: list[int] = []
 
 
 def _name_self(name: bytes) -> None:
@@ -161,6 +165,8 @@ def _child(conn: socket.socket, fds, request: dict) -> None:
     code = 1
     try:
         # the child says it exists (not the server: a client that hears nothing knows no child has git's pipes)
+        for fd in _server_fds:
+            os.close(fd)
         conn.sendall(b"R" + struct.pack("!q", os.getpid()))
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for i, fd in enumerate(fds):
@@ -226,8 +232,6 @@ def _watch(client: int) -> None:
         return  # (Linux before 5.3) git's pipes still end the child when git goes
 
     def wait():
-        import select
-
         select.select([fd], [], [])
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=wait, name="warm-client", daemon=True).start()
