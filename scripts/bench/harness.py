@@ -81,13 +81,20 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
     if (own / "git-theta").exists():
         env["PATH"] = str(own) + os.pathsep + env.get("PATH", "")
     if pythonpath:
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = this_checkout_first(env)
     # as on a user's machine, the filter imports cached bytecode: without it every git command that starts
     # git-theta recompiles theta and zipslice (~0.2 s of CPU, measured with py-spy)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     for k, v in {"user.name": "bench", "user.email": "bench@example.com", "init.defaultBranch": "main"}.items():
         subprocess.run(["git", "config", "--global", k, v], env=env, check=True, capture_output=True)
     return env
+
+
+def this_checkout_first(env: dict) -> str:
+    """``PYTHONPATH`` with this checkout first, and no empty entry: an empty one puts each command's working
+    directory on git-theta's sys.path (a module there would be imported, and each repository would need a warm
+    filter server of its own: docs/design/warm.md)."""
+    return os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
 
 
 def sh(args: list, cwd: Path, env: dict) -> str:

@@ -80,7 +80,7 @@ def main() -> int:
         shutil.rmtree(root)
     (root / "home").mkdir(parents=True)
     env = h.git_env(root / "home")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")  # this checkout's theta
+    env["PYTHONPATH"] = h.this_checkout_first(env)  # this checkout's theta
     repo = root / "repo"
     h.sh(["git", "init", "-q", str(repo)], root, env)
     for k, v in {"user.name": "bench", "user.email": "bench@example.com"}.items():
