@@ -330,3 +330,7 @@ def test_no_more_than_max_servers_are_left(genv):
     live = wait_for_servers(genv, warm.MAX_SERVERS)
     time.sleep(1.0)
     assert len(servers(genv)) == len(live) == warm.MAX_SERVERS
+
+
+def test_no_directory_means_no_server(tmp_path):
+    assert warm.servers(str(tmp_path / "none")) == [] and warm.stop(str(tmp_path / "none")) == 0

@@ -141,9 +141,11 @@ def servers(d: str | None = None) -> list[tuple[str, int]]:
 
     d = d or runtime_dir()
     found = []
-    if d is None:
-        return found
-    for name in sorted(os.listdir(d)):
+    try:
+        names = sorted(os.listdir(d)) if d is not None else []
+    except OSError:
+        return found  # (no such directory: no server)
+    for name in names:
         if not name.endswith("." + LOCK):
             continue
         try:
