@@ -18,7 +18,10 @@ is internal and may change between versions.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+# (not `from typing import ...`: typing costs ~10 ms, and git's filter process imports this package before it
+# answers git's handshake; the annotations are strings)
+TYPE_CHECKING = False
 
 # public name -> (module, attribute in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
@@ -91,7 +94,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.updates import names as update_types
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """Load a public name on first use (PEP 562) and keep it in the module for the next lookup."""
     if name == "__version__":  # one version for the distribution (zipslice-theta), from its package metadata
         from zipslice.version import package_version

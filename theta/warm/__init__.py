@@ -18,8 +18,6 @@ See docs/design/warm.md.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 
@@ -107,7 +105,14 @@ def _read(path: str) -> str:
 
 def key() -> str:
     """The name of the server that may serve this process: a hash of what makes two processes run the same
-    code under the same limits."""
+    code under the same limits.
+
+    The same whether or not ``site`` ran in this process, and whichever name of the interpreter started it
+    (``python3`` or ``python3.11``, a virtual environment's link: its prefix tells it apart): the launcher's filter process starts without it
+    (``python -S``, :mod:`theta.warm.launch`), a cold filter with it. So not ``sys.path`` itself but what
+    decides it: the interpreter and its prefixes, ``PYTHONPATH`` (the environment below), and the site
+    directories ``site`` adds, each with its modification time (a package installed or removed changes it)
+    and its ``.pth`` and ``*customize.py`` files, which ``site`` runs."""
     import resource
 
     ns = []
@@ -126,13 +131,48 @@ def key() -> str:
         affinity = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = []
-    what = {
-        "exe": sys.executable, "path": sys.path, "flags": list(sys.flags), "version": sys.version,
-        "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
-        "cgroup": _read("/proc/self/cgroup"), "ns": ns, "limits": limits, "nice": os.nice(0),
-        "affinity": affinity, "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_START_ENV)),
-    }
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    flags = [(f, getattr(sys.flags, f)) for f in dir(sys.flags)
+             if not f.startswith("_") and f not in ("no_site", "count", "index", "n_fields", "n_sequence_fields",
+                                                    "n_unnamed_fields")]
+    what = repr((
+        ("exe", os.path.realpath(sys.executable), sys.version, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix),
+        ("flags", flags), ("site", _site_dirs()),
+        ("ids", os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())),
+        ("cgroup", _read("/proc/self/cgroup")), ("ns", ns), ("limits", limits), ("nice", os.nice(0)),
+        ("affinity", affinity), ("env", sorted((k, v) for k, v in os.environ.items() if k.startswith(_START_ENV))),
+    )).encode()
+    try:  # (hashlib loads OpenSSL, ~3 ms before the handshake; blake2 is built into every CPython 3)
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(what, digest_size=12).hexdigest()
+
+
+def _site_dirs() -> list:
+    """The site directories ``site`` adds to ``sys.path`` (whether or not it ran here), each with its
+    modification time and its ``.pth`` / ``*customize.py`` files (name, size, modification time)."""
+    import site
+
+    dirs = list(site.getsitepackages())
+    if site.check_enableusersite():
+        dirs.append(site.getusersitepackages())
+    out = []
+    for d in dirs:
+        try:
+            mtime = os.stat(d).st_mtime_ns
+            names = sorted(n for n in os.listdir(d) if n.endswith((".pth", "customize.py")))
+        except OSError:
+            out.append((d, None))
+            continue
+        files = []
+        for n in names:
+            try:
+                st = os.stat(os.path.join(d, n))
+                files.append((n, st.st_size, st.st_mtime_ns))
+            except OSError:
+                pass
+        out.append((d, mtime, files))
+    return out
 
 
 def servers(d: str | None = None) -> list[tuple[str, int]]:
@@ -164,6 +204,43 @@ def servers(d: str | None = None) -> list[tuple[str, int]]:
         finally:
             os.close(fd)
     return found
+
+
+def sweep(d: str) -> int:
+    """Remove the files of servers that are gone (killed: SIGKILL, a memory cgroup's kill) from ``d``: each lock
+    file no process holds, then each socket whose key has no lock file; how many were removed. A server
+    creates and holds its lock before it binds its socket, so neither pass can take a live server's file."""
+    import fcntl
+
+    removed = 0
+    for what in (LOCK, SOCKET):
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith("." + what))
+        except OSError:
+            return removed
+        for name in names:
+            p = os.path.join(d, name)
+            if what == SOCKET:
+                if os.path.lexists(p[:-len(SOCKET)] + LOCK):
+                    continue
+            else:
+                try:
+                    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue  # held: a live server's
+            try:
+                os.unlink(p)  # (a server that opened this lock file before now finds it gone: theta.warm.server)
+                removed += 1
+            except OSError:
+                pass
+            if what == LOCK:
+                os.close(fd)
+    return removed
 
 
 def stop(d: str | None = None) -> int:

@@ -1,20 +1,21 @@
 """The filter process's side of the warm filter: hand git's pipes to a warm server, wait for its child's exit.
 
-Kept light (no numpy, no theta module beyond :mod:`theta.warm`): it runs before the filter imports anything.
+Kept light: it runs before git gets its handshake, in a process started without ``site``
+(:mod:`theta.warm.launch`). So no numpy, no theta module beyond :mod:`theta.warm`, and the C modules under
+``socket`` and ``signal`` rather than those wrappers (they import ``enum`` and ``selectors``: ~3 ms).
 """
 from __future__ import annotations
 
-import array
+import _signal
+import _socket
 import json
 import os
-import signal
-import socket
 import struct
 import sys
 
 from theta import warm
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 _key: str | None = None   # this process's key, once computed (spawn_server reuses it)
 
 
@@ -30,18 +31,19 @@ def run(argv: list[str]) -> int | None:
     if d is None:
         return None
     _key = warm.key()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.settimeout(2.0)  # (a server accepts at once; one that does not is not waited for)
         s.connect(_path(d, _key, warm.SOCKET))
         s.settimeout(None)  # once git's pipes are sent, the child has them: it is waited for, however long
-        uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[2]
+        uid = struct.unpack("3i", s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12))[2]
         if uid != os.getuid():
+            s.close()
             return None  # (the directory is ours and closed to others: cannot happen unless root was there)
         request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                               "parent": os.getppid(), "client": os.getpid()}).encode()
         s.sendmsg([struct.pack("!I", len(request)), request],
-                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+                  [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
         answer = _recv_exactly(s, 9)
     except OSError:
         s.close()
@@ -60,7 +62,7 @@ def run(argv: list[str]) -> int | None:
         except OSError:
             pass
     for sig in _FORWARDED:
-        signal.signal(sig, forward)
+        _signal.signal(sig, forward)
     # git's pipes are the child's alone now: git sees their end when the child ends
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
@@ -72,7 +74,7 @@ def run(argv: list[str]) -> int | None:
         end = None
     if end is None or end[:1] != b"X":
         if forwarded:  # the signal ended the child: end as a cold filter would have, by the same signal
-            signal.signal(forwarded[-1], signal.SIG_DFL)
+            _signal.signal(forwarded[-1], _signal.SIG_DFL)
             os.kill(os.getpid(), forwarded[-1])
         print("git-theta: error: the warm filter process ended without an exit status (killed?)", file=sys.stderr)
         return 1
@@ -85,7 +87,7 @@ def _umask() -> int:
     return mask
 
 
-def _recv_exactly(s: socket.socket, n: int) -> bytes | None:
+def _recv_exactly(s: _socket.socket, n: int) -> bytes | None:
     got = b""
     while len(got) < n:
         try:
@@ -105,7 +107,7 @@ def spawn_server() -> None:
     if d is None:
         return
     k = _key or warm.key()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(_path(d, k, warm.SOCKET))
         return  # one is there (started by another filter meanwhile)
@@ -113,6 +115,7 @@ def spawn_server() -> None:
         pass
     finally:
         s.close()
+    warm.sweep(d)
     if len(warm.servers(d)) >= warm.MAX_SERVERS:
         return  # (processes that differ in sys.path, limits... would each leave one: a few are enough)
     import subprocess

@@ -28,14 +28,61 @@ MAX_REQUEST = 1 << 20   # bytes of a request (argv, cwd, environment)
 
 def main(d: str, k: str) -> None:
     """Serve key ``k`` from directory ``d`` until idle (started by :func:`theta.warm.client.spawn_server`)."""
-    lock = os.open(os.path.join(d, f"{k}.{warm.LOCK}"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    lock_path = os.path.join(d, f"{k}.{warm.LOCK}")
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another server has this key
-    os.ftruncate(lock, 0)
-    os.write(lock, b"%d\n" % os.getpid())  # (theta.warm.servers reads it while the lock is held)
-    _name_self(b"git-theta-warm")
+    if not _same_file(lock, lock_path):
+        return  # swept (warm.sweep) between our open and our lock: a later filter starts a server again
+    signal.signal(signal.SIGTERM, _terminated)  # (warm.stop: leave through the cleanup below)
+    path = os.path.join(d, f"{k}.{warm.SOCKET}")
+    ino = None
+    try:
+        os.ftruncate(lock, 0)
+        os.write(lock, b"%d\n" % os.getpid())  # (theta.warm.servers reads it while the lock is held)
+        _name_self(b"git-theta-warm")
+        sources = _preload()
+        try:
+            os.unlink(path)  # a dead server's (we hold the lock)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        ino = os.stat(path).st_ino
+        # a child keeps neither: the lock would outlive the server, and a client could queue on the socket of
+        # a server that is gone
+        _server_fds.extend((lock, listener.fileno()))
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+        idle = warm.idle_seconds()
+        while select.select([listener], [], [], idle)[0]:
+            conn, _ = listener.accept()
+            if _serve(conn, sources) == "stale":
+                break
+            try:
+                if os.stat(path).st_ino != ino:
+                    break  # our socket was removed or replaced: no client can reach us
+            except OSError:
+                break
+    finally:
+        # the socket, then the lock file (still held: a server starting now either locked the old file, and
+        # finds it gone, or creates a new one)
+        try:
+            if ino is not None and os.stat(path).st_ino == ino:
+                os.unlink(path)
+        except OSError:
+            pass
+        if _same_file(lock, lock_path):
+            try:
+                os.unlink(lock_path)
+            except OSError:
+                pass
+
+
+def _preload() -> dict[str, tuple[int, int]]:
+    """Import what a filter needs, set the filter's process-wide policies; the loaded sources' stamps."""
     from theta.commands.entry import few_collections, reuse_freed_memory, single_threaded_blas
 
     single_threaded_blas()
@@ -52,40 +99,23 @@ def main(d: str, k: str) -> None:
 
     gc.collect()
     gc.freeze()  # what the server allocated stays out of the children's collections (and their pages shared)
-    sources = _sources()
-    path = os.path.join(d, f"{k}.{warm.SOCKET}")
-    try:
-        os.unlink(path)  # a dead server's (we hold the lock)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    # a child keeps neither: the lock would outlive the server, and a client could queue on the socket of a
-    # server that is gone
-    _server_fds.extend((lock, listener.fileno()))
-    ino = os.stat(path).st_ino
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    idle = warm.idle_seconds()
-    try:
-        while select.select([listener], [], [], idle)[0]:
-            conn, _ = listener.accept()
-            if _serve(conn, sources) == "stale":
-                break
-            try:
-                if os.stat(path).st_ino != ino:
-                    break  # our socket was removed or replaced: no client can reach us
-            except OSError:
-                break
-    finally:
-        try:
-            if os.stat(path).st_ino == ino:
-                os.unlink(path)
-        except OSError:
-            pass
+    return _sources()
 
 
 _server_fds: list[int] = []
+
+
+def _terminated(signum, _frame) -> None:
+    raise SystemExit(0)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open on ``fd``."""
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _name_self(name: bytes) -> None:
@@ -169,6 +199,7 @@ def _child(conn: socket.socket, fds, request: dict) -> None:
             os.close(fd)
         conn.sendall(b"R" + struct.pack("!q", os.getpid()))
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a filter ends by SIGTERM, as a cold one would)
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
         for fd in fds:
