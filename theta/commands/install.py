@@ -104,8 +104,8 @@ def _interpreter_of(script: str) -> str:
 
 def launcher_script(command: list[str], python: str | None = None, root: str | None = None) -> str:
     """The launcher running ``command`` (:func:`this_environment_command`); ``filter-process`` alone starts
-    through :mod:`theta.warm.launch` with ``python`` (default: this interpreter) and theta's directory ``root``
-    (default: this installation's)."""
+    through :mod:`theta.warm.launch` with ``python`` (default: the interpreter the console script names) and
+    theta's directory ``root`` (default: this installation's)."""
     python = python or _interpreter_of(command[0])
     root = root or str(Path(__file__).absolute().parents[2])  # (theta/commands/install.py: the dir holding theta)
     target = command[0]

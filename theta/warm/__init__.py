@@ -107,12 +107,12 @@ def key() -> str:
     """The name of the server that may serve this process: a hash of what makes two processes run the same
     code under the same limits.
 
-    The same whether or not ``site`` ran in this process, and whichever name of the interpreter started it
-    (``python3`` or ``python3.11``, a virtual environment's link: its prefix tells it apart): the launcher's filter process starts without it
-    (``python -S``, :mod:`theta.warm.launch`), a cold filter with it. So not ``sys.path`` itself but what
-    decides it: the interpreter and its prefixes, ``PYTHONPATH`` (the environment below), and the site
-    directories ``site`` adds, each with its modification time (a package installed or removed changes it)
-    and its ``.pth`` and ``*customize.py`` files, which ``site`` runs."""
+    The same whether or not ``site`` ran in this process (the launcher's filter process starts without it,
+    ``python -S``, :mod:`theta.warm.launch`; a cold filter with it) and whichever name of the interpreter
+    started it (``python3`` or ``python3.11``; a virtual environment's prefix tells it apart). So not
+    ``sys.path`` itself but what decides it: the interpreter and its prefixes, ``PYTHONPATH`` (the environment
+    below), and the site directories ``site`` adds, each with its modification time (a package installed or
+    removed changes it) and its ``.pth`` and ``*customize.py`` files, which ``site`` runs."""
     import resource
 
     ns = []
@@ -135,7 +135,8 @@ def key() -> str:
              if not f.startswith("_") and f not in ("no_site", "count", "index", "n_fields", "n_sequence_fields",
                                                     "n_unnamed_fields")]
     what = repr((
-        ("exe", os.path.realpath(sys.executable), sys.version, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix),
+        ("exe", os.path.realpath(sys.executable), sys.version, sys.prefix, sys.exec_prefix, sys.base_prefix,
+         sys.base_exec_prefix),
         ("flags", flags), ("site", _site_dirs()),
         ("ids", os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())),
         ("cgroup", _read("/proc/self/cgroup")), ("ns", ns), ("limits", limits), ("nice", os.nice(0)),
@@ -175,10 +176,24 @@ def _site_dirs() -> list:
     return out
 
 
-def servers(d: str | None = None) -> list[tuple[str, int]]:
-    """(key, pid) of each live server in ``d`` (default: :func:`runtime_dir`): those holding their lock."""
+def _probe(path: str) -> tuple[int, bool] | None:
+    """``path`` (a server's lock file) opened: (fd, held by a server). When not held, this process now holds it
+    (an exclusive lock, released when ``fd`` is closed). None when it cannot be opened (gone, a symlink)."""
     import fcntl
 
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd, False
+    except OSError:
+        return fd, True
+
+
+def servers(d: str | None = None) -> list[tuple[str, int]]:
+    """(key, pid) of each live server in ``d`` (default: :func:`runtime_dir`): those holding their lock."""
     d = d or runtime_dir()
     found = []
     try:
@@ -186,20 +201,14 @@ def servers(d: str | None = None) -> list[tuple[str, int]]:
     except OSError:
         return found  # (no such directory: no server)
     for name in names:
-        if not name.endswith("." + LOCK):
+        probed = _probe(os.path.join(d, name)) if name.endswith("." + LOCK) else None
+        if probed is None:
             continue
+        fd, held = probed
         try:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                continue  # no server holds it
-            except OSError:
-                pid = int(os.read(fd, 32).split()[0])
-            found.append((name[:-len(LOCK) - 1], pid))
-        except (ValueError, IndexError):
+            if held:
+                found.append((name[:-len(LOCK) - 1], int(os.read(fd, 32).split()[0])))
+        except (ValueError, IndexError, OSError):
             pass
         finally:
             os.close(fd)
@@ -210,8 +219,6 @@ def sweep(d: str) -> int:
     """Remove the files of servers that are gone (killed: SIGKILL, a memory cgroup's kill) from ``d``: each lock
     file no process holds, then each socket whose key has no lock file; how many were removed. A server
     creates and holds its lock before it binds its socket, so neither pass can take a live server's file."""
-    import fcntl
-
     removed = 0
     for what in (LOCK, SOCKET):
         try:
@@ -220,25 +227,22 @@ def sweep(d: str) -> int:
             return removed
         for name in names:
             p = os.path.join(d, name)
-            if what == SOCKET:
-                if os.path.lexists(p[:-len(SOCKET)] + LOCK):
+            fd = None
+            if what == LOCK:
+                probed = _probe(p)
+                if probed is None or probed[1]:  # (held: a live server's)
+                    if probed is not None:
+                        os.close(probed[0])
                     continue
-            else:
-                try:
-                    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-                except OSError:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    os.close(fd)
-                    continue  # held: a live server's
+                fd = probed[0]
+            elif os.path.lexists(p[:-len(SOCKET)] + LOCK):
+                continue
             try:
                 os.unlink(p)  # (a server that opened this lock file before now finds it gone: theta.warm.server)
                 removed += 1
             except OSError:
                 pass
-            if what == LOCK:
+            if fd is not None:
                 os.close(fd)
     return removed
 

@@ -194,12 +194,14 @@ def _child(conn: socket.socket, fds, request: dict) -> None:
     """The forked filter: git's pipes on 0, 1 and 2, the client's directory, environment and umask."""
     code = 1
     try:
+        # a filter ends by SIGTERM, as a cold one would: reset before the client learns this pid and can pass
+        # one on (the server's handler would turn it into a clean exit with status 0)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         # the child says it exists (not the server: a client that hears nothing knows no child has git's pipes)
         for fd in _server_fds:
             os.close(fd)
         conn.sendall(b"R" + struct.pack("!q", os.getpid()))
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a filter ends by SIGTERM, as a cold one would)
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
         for fd in fds:
