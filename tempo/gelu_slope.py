@@ -14,13 +14,14 @@ float64: each node's x by bisection, then GELU'(x) exactly. No polynomial fit, N
 runs per element.
 
 Near x*, y itself cannot say where x was: float32 rounds y to ~1.5e-8, which hides |x - x*| below ~2e-4
-(the slope error from y alone rises as ~ulp(y*) / |x - x*|, to ~1.1e-4 at x*). Those elements are rare
-(|x - x*| < 0.015: ~1% of a BERT layer's), so for float32 the forward also keeps their exact slope and
+(the slope error from y alone rises as ~e / |x - x*|, with e the forward's own rounding of y: k ulp(y*),
+k from ~1.5 to ~7.6 by CPU, :func:`forward_rounding`). Those elements are few (|x - x*| < 0.015 k: ~1% of
+a BERT layer's at k = 1.5, ~7% at 7.6), so for float32 the forward also keeps their exact slope and
 flat index (`stash_near_minimum`: 8 bytes each) and backward puts them back. 16-bit y is not stashed: its
 floor (~1.5e-2 near x*, docs/tempo.md) would need ~10% of the elements kept.
 
 Accuracy, float32 (tests/tempo/test_tempo_gelu.py measures it): within ~2e-6 of GELU'(x) everywhere
-with the stash (just outside it, F.gelu's ~1.5-ulp rounding of y costs up to ~1.5e-6), within ~6e-7
+with the stash (just outside it, F.gelu's rounding of y costs up to ~1e-6), within ~6e-7 (at k = 1.5)
 farther than 0.05 from x*, except
 - x < -2 for the erf form: F.gelu's own float32 y carries up to ~1e-3 relative error there (1 + erf
   cancels), so the slope is off by up to ~3.5e-6 (slopes there are below 0.09 in size).
@@ -150,17 +151,33 @@ def left_of_minimum(x: torch.Tensor, kind: str) -> torch.Tensor:
     return x < _form(kind).x_min
 
 
-def near_minimum_threshold(kind: str, dtype: torch.dtype) -> float | None:
+def _ulp_of_y_min(kind: str) -> float:
+    return math.ldexp(1.0, math.frexp(abs(_form(kind).y_min))[1] - 24)
+
+
+@lru_cache(maxsize=None)
+def forward_rounding(kind: str, device_type: str = "cpu") -> float:
+    """How far this platform's float32 GELU (F.gelu, whose y the backward gets) rounds y near x*, in ulp(y*),
+    at least 1: measured once per process on 8193 points within 0.05 of x*, against float64.
+
+    It depends on torch's kernel, so on the CPU: ~1.5 with AVX-512, ~7.8 (erf form) and ~2.4 (tanh) with
+    AVX2 (torch 2.13, both measured); the slope error from y alone scales with it."""
+    x_min = _form(kind).x_min
+    x = torch.linspace(x_min - 0.05, x_min + 0.05, 8193, dtype=torch.float64, device=device_type)
+    y = _gelu(x.float(), kind).double()
+    return max(1.0, float((y - _gelu(x.float().double(), kind)).abs().max()) / _ulp_of_y_min(kind))
+
+
+def near_minimum_threshold(kind: str, dtype: torch.dtype, device_type: str = "cpu") -> float | None:
     """y below this (float32 only) is too close to y* for y to fix the slope within NEAR_MIN_ERROR.
 
-    The slope error from y alone at distance d from x* is ~ulp(y*) / d, so d = ulp(y*) / NEAR_MIN_ERROR,
-    i.e. y - y* < GELU''(x*) d^2 / 2.
+    The slope error from y alone at distance d from x* is ~e / d, with e the forward's rounding of y
+    (:func:`forward_rounding` ulp(y*)), so d = e / NEAR_MIN_ERROR, i.e. y - y* < GELU''(x*) d^2 / 2.
     """
     if dtype != torch.float32:
         return None
     form = _form(kind)
-    ulp = math.ldexp(1.0, math.frexp(abs(form.y_min))[1] - 24)
-    distance = ulp / NEAR_MIN_ERROR
+    distance = forward_rounding(kind, device_type) * _ulp_of_y_min(kind) / NEAR_MIN_ERROR
     return form.y_min + 0.5 * form.curvature * distance * distance
 
 
@@ -169,7 +186,7 @@ def stash_near_minimum(x: torch.Tensor, y: torch.Tensor, kind: str) -> tuple[tor
 
     Empty for other dtypes. Indices are int32 when they fit, in ascending order.
     """
-    threshold = near_minimum_threshold(kind, y.dtype)
+    threshold = near_minimum_threshold(kind, y.dtype, y.device.type)
     if threshold is None:
         return torch.zeros(0, dtype=torch.int32, device=y.device), y.new_zeros(0)
     flat = y.detach().reshape(-1)

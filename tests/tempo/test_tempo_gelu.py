@@ -34,14 +34,16 @@ def test_minimum_is_where_the_slope_vanishes(approximate, kind):
 
 @pytest.mark.parametrize("approximate,kind", FORMS)
 def test_float32_slope_error_by_region(approximate, kind):
-    """The error budget stated in tempo/gelu_slope.py and docs/tempo.md, on 2M points over [-9, 9]."""
+    """The error budget stated in tempo/gelu_slope.py and docs/tempo.md, on 2M points over [-9, 9]: from y
+    alone it scales with how far this platform's F.gelu rounds y (k ulp(y*), ~1.5 to ~7.8 by CPU)."""
+    k = gelu_slope.forward_rounding(kind)
     x = torch.linspace(-9, 9, 2_000_001, dtype=torch.float64).float()
     err = (_recovered_slope(x, approximate, kind) - _exact_slope(x, approximate)).abs()
     dist = (x.double() - gelu_slope.minimum(kind)[0]).abs()
     assert not torch.isnan(err).any()
-    assert err[dist <= 2e-3].max() <= 1.5e-4          # the floor: float32 y cannot resolve |x - x*| < ~2e-4
-    assert err[(dist > 2e-3) & (dist <= 0.05)].max() <= 2e-5
-    assert err[(dist > 0.05) & (x >= -2)].max() <= 8e-7
+    assert err[dist <= 2e-3].max() <= 1e-4 * k       # the floor: float32 y cannot resolve |x - x*| < ~2e-4
+    assert err[(dist > 2e-3) & (dist <= 0.05)].max() <= 1.3e-5 * k
+    assert err[(dist > 0.05) & (x >= -2)].max() <= 5.5e-7 * k
     # left tail: F.gelu's own float32 y is off by up to ~1e-3 relative there for the erf form
     assert err[x < -2].max() <= (4e-6 if kind == "erf" else 1.5e-6)
 
@@ -111,7 +113,7 @@ def test_nan_propagates_like_stock():
     ref = x.detach().clone().requires_grad_()
     tempo.gelu(x).backward(torch.ones(3))
     F.gelu(ref).backward(torch.ones(3))
-    assert torch.isnan(x.grad[:2]).all() and torch.isnan(F.gelu(ref.detach())[1])
+    assert torch.isnan(x.grad[:2]).all() and torch.equal(torch.isnan(x.grad), torch.isnan(ref.grad))
     assert x.grad[2] == pytest.approx(ref.grad[2].item(), abs=1e-6)
 
 
@@ -125,7 +127,8 @@ def test_keeps_output_bits_and_the_few_stashed_slopes():
     ours = tempo.measure(tempo.TempoGELU(), (x,))
     stock = tempo.measure(torch.nn.GELU(), (x,))
     near = _near(F.gelu(x.detach()))
-    assert 0 < near < 8000 * 0.02
+    # ~0.9% x k of N(0, 1) elements: within k ulp(y*) / NEAR_MIN_ERROR ~ 0.015 k of x* (gelu_slope.forward_rounding)
+    assert 0 < near < 8000 * 0.012 * gelu_slope.forward_rounding("erf")
     assert stock.total_bytes == 8000 * 4
     assert ours.total_bytes == 8000 * 4 + 1000 + 8 * near
 
@@ -143,7 +146,7 @@ def test_only_float32_stashes():
 @pytest.mark.parametrize("approximate,kind", FORMS)
 def test_float32_gradient_error_with_stash(approximate, kind):
     """Through autograd (stash included) the float32 slope is within 2e-6 everywhere, x* included (just
-    outside the stash, F.gelu's ~1.5-ulp rounding of y costs ~1.5e-6)."""
+    outside the stash, sized by gelu_slope.forward_rounding, F.gelu's rounding of y costs ~1e-6)."""
     x = torch.linspace(-9, 9, 2_000_001, dtype=torch.float64).float().requires_grad_()
     tempo.gelu(x, approximate).backward(torch.ones_like(x))
     err = (x.grad.double() - _exact_slope(x, approximate)).abs()

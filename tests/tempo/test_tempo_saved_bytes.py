@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.bert.modeling_bert import BertLayer  # noqa: E402
 
 import tempo  # noqa: E402
-from tempo.gelu_slope import near_minimum_threshold  # noqa: E402
+from tempo.gelu_slope import forward_rounding, near_minimum_threshold  # noqa: E402
 
 
 @pytest.fixture
@@ -108,15 +108,15 @@ def test_patched_layer_per_module():
     tempo.patch(layer)
     report, gelu_input = _measure(layer, 2, 16)
     stashed = _stashed(gelu_input)
-    assert 0 < stashed < 0.05 * gelu_input.numel()
+    assert 0 < stashed < 0.012 * forward_rounding("erf") * gelu_input.numel()  # (test_tempo_gelu: ~0.9% x k)
     assert report.by_path() == tempo_bytes(**SMALL, stashed=stashed)
     assert {s.dtype for s in report.storages if s.bytes < 4 * 2 * 16 * 64} == {torch.uint8, torch.int32, torch.float32}
 
 
 def test_bert_base_layer_ratio(boolean_masks):
     """B=8, S=128, BERT-base: stock (boolean masks) keeps 84 T*H bytes + 16 T; tempo 49 T*H + 8 T + the
-    stash: 0.587x (target 0.62x). Its float tensors alone are 48 T*H; the bits (3 dropout masks, GELU's
-    branch) 1 T*H."""
+    stash: 0.587x where torch's GELU rounds y to ~1.5 ulp near x* (AVX-512), 0.609x at ~7.6 (AVX2), against
+    a target of 0.62x. Its float tensors alone are 48 T*H; the bits (3 dropout masks, GELU's branch) 1 T*H."""
     dims = dict(batch=8, seq=128, hidden=768, heads=12, intermediate=3072)
     t_h, t = 8 * 128 * 768, 8 * 128
     stock, _ = _measure(_layer(768, 12, 3072), 8, 128)
@@ -130,4 +130,5 @@ def test_bert_base_layer_ratio(boolean_masks):
     assert ours.total_bytes == 49 * t_h + 8 * t + 8 * stashed
     assert sum(s.bytes for s in ours.storages if s.dtype == torch.float32 and s.bytes >= 4 * t_h) == 48 * t_h
     assert sum(s.bytes for s in ours.storages if s.dtype == torch.uint8) == t_h
-    assert 0.583 < ours.total_bytes / stock.total_bytes < 0.59
+    assert stashed < 0.012 * forward_rounding("erf") * 8 * 128 * 3072
+    assert 0.583 < ours.total_bytes / stock.total_bytes < 0.615
