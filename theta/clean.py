@@ -3,8 +3,9 @@
 One group at a time (memory ~ 2 x the largest group, + its previous value when comparing):
 
 1. hash the group's bytes with xxh3-128; same fast hash as the previous version -> reuse its steps (no
-   blob, no LSH, no sha256); otherwise (or when the previous metadata predates fast hashes, or with
-   ``exact``) the sha256 decides, as it always did, and is the new value's content hash;
+   blob, no LSH, no value hash); otherwise (or when the previous metadata predates fast hashes, or with
+   ``exact``) the value's name decides (:mod:`theta.valuehash`: hashed in the previous name's algorithm),
+   and a changed value is named anew (BLAKE3);
 2. float groups: E2LSH signature; if it says "maybe close" to the previous version, rebuild the previous
    value and compare with allclose(rtol, atol) -> if close, the group is unchanged (reuses previous steps);
    with ``exact=True`` only identical bytes count as unchanged;
@@ -31,6 +32,7 @@ from theta import framewise
 from theta import lsh
 from theta import numeric
 from theta import parallel
+from theta import valuehash
 from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
 from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
                           MetadataError, NotCheckpointError, UpdateTypeError)
@@ -262,7 +264,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     finally:
         for _, fut in pending:
             if not fut.cancel() and fut.exception() is None:  # never close the file under a running read,
-                fut.result().settle()                          # nor leave its sha256 running
+                fut.result().settle()                          # nor leave its hash running
         bar.close()
         if update_data is not None:
             update_data.close()
@@ -319,7 +321,7 @@ class _Read:
     raw: np.ndarray | None     # carrier dtype (unsigned ints of the same width): the exact bits; None for
                                # a group hashed in place and found unchanged (nothing to encode)
     arr: np.ndarray | None     # the same memory viewed with the real dtype
-    digest: str                # sha256 (the previous version's when the fast hash says unchanged)
+    digest: str                # the value's name (theta.valuehash; the previous version's when unchanged)
     fast: str                  # xxh3-128
     prev: GroupMeta | None
     sig: list[int] | None
@@ -327,10 +329,10 @@ class _Read:
     norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
     sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
     frames: "framewise.GroupFrames | None" = None  # to clean frame by frame (digest and fast set by then)
-    hashing: "Future | None" = None  # the sha256 being taken on the hash thread (digest is "" until resolve())
+    hashing: "Future | None" = None  # the value hash taken on the hash thread (digest is "" until resolve())
 
     def resolve(self) -> None:
-        """Wait for the sha256 taken on the hash thread, if one is (it becomes ``digest``)."""
+        """Wait for the value hash taken on the hash thread, if one is (it becomes ``digest``)."""
         if self.hashing is not None:
             self.digest, self.hashing = self.hashing.result(), None
 
@@ -385,15 +387,17 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
         sent.hashes.check(key, fast)  # raises: the file's bytes are not git's
     hashing = None
     if prev is not None and prev.fast == fast and not exact:
-        # unchanged (docs/design/performance.md, "Change detection"): the previous version's sha256 is this
-        # value's, and the sha256 of the bytes is never computed
+        # unchanged (docs/design/performance.md, "Change detection"): the previous version's name is this
+        # value's, and the bytes are never hashed for a name
         digest = prev.hash
     elif (prev is None or prev.fast is not None) and not exact:
-        # new, or changed (its fast hash is not its previous one's): the sha256 only names the value, so it is
+        # new, or changed (its fast hash is not its previous one's): the hash only names the value, so it is
         # taken on the hash thread while this one signs the group (_Read.resolve waits for it)
         digest, hashing = "", parallel.pool("hash").submit(content_hash, raw)
-    else:
-        digest = content_hash(raw)
+    else:  # exact, or a previous version without a fast hash: only its name says whether the value changed
+        digest = content_hash(raw, like=prev.hash) if prev is not None else content_hash(raw)
+        if prev is not None and digest != prev.hash and not valuehash.is_blake3(digest):
+            digest = content_hash(raw)  # changed: named now (an unchanged value keeps its older name)
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.
@@ -444,7 +448,7 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                     # a chain this store built and bound (bind_steps) rebuilds without hashing its steps
                     value, proven = reconstruct_proven(prev, store, path)
                     if not proven:
-                        checking.append(parallel.pool("hash").submit(content_hash, value))
+                        checking.append(parallel.pool("hash").submit(content_hash, value, prev.hash))
                 cached.append(value)
             except BlobMissingError:
                 cached.append(None)  # not fetched locally: cannot compare or build on it

@@ -13,7 +13,7 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from theta import lsh
+from theta import lsh, valuehash
 from zipslice.clistyle import natural_key
 from theta.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
@@ -84,7 +84,7 @@ class Side(Protocol):
     def names(self) -> list[str]: ...
     def aliases(self) -> set[str]: ...
     def info(self, name: str) -> GroupInfo: ...
-    def hash(self, name: str) -> str: ...
+    def hash(self, name: str, like: str | None = None) -> str: ...  # like: hash in that name's algorithm
     def signature(self, name: str) -> list[int] | None: ...
     def array(self, name: str, cache: dict | None = None) -> np.ndarray: ...
     def prefetch(self, names: Iterable[str]) -> None: ...
@@ -115,7 +115,9 @@ class MetaSide:
         g = self.meta.groups[name]
         return GroupInfo(g.dtype, tuple(g.shape), g.steps[-1].type if g.steps else None, len(g.steps))
 
-    def hash(self, name: str) -> str:
+    computes_hashes = False  # its names are recorded (in either algorithm, theta.valuehash)
+
+    def hash(self, name: str, like: str | None = None) -> str:
         return self.meta.groups[name].hash
 
     def signature(self, name: str) -> list[int] | None:
@@ -198,10 +200,13 @@ class CheckpointSide:
         i = self.ckpt.info(name)
         return GroupInfo(i.dtype, tuple(i.shape), None)
 
-    def hash(self, name: str) -> str:
-        if name not in self._hashes:
-            self._hashes[name] = content_hash(self.ckpt.numpy(name))
-        return self._hashes[name]
+    computes_hashes = True
+
+    def hash(self, name: str, like: str | None = None) -> str:
+        key = (name, like is not None and not valuehash.is_blake3(like))  # (cached per algorithm)
+        if key not in self._hashes:
+            self._hashes[key] = content_hash(self.ckpt.numpy(name), like=like)
+        return self._hashes[key]
 
     def signature(self, name: str) -> list[int] | None:
         i = self.ckpt.info(name)
@@ -267,6 +272,16 @@ def _plain_values(structure) -> dict[str, str]:
     return {path or "(root)": repr(leaf) for path, leaf in walk_leaves(structure) if "tensor" not in leaf}
 
 
+def same_value(old: Side, new: Side, name: str) -> bool:
+    """Whether both sides hold the same value of ``name``: a side that hashes its values (a file) hashes in the
+    algorithm of the other side's recorded name (theta.valuehash)."""
+    if getattr(old, "computes_hashes", False) and not getattr(new, "computes_hashes", False):
+        b = new.hash(name)
+        return old.hash(name, like=b) == b
+    a = old.hash(name)
+    return new.hash(name, like=a) == a
+
+
 def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = False) -> FileDiff:
     """Compare two versions group by group (either may be None: the file was added/removed)."""
     fd = FileDiff(path, old.format if old else None, new.format if new else None, estimated=estimate)
@@ -306,7 +321,7 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
             fd.groups.append(GroupDiff(name, "reshaped", oi, ni))
         elif oi.dtype != ni.dtype:
             fd.groups.append(GroupDiff(name, "retyped", oi, ni))
-        elif old.hash(name) == new.hash(name):
+        elif same_value(old, new, name):
             fd.unchanged += 1
         else:
             modified.append(name)

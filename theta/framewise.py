@@ -9,7 +9,7 @@ cleaned in one pass over the codec's frames (:func:`first_pass`): the codec thre
 previous version's frame and compress the candidate (the delta's code words, or the value itself), while the
 thread consuming the blob hashes, in order, what they read:
 
-- sha256 (the value's content hash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
+- the value's name (BLAKE3, theta.valuehash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
   so a later pass may read any frame again and prove it is the same (:meth:`GroupFrames.verified`);
 - the LSH fold (:class:`theta.lsh.Folder`: the same bits as the signature of the value read whole), the sum of
   squares, the number of changed elements and dense's sample (:func:`theta.updates.auto.sample_spans`).
@@ -22,7 +22,6 @@ not one proven dense blob with the same frames (then it is rebuilt whole, :func:
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import xxhash
 
 from zipslice import dtypes
 
-from theta import lsh, numeric
+from theta import lsh, numeric, valuehash
 from theta.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
 from theta.malloc import give_back_freed_memory
 from theta.storage import codec
@@ -54,7 +53,7 @@ def streams(lsd, key: str, info, prev, reshaped, exact: bool) -> bool:
     """Whether group ``key`` (its ``info``, its previous version ``prev`` of the same dtype and shape, or
     ``reshaped`` of another) is cleaned frame by frame: big, a real float dtype, plain bytes in the file, and
     a change a frame pass can decide (no previous version of another shape: ``rows`` needs both whole; no
-    metadata older than fast hashes, nor ``exact``, where only a sha256 decides that nothing changed)."""
+    metadata older than fast hashes, nor ``exact``, where only the value's name decides that nothing changed)."""
     dt = dtypes.get(info.dtype)
     return (info.nbytes >= STREAM_BYTES and sys.byteorder == "little" and dt.kind == "float"
             and dt.itemsize in (2, 4, 8) and (codec.FRAME_BYTES // dt.itemsize) % lsh.POOL == 0  # (Folder)
@@ -160,7 +159,7 @@ def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], 
 class FirstPass:
     """What one pass over a group's frames found, and the candidate it staged."""
 
-    digest: str                 # sha256 of the value (its content hash)
+    digest: str                 # the value's name (its content hash, theta.valuehash)
     fast: str                   # xxh3-128 of the value
     sig: list[int] | None       # LSH signature (None: NaN/Inf)
     squares: float              # sum of squares (lsh.squares, frame by frame)
@@ -178,7 +177,7 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
     """One read of ``frames``: the hashes, signature and sample of the value, and its blob staged beside
     ``store`` -- the delta against ``old`` (previous frames, :func:`previous_frames`), or dense when ``old`` is
     None."""
-    sha, fast, folder = hashlib.sha256(), xxhash.xxh3_128(), lsh.Folder()
+    sha, fast, folder = valuehash.new(), xxhash.xxh3_128(), lsh.Folder()
     spans = sample_spans(frames.size)
     sample = np.empty(sum(b - a for a, b in spans), frames.dtype)
     read_ahead: dict[int, tuple[np.ndarray, int]] = {}  # frame start -> (its values, changed elements)

@@ -290,12 +290,16 @@ class GitThetaSide:
         return GroupInfo(dtypes.from_numpy(self.gtf.dtype(name)).name, self.gtf.shape(name),
                          self.gtf.update_type(name), len(self.gtf.chain(name)))
 
-    def hash(self, name: str) -> str:
+    computes_hashes = True
+
+    def hash(self, name: str, like: str | None = None) -> str:
+        from theta import valuehash
         from theta.updates import content_hash
 
-        if name not in self._hashes:
-            self._hashes[name] = content_hash(self.array(name))
-        return self._hashes[name]
+        key = (name, like is not None and not valuehash.is_blake3(like))  # (cached per algorithm)
+        if key not in self._hashes:
+            self._hashes[key] = content_hash(self.array(name), like=like)
+        return self._hashes[key]
 
     def signature(self, name: str) -> list[int] | None:
         return None

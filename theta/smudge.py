@@ -562,7 +562,7 @@ class _FrameStream:
 
 
 # How smudge verifies each rebuilt group:
-#   "hash"   -- sha256 of the rebuilt value equals the group's content hash (always for chains, low-rank, ...);
+#   "hash"   -- the hash of the rebuilt value (theta.valuehash) equals the group's content hash (always for chains, low-rank, ...);
 #   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
 #               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
 #               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
@@ -603,7 +603,7 @@ class _HashChecker:
 
     def submit(self, group, value: np.ndarray) -> None:
         self.finish()
-        self.pending = (group, parallel.pool("hash").submit(content_hash, value))
+        self.pending = (group, parallel.pool("hash").submit(content_hash, value, group.hash))
 
     def finish(self, raise_errors: bool = True) -> None:
         if self.pending is None:

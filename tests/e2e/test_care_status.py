@@ -134,7 +134,7 @@ def test_a_collaborator_without_theta_sees_what_the_file_is(genv, tmp_path):
     plain = GitEnv.create(tmp_path / "other-user")  # no theta anywhere in this user's config
     clone = plain.clone(f"file://{bare.path}", "clone")
     lines = (clone / "model.pt").read_text().splitlines()
-    assert lines[0] == "theta-metadata 1" and lines[1] == HINT
+    assert lines[0] == "theta-metadata 3" and lines[1] == HINT
     assert "pip install" in lines[1] and "git theta install" in lines[1] and "git theta pull" in lines[1]
 
 

@@ -51,7 +51,7 @@ def test_add_passes_git_add_arguments_and_checkpoint_type_is_noted(repo):
     assert "--checkpoint-type pytorch is not needed" in proc.stderr.decode()
     assert "add 'model.pt'" in proc.stdout.decode()
     repo.git("commit", "-q", "-m", "base")
-    assert repo.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+    assert repo.show("HEAD:model.pt").startswith(b"theta-metadata 3\n")
 
 
 def test_update_data_path_environment_is_read(repo):

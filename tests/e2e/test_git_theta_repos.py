@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import zipslice
-from support.gitrepo import GitEnv, Repo
+from support.gitrepo import GitEnv, Repo, clone_bundle
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -50,32 +50,21 @@ def key_paths(path: Path) -> dict[str, list[str]]:
         return {k: list(v) for k, v in paths(ck.structure).items()}
 
 
-def clone_of(base: Path, fixture: Path) -> Repo:
-    """A clone (with theta installed globally) of a bare remote made from a Git-Theta bundle; the remote
-    holds Git-Theta's LFS objects, which git-lfs downloads during checkout."""
-    env = GitEnv.create(base)
-    env.run(["git", "theta", "install"], cwd=base)
-    origin = base / "origin.git"
-    env.run(["git", "clone", "-q", "--bare", str(fixture / "repo.bundle"), str(origin)], cwd=base)
-    shutil.copytree(fixture / "lfs" / "objects", origin / "lfs" / "objects")
-    return env.clone(f"file://{origin}", "clone")
-
-
 @pytest.fixture()
 def clone(tmp_path) -> Repo:
-    return clone_of(tmp_path, FIXTURE)
+    return clone_bundle(tmp_path, FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def shared_clone(tmp_path_factory) -> Repo:
     """One clone of the flat fixture for the fast tests (each leaves it clean)."""
-    return clone_of(tmp_path_factory.mktemp("gt-flat"), FIXTURE)
+    return clone_bundle(tmp_path_factory.mktemp("gt-flat"), FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def nested_clone(tmp_path_factory) -> Repo:
     """One clone of the nested (Flax) fixture for the fast tests."""
-    return clone_of(tmp_path_factory.mktemp("gt-nested"), NESTED)
+    return clone_bundle(tmp_path_factory.mktemp("gt-nested"), NESTED)
 
 
 def assert_matches_git_theta(repo: Repo, commit: dict) -> None:
@@ -113,14 +102,14 @@ def test_fast_new_commit_on_top_then_migrate(shared_clone):
     sd["fc1.bias"] = sd["fc1.bias"] + 1
     torch.save(sd, repo / "model.pt")
     repo.commit("on top, with theta", "model.pt")
-    assert repo.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+    assert repo.show("HEAD:model.pt").startswith(b"theta-metadata 3\n")
     assert repo.show("HEAD:head.pt").startswith(b"{")  # untouched files stay Git-Theta format
     proc = repo.theta("migrate")
     assert "migrated head.pt: 2 groups" in proc.stdout.decode() and "migrated sub/emb.pt" in proc.stdout.decode()
     assert "stays in Git-Theta's format" in proc.stderr.decode()
     assert sorted(repo.status().splitlines()) == ["M  head.pt", "M  sub/emb.pt"]
     for f in ("model.pt", "head.pt", "sub/emb.pt"):
-        assert repo.show(f":{f}").startswith(b"theta-metadata 1\n")
+        assert repo.show(f":{f}").startswith(b"theta-metadata 3\n")
     repo.git("commit", "-q", "-m", "migrate")
     got = checked_out(repo / "model.pt")
     for name, v in sd.items():
@@ -141,7 +130,7 @@ def test_fast_nested_checkout_diff_and_commit_on_top(nested_clone):
     tree["params"]["Dense_0"]["bias"] = tree["params"]["Dense_0"]["bias"] * 2
     torch.save(tree, repo / "params.msgpack")
     repo.commit("on top of nested Git-Theta history", "params.msgpack")
-    assert repo.show("HEAD:params.msgpack").startswith(b"theta-metadata 1\n")
+    assert repo.show("HEAD:params.msgpack").startswith(b"theta-metadata 3\n")
     out = repo.theta("diff", head["sha"], "HEAD").stdout.decode()
     assert "modified  params/Dense_0/bias" in out and "1 modified" in out
     (repo / "params.msgpack").unlink()
@@ -192,7 +181,7 @@ def test_new_commit_on_top_is_stored_in_theta_format_and_history_mixes(clone):
     torch.save(sd, clone / "model.pt")
     assert clone.status() == "M model.pt"
     clone.commit("on top, with theta", "model.pt")
-    assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+    assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 3\n")
     assert clone.show("HEAD:head.pt").startswith(b"{")  # untouched files stay Git-Theta format
     for commit in (COMMITS[2], COMMITS[-1]):  # back into Git-Theta history and forward again
         clone.git("checkout", "-q", commit["sha"])
@@ -404,7 +393,7 @@ def test_side_loaded_update_on_git_theta_history(clone):
     clone.git("commit", "-q", "-m", "ia3 on Git-Theta history")
     assert np.array_equal(checked_out(clone / "model.pt")["fc1.weight"], w * s)
     assert clone.status() == "?? upd.bin"
-    assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 1\n")
+    assert clone.show("HEAD:model.pt").startswith(b"theta-metadata 3\n")
 
 
 # ---------------------------------------------------------------- migrate
@@ -417,7 +406,7 @@ def test_migrate_stages_theta_format_and_keeps_values(clone):
     assert "stays in Git-Theta's format" in err
     assert sorted(clone.status().splitlines()) == ["M  head.pt", "M  model.pt", "M  sub/emb.pt"]
     for f in ("model.pt", "head.pt", "sub/emb.pt"):
-        assert clone.show(f":{f}").startswith(b"theta-metadata 1\n")
+        assert clone.show(f":{f}").startswith(b"theta-metadata 3\n")
     clone.git("commit", "-q", "-m", "migrate")
     for f in ("model.pt", "head.pt", "sub/emb.pt"):
         (clone / f).unlink()

@@ -170,8 +170,8 @@ def test_git_diff_show_log_and_textconv(history):
     # without --ext-diff git log uses textconv, when configured: one line per group
     r.git("config", "diff.theta.textconv", "git-theta diff-textconv")
     text = r.git("show", "--format=%s").stdout.decode()
-    assert "-enc.bias  float32 [30]  sha256:" in text and "+extra  float32 [6]  sha256:" in text
-    assert " head  bfloat16 [8]  sha256:" in text  # unchanged group: a context line
+    assert "-enc.bias  float32 [30]  blake3:" in text and "+extra  float32 [6]  blake3:" in text
+    assert " head  bfloat16 [8]  blake3:" in text  # unchanged group: a context line
 
 
 def test_git_theta_diff_command(history):

@@ -133,3 +133,14 @@ class Repo:
 def bare_lfs_objects(bare: Path) -> set[str]:
     """The oids a file:// remote holds (git-lfs's standalone file transfer stores them under lfs/objects)."""
     return {p.name for p in (Path(bare) / "lfs" / "objects").glob("??/??/*") if p.is_file()}
+
+
+def clone_bundle(base: Path, fixture: Path) -> Repo:
+    """A clone (with theta installed globally) of a bare remote made from a fixture's ``repo.bundle``; the
+    remote holds the fixture's LFS objects (``lfs/objects``), which git-lfs downloads during checkout."""
+    env = GitEnv.create(base)
+    env.run(["git", "theta", "install"], cwd=base)
+    origin = base / "origin.git"
+    env.run(["git", "clone", "-q", "--bare", str(fixture / "repo.bundle"), str(origin)], cwd=base)
+    shutil.copytree(fixture / "lfs" / "objects", origin / "lfs" / "objects")
+    return env.clone(f"file://{origin}", "clone")

@@ -1,9 +1,9 @@
 """Clean recognises unchanged groups by their xxh3-128 (GroupMeta.fast, the "xxh3" field of a group line)
-instead of a sha256 of every unchanged byte; metadata written before the field keeps working (sha256 decides
-there, and the text it describes is not rewritten just to add the field).
+instead of hashing every unchanged byte for its name; metadata written before the field keeps working (the
+value names decide there, and the text it describes is not rewritten just to add the field).
 
-Real files (safetensors), a real store; the only stand-in is a spy on theta's own sha256 helper, to count
-which bytes it hashed."""
+Real files (safetensors), a real store; the only stand-in is a spy on theta's own value-hash helper
+(content_hash), to count which bytes it hashed."""
 import dataclasses
 import re
 
@@ -47,11 +47,11 @@ def without_fast(meta):
     return dataclasses.replace(meta, groups={k: dataclasses.replace(g, fast=None) for k, g in meta.groups.items()})
 
 
-def sha256_spy(monkeypatch):
-    """Record the size of every array clean hashes with sha256 (theta.clean.content_hash)."""
+def value_hash_spy(monkeypatch):
+    """Record the size of every array clean hashes for its name (theta.clean.content_hash)."""
     hashed = []
     real = theta.clean.content_hash
-    monkeypatch.setattr(theta.clean, "content_hash", lambda a: hashed.append(a.nbytes) or real(a))
+    monkeypatch.setattr(theta.clean, "content_hash", lambda a, like=None: hashed.append(a.nbytes) or real(a, like))
     return hashed
 
 
@@ -66,11 +66,11 @@ def test_every_group_records_the_xxh3_of_its_bytes(tmp_path, store):
     assert metadata.loads(text).groups["w0"].fast == meta.groups["w0"].fast
 
 
-def test_unchanged_groups_are_not_sha256_hashed(tmp_path, store, monkeypatch):
+def test_unchanged_groups_are_not_hashed_for_a_name(tmp_path, store, monkeypatch):
     arrays, p, first = first_version(tmp_path, store)
     arrays["w2"] = arrays["w2"] * np.float32(2)
     save(p, arrays)
-    hashed = sha256_spy(monkeypatch)
+    hashed = value_hash_spy(monkeypatch)
     stats = CleanStats()
     second = clean_checkpoint(p, store, first, stats=stats)
     assert stats.unchanged == 4 and stats.written == 1
@@ -89,11 +89,11 @@ def test_metadata_without_fast_hashes_still_detects_unchanged_groups(tmp_path, s
     old = without_fast(clean_checkpoint(p, store))
     old_text = metadata.dumps(old)
     assert '"xxh3"' not in old_text and metadata.loads(old_text).groups["w0"].fast is None
-    hashed = sha256_spy(monkeypatch)
+    hashed = value_hash_spy(monkeypatch)
     stats = CleanStats()
     before = store.written_objects
     again = clean_checkpoint(p, store, metadata.loads(old_text), stats=stats)
-    # sha256 decides (as before the field existed): every group hashed once, all unchanged, nothing stored
+    # the names decide (as before the field existed): every group hashed once, all unchanged, nothing stored
     assert sorted(hashed) == sorted(a.nbytes for a in arrays.values())
     assert stats.unchanged == 5 and store.written_objects == before
     new_text = metadata.dumps(again)
@@ -157,7 +157,7 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     assert [s.type for s in second.groups["w2"].steps] == ["dense", "delta"]
     arrays["w2"] = arrays["w2"] * np.float32(1.001)
     save(p, arrays)
-    hashed = sha256_spy(monkeypatch)
+    hashed = value_hash_spy(monkeypatch)
     third = clean_checkpoint(p, store, second)
     assert hashed == [arrays["w2"].nbytes]  # the new value's content hash only
     assert [s.type for s in third.groups["w2"].steps] == ["dense", "delta", "delta"]
@@ -166,7 +166,7 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     import theta.updates
     rebuilt = []
     real = theta.updates.content_hash
-    monkeypatch.setattr(theta.updates, "content_hash", lambda a: rebuilt.append(a.nbytes) or real(a))
+    monkeypatch.setattr(theta.updates, "content_hash", lambda a, like=None: rebuilt.append(a.nbytes) or real(a, like))
     again = clean_checkpoint(p, store, second)
     assert again.groups["w2"] == third.groups["w2"]
     # the new value, the previous value (on the hash thread) and the chain's intermediate value
@@ -226,11 +226,12 @@ def test_a_sideloaded_group_is_still_read_whole(tmp_path, store, monkeypatch):
         assert lean.fast == first.groups["w0"].fast
 
 
-def test_a_changed_or_new_group_is_sha256_hashed_on_the_hash_thread(tmp_path, store, monkeypatch):
-    """The sha256 of a group known to be changed (its fast hash is not its previous one's) or new only names its
-    value: it is taken on the hash thread while the reader signs the group, and the metadata holds it."""
-    import hashlib
+def test_a_changed_or_new_group_is_named_on_the_hash_thread(tmp_path, store, monkeypatch):
+    """The hash of a group known to be changed (its fast hash is not its previous one's) or new only names its
+    value: it is taken on the hash thread while the reader signs the group, and the metadata holds it (BLAKE3)."""
     import threading
+
+    import blake3
 
     from theta import parallel
 
@@ -243,11 +244,11 @@ def test_a_changed_or_new_group_is_sha256_hashed_on_the_hash_thread(tmp_path, st
     threads = {}
     real = theta.clean.content_hash
     monkeypatch.setattr(theta.clean, "content_hash",
-                        lambda a: threads.setdefault(a.nbytes, threading.current_thread().name) and real(a))
+                        lambda a, like=None: threads.setdefault(a.nbytes, threading.current_thread().name) and real(a, like))
     second = clean_checkpoint(p, store, first)
     assert set(threads) == {arrays["w1"].nbytes, arrays["new"].nbytes}
     assert all(name.startswith("theta-hash") for name in threads.values()), threads
     for key in ("w1", "new"):
-        assert second.groups[key].hash == hashlib.sha256(arrays[key].tobytes()).hexdigest()
+        assert second.groups[key].hash == "blake3:" + blake3.blake3(arrays[key].tobytes()).hexdigest()
     assert [second.groups[k].steps for k in ("w0", "w2", "w3", "ids")] == \
         [first.groups[k].steps for k in ("w0", "w2", "w3", "ids")]

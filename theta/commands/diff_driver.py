@@ -18,7 +18,7 @@ from typing import Iterator, Sequence, TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from theta import settings
+from theta import settings, valuehash
 from theta.git import repo as gitutil
 from theta.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
                         checkpoint_or_opaque, diff_sides)
@@ -269,7 +269,7 @@ def textconv_lines(file: str) -> list[str]:
         lines = [f"theta checkpoint ({side.format})"]
         for name in side.names():
             i = side.info(name)
-            lines.append(f"{name}  {_shape(i)}  sha256:{side.hash(name)[:16]}")
+            lines.append(f"{name}  {_shape(i)}  {valuehash.label(side.hash(name))[:23]}")
         for alias in sorted(side.aliases()):
             lines.append(f"{alias}  (tied to {side.meta.aliases[alias].of})")  # type: ignore[attr-defined]
         return lines

@@ -8,12 +8,13 @@ Format (version 1), UTF-8, one JSON value per line, keys sorted, no spaces::
     {"structure":{...}}                      zipslice structure tree (or null for flat formats)
     {"order":["a","b",...]}                  tensor names in file order (groups and aliases)
     {"alias":"b","grad":false,"of":"a","param":true}         one line per tied alias, sorted by name
-    {"dtype":"float32","grad":false,"group":"a","hash":"<sha256>","lsh":[...],"param":true,"shape":[2,3],
-     "steps":[{"hash":"<sha256>","oid":"<sha256>","params":{},"size":123,"type":"dense"}]}
+    {"dtype":"float32","grad":false,"group":"a","hash":"<value name>","lsh":[...],"param":true,"shape":[2,3],
+     "steps":[{"hash":"<value name>","oid":"<sha256>","params":{},"size":123,"type":"dense"}]}
                                              one line per group, sorted by name
 
-The text depends only on content: the same checkpoint always gives the same bytes, so `git status` stays
-clean after a checkout, and a change to one group changes one line.
+The text depends only on content and on the names its values already had (a value keeps the name it was
+committed with, theta.valuehash): the same checkpoint gives the same bytes, so `git status` stays clean
+after a checkout, and a change to one group changes one line.
 
 Version 2 adds one kind of file: one that theta tracks but that is not a checkpoint (a README matched by
 ``* filter=theta``), stored as ONE opaque blob, like git-lfs would, and checked out bit for bit::
@@ -23,7 +24,10 @@ Version 2 adds one kind of file: one that theta tracks but that is not a checkpo
     {"opaque":{"oid":"<sha256 of the file>","size":123}}
     {"order":[]}
 
-Checkpoints are still written as version 1 (their text is unchanged); this reader reads both. Lines starting
+Version 3 adds values named by BLAKE3 (``"hash":"blake3:<64 hex>"``, :mod:`theta.valuehash`): every value theta
+hashes anew is named so, and a value named before keeps its sha256 name. A checkpoint is written as version 3
+when any of its groups or steps holds a BLAKE3 name, else as version 1 (so a checkpoint committed before
+keeps its text while its values do not change); this reader reads all three. Lines starting
 with ``#`` are comments: the human hint on the second line, and readers skip them, so text written
 before the hint existed reads the same; :func:`same_content` treats two texts that differ only in comments
 as equal (the filter keeps the committed bytes then, so upgrading theta dirties nothing). Every field is checked against
@@ -37,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from theta import valuehash
 from theta.errors import MetadataError
 from theta.storage import schema
 from theta.storage.schema import Where
@@ -45,7 +50,8 @@ from theta.storage.store import BlobRef
 MAGIC = "theta-metadata"
 VERSION = 1           # checkpoints
 OPAQUE_VERSION = 2    # adds files stored as one opaque blob
-SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION)
+BLAKE3_VERSION = 3    # adds values named by BLAKE3 (theta.valuehash); written only by texts that hold such a name
+SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION, BLAKE3_VERSION)
 FIRST_LINE = f"{MAGIC} {VERSION}"
 MAX_METADATA_BYTES = schema.MAX_TEXT_BYTES  # git blobs larger than this are never read as metadata
 # The second line: what this file is and how to get the model, for a collaborator without theta (a clone
@@ -60,7 +66,7 @@ class Step:
     """One link of a group's update chain.
 
     ``type`` names the update type (entry point in ``theta.updates``), ``blob`` its stored parts,
-    ``params`` small JSON-able values, ``hash`` the sha256 of the group's bytes after this step.
+    ``params`` small JSON-able values, ``hash`` the name of the group's value after this step (theta.valuehash).
     """
 
     type: str
@@ -82,11 +88,12 @@ class Step:
 class GroupMeta:
     """One parameter group (tensor): its identity and how to rebuild its value.
 
-    ``hash`` is the sha256 of the contiguous little-endian bytes of the value; ``lsh`` the E2LSH signature
+    ``hash`` names the value: the hash of its contiguous little-endian bytes (theta.valuehash: BLAKE3, or
+    sha256 in names written before); ``lsh`` the E2LSH signature
     (None for int/bool groups, which are compared exactly); ``steps[0]`` is self-contained and each later step
     applies to the value the steps before it produce. ``fast`` is the xxh3-128 of the same bytes
-    (:func:`theta.updates.fast_hash`), with which clean recognises an unchanged group without a sha256 of it;
-    None in text written before theta recorded it (clean then compares sha256s, as it did).
+    (:func:`theta.updates.fast_hash`), with which clean recognises an unchanged group without hashing it for a name;
+    None in text written before theta recorded it (clean then compares value names, as it did).
     """
 
     name: str
@@ -238,7 +245,9 @@ def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
         meta.validate(file)
         return _finish(lines, where)
     schema.structure(meta.structure, where.at(line=4))
-    lines = [FIRST_LINE, HINT, _line({"checkpoint": header}), _line({"structure": meta.structure}),
+    # the lowest version that can say it: a checkpoint whose values all keep sha256 names keeps its text
+    first = FIRST_LINE if not any(_names_blake3(g) for g in meta.groups.values()) else f"{MAGIC} {BLAKE3_VERSION}"
+    lines = [first, HINT, _line({"checkpoint": header}), _line({"structure": meta.structure}),
              _line({"order": schema.order(list(meta.order), where.at(line=5))})]
     for n in sorted(meta.aliases):
         obj = meta.aliases[n].to_json()
@@ -248,6 +257,10 @@ def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
         lines.append(_line(schema.group(obj, where.at(line=len(lines) + 1))))
     meta.validate(file)
     return _finish(lines, where)
+
+
+def _names_blake3(g: GroupMeta) -> bool:
+    return valuehash.is_blake3(g.hash) or any(valuehash.is_blake3(s.hash) for s in g.steps)
 
 
 def _finish(lines: list[str], where: Where) -> str:
@@ -329,6 +342,9 @@ def loads(text: "str | bytes", file: str | None = None) -> CheckpointMeta:
             seen.add(kind)
         if kind == "group":
             g = GroupMeta.from_json(schema.group(obj, at))
+            if version < BLAKE3_VERSION and _names_blake3(g):
+                raise at.at(group=g.name).fail("hash", f"a value named by BLAKE3 needs metadata version "
+                                                       f"{BLAKE3_VERSION}")
             if g.name in groups:
                 raise at.at(group=g.name).fail("group", "group appears twice")
             groups[g.name] = g

@@ -18,6 +18,7 @@ from typing import Any
 
 from zipslice import dtypes, torch_reader
 
+from theta import valuehash
 from theta.errors import MetadataError
 from theta.storage.codec import ZSTD_MAX_RATIO, ZSTD_BLOCK_BYTES
 
@@ -106,6 +107,13 @@ def _bool(v: Any, where: Where, field: str) -> bool:
 def _hex64(v: Any, where: Where, field: str) -> str:
     if not isinstance(v, str) or not HEX64.fullmatch(v):
         raise where.fail(field, f"expected 64 lowercase hex digits (a sha256), got {_show(v)}")
+    return v
+
+
+def _value_name(v: Any, where: Where, field: str) -> str:
+    if not valuehash.is_name(v):
+        raise where.fail(field, f"expected a value hash (64 lowercase hex digits of a sha256, or 'blake3:' and "
+                                f"64 of a BLAKE3), got {_show(v)}")
     return v
 
 
@@ -302,7 +310,7 @@ def step(obj: Any, where: Where, index: int, group_dtype: str) -> dict:
         raise where.fail(f"{field}.type", f"expected an update type name ([a-z][a-z0-9_-]*), got {_show(kind)}")
     _hex64(obj["oid"], where, f"{field}.oid")
     _int(obj["size"], where, f"{field}.size")
-    _hex64(obj["hash"], where, f"{field}.hash")
+    _value_name(obj["hash"], where, f"{field}.hash")
     params = obj.get("params", {})
     if params is None:
         params = {}
@@ -325,7 +333,7 @@ def group(obj: dict, where: Where) -> dict:
     name(obj["group"], where, "group")
     dt = dtype(obj["dtype"], where)
     dims = shape(obj["shape"], where, "shape", dt)
-    digest = _hex64(obj["hash"], where, "hash")
+    digest = _value_name(obj["hash"], where, "hash")
     if "xxh3" in obj and not (isinstance(obj["xxh3"], str) and HEX32.fullmatch(obj["xxh3"])):
         raise where.fail("xxh3", f"expected 32 lowercase hex digits (an xxh3-128), got {_show(obj['xxh3'])}")
     for flag in ("param", "grad"):

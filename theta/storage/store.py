@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta import faults, parallel
+from theta import faults, parallel, valuehash
 from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
 
@@ -430,9 +430,10 @@ class LfsStore:
     # binding found here, so metadata whose hash disagrees with its blob is always caught at checkout.
     # One empty file per binding, beside the objects (a binding is a fact about an object's content).
     def _binding(self, oid: str, value_hash: str) -> Path:
-        if not (valid_oid(oid) and valid_oid(value_hash)):
+        if not (valid_oid(oid) and valuehash.is_name(value_hash)):
             raise StoreError(f"invalid binding {oid!r:.80} -> {value_hash!r:.80}")
-        return self.objects_dir.parent / "theta-verified" / oid[0:2] / f"{oid}-{value_hash}"
+        name = value_hash.replace(":", "-")  # (a BLAKE3 name's colon: not in a file name on every system)
+        return self.objects_dir.parent / "theta-verified" / oid[0:2] / f"{oid}-{name}"
 
     def bound(self, oid: str, value_hash: str) -> bool:
         """True when this store has proven that blob ``oid`` decodes to a value of content hash ``value_hash``."""

@@ -19,6 +19,7 @@ import xxhash
 from zipslice import dtypes
 from zipslice.plugins import Registry
 
+from theta import valuehash
 from theta.storage.codec import decode_parts, part_blobs
 from theta.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
 
@@ -83,15 +84,19 @@ def get(name: str) -> UpdateType:
     return obj() if isinstance(obj, type) else obj
 
 
-def content_hash(arr: np.ndarray) -> str:
-    """sha256 of an array's contiguous little-endian bytes (what GroupMeta.hash and Step.hash hold)."""
-    return hashlib.sha256(dtypes.le_bytes(arr)).hexdigest()
+def content_hash(arr: np.ndarray, like: str | None = None) -> str:
+    """The name of an array's value (what GroupMeta.hash and Step.hash hold, :mod:`theta.valuehash`): the hash
+    of its contiguous little-endian bytes, BLAKE3 for a value named now, or in ``like``'s algorithm to check
+    it against the name ``like``."""
+    h = valuehash.new() if like is None else valuehash.like(like)
+    h.update(dtypes.le_bytes(arr))
+    return h.hexdigest()
 
 
 def fast_hash(arr: np.ndarray) -> str:
     """xxh3-128 of an array's contiguous little-endian bytes (what GroupMeta.fast holds): ~12x faster than
     sha256. It only ever decides "this group's bytes equal its previous version's" in clean (see
-    docs/design/performance.md, "Change detection"); values and blobs stay identified by sha256."""
+    docs/design/performance.md, "Change detection"); values stay named by :func:`content_hash`, blobs by sha256."""
     return xxhash.xxh3_128_hexdigest(dtypes.le_bytes(arr))
 
 
@@ -294,7 +299,7 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
                              f"{type(value).__name__}, not an array", file=file, group=group.name, oid=oid)
         if value.dtype != want or tuple(value.shape) != shape:
             value = _coerce(value, want, shape, group, file, i, oid)
-        if (verify or i < last) and not proven and content_hash(value) != step.hash:
+        if (verify or i < last) and not proven and content_hash(value, like=step.hash) != step.hash:
             raise ChainError(f"{bounds.where(file, group.name, i, oid)}: step {step.type!r} rebuilt a value whose "
                              f"hash differs from the recorded {step.hash}", file=file, group=group.name, oid=oid)
     if cache is not None and value is not None:

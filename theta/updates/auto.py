@@ -210,10 +210,9 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
 
     Memory: ``new``, ``previous`` and codec frames: a trimmed value is a view of ``previous``; an extended
     one is never built (:func:`_change_of_grown` encodes the change from ``new`` and ``previous``)."""
-    import hashlib
-
     from zipslice.dtypes import le_bytes
 
+    from theta import valuehash
     from theta.updates import content_hash
     from theta.updates.rows import encode_sources
 
@@ -236,7 +235,7 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
         change = _change_of_grown(new, previous, level, store, with_dense=dense_size is None)
         if change is None:
             return None
-        h = hashlib.sha256(le_bytes(previous))  # the grown value's bytes: previous's, then the appended rows
+        h = valuehash.new(le_bytes(previous))  # the grown value's bytes: previous's, then the appended rows
         h.update(le_bytes(extra))
         resized_hash = h.hexdigest()
     if change is None or change.update_type == "dense" or (dense_size is not None and change.size >= dense_size):

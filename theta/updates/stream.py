@@ -5,7 +5,7 @@ four groups of memory. A :class:`GroupSource` instead yields the value block by 
 step is decoded frame by frame, and each later ``delta`` (code words) or ``sparse`` step is applied to the block
 from its own blob, also frame by frame. Memory: one block and a few codec frames per step, whatever the group's
 size. Each pass re-reads the blobs (the page cache keeps them); the first complete pass checks the value's
-sha256 against the group's hash (ChainError at its end, before anything built on it is stored).
+hash against the group's (in its algorithm, theta.valuehash) (ChainError at its end, before anything built on it is stored).
 
 ``ia3`` and ``low-rank`` steps stream too: the block is scaled by the vector's elements at its positions, or
 ``R @ C`` of the rows the block covers is added to it (the same per-element arithmetic as the whole-value
@@ -18,7 +18,6 @@ in memory.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterator
@@ -27,6 +26,7 @@ import numpy as np
 
 from zipslice import dtypes
 
+from theta import valuehash
 from theta.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
 from theta.updates import DTYPE_KEY, bounds, step_layout
@@ -284,7 +284,7 @@ class GroupSource(_Source):
         g, steps = self.group, self.group.steps
         word = raw_words(np.empty(1, self.dtype)).dtype
         per = raw_words(np.empty(1, self.dtype)).size  # words per element (complex128: 2)
-        h = None if self.checked else hashlib.sha256()
+        h = None if self.checked else valuehash.like(g.hash)
         with ExitStack() as stack:
             i = 0
             try:
@@ -348,7 +348,7 @@ def _step_failed(e: Exception, file, g, steps, i: int, how: str) -> Exception:
 
 
 def _check_rebuilt(h, file, g, steps) -> None:
-    """The sha256 of every block read equals the group's recorded hash, or ChainError."""
+    """The hash of every block read equals the group's recorded hash (in its algorithm), or ChainError."""
     if h.hexdigest() != g.hash:
         raise ChainError(f"{bounds.where(file, g.name, len(steps) - 1, steps[-1].blob.oid)}: the chain rebuilt a "
                          f"value whose hash differs from the recorded {g.hash}", file=file, group=g.name,
@@ -628,7 +628,7 @@ class PositionalSource(_Source):
 
     def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
         g, steps = self.group, self.group.steps
-        h = None if self.checked else hashlib.sha256()
+        h = None if self.checked else valuehash.like(g.hash)
         with ExitStack() as stack:
             i = 0
             try:

@@ -1,0 +1,133 @@
+"""A repository committed by a theta that named values by sha256 (fixtures/theta_sha256, made by
+make_fixtures.py with theta at 5e4ec7c), used with this theta, which names values it hashes anew by BLAKE3
+(theta.valuehash): through real git and git-lfs, every version checks out bit for bit, an unchanged
+checkpoint keeps its committed text (git status clean), a change names only the changed groups anew
+(metadata version 3), and fsck, diff and a merge work across both forms."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zipslice
+from support.gitrepo import Repo, clone_bundle
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "theta_sha256"
+EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
+VALUES = dict(np.load(FIXTURE / "values.npz"))
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+BLAKE3_NAME = re.compile(r"blake3:[0-9a-f]{64}")
+
+
+def values_of(commit: str) -> dict[str, np.ndarray]:
+    return {k.split("/", 1)[1]: v for k, v in VALUES.items() if k.startswith(commit + "/")}
+
+
+def checked_out(path: Path) -> dict[str, np.ndarray]:
+    with zipslice.load(path) as ck:
+        return {k: np.array(ck.numpy(k)) for k in ck.keys()}
+
+
+def assert_bits(path: Path, want: dict[str, np.ndarray]) -> None:
+    got = checked_out(path)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and got[k].tobytes() == v.tobytes(), k
+
+
+def names(text: bytes) -> dict[str, dict]:
+    """Each group line of a metadata text: its value name and its steps' names."""
+    lines = [json.loads(line) for line in text.decode().splitlines()[1:] if line.startswith('{"dtype"')]
+    return {g["group"]: {"hash": g["hash"], "steps": [s["hash"] for s in g["steps"]]} for g in lines}
+
+
+def save(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    torch.save({k: torch.from_numpy(v.copy()) for k, v in arrays.items()}, path)
+
+
+@pytest.fixture()
+def clone(tmp_path) -> Repo:
+    return clone_bundle(tmp_path, FIXTURE)
+
+
+def test_the_fixture_names_values_by_sha256(clone):
+    for commit in ("C1", "C2"):
+        text = clone.show(f"{EXPECTED['commits'][commit]}:model.pt")
+        assert text.startswith(b"theta-metadata 1\n")
+        for g in names(text).values():
+            assert SHA256_NAME.fullmatch(g["hash"]) and all(SHA256_NAME.fullmatch(h) for h in g["steps"])
+
+
+def test_every_version_checks_out_bit_for_bit_and_status_is_clean(clone):
+    assert_bits(clone / "model.pt", values_of("C2"))
+    assert clone.status() == ""
+    clone.git("checkout", "-q", EXPECTED["commits"]["C1"])
+    assert_bits(clone / "model.pt", values_of("C1"))
+    assert clone.status() == ""
+    # checked against their sha256 names (the bindings this store made were for the older theta's names)
+    fsck = clone.theta("fsck", "--json", "HEAD", "main")
+    assert json.loads(fsck.stdout)["ok"] is True
+
+
+def test_an_unchanged_checkpoint_keeps_its_committed_text(clone):
+    committed = clone.show("HEAD:model.pt")
+    save(clone / "model.pt", values_of("C2"))  # rewritten by torch: new bytes on disk, the same values
+    clone.git("add", "model.pt")
+    assert clone.show(":model.pt") == committed
+    assert clone.status() == ""
+
+
+def test_a_change_names_only_the_changed_groups_anew(clone):
+    before = clone.show("HEAD:model.pt")
+    c3 = dict(values_of("C2"), w0=values_of("C2")["w0"] * np.float32(1.01))
+    save(clone / "model.pt", c3)
+    clone.commit("C3", "model.pt")
+    after = clone.show("HEAD:model.pt")
+    assert after.startswith(b"theta-metadata 3\n")
+    old, new = names(before), names(after)
+    assert BLAKE3_NAME.fullmatch(new["w0"]["hash"]) and new["w0"]["hash"] == new["w0"]["steps"][-1]
+    assert new["w0"]["steps"][0] == old["w0"]["steps"][0]  # the delta builds on the dense step named by sha256
+    for g in ("w1", "b", "ids"):
+        assert new[g] == old[g]
+    # every line but w0's and the version is the older theta's text
+    strip = [line for line in after.splitlines()[1:] if b'"group":"w0"' not in line]
+    assert strip == [line for line in before.splitlines()[1:] if b'"group":"w0"' not in line]
+    for commit, want in ((EXPECTED["commits"]["C2"], values_of("C2")), (EXPECTED["commits"]["C1"], values_of("C1")),
+                         ("main", c3)):
+        clone.git("checkout", "-q", commit)
+        assert_bits(clone / "model.pt", want)
+        assert clone.status() == ""
+    assert json.loads(clone.theta("fsck", "--json", "main", "HEAD~1").stdout)["ok"] is True
+    diff = json.loads(clone.theta("diff", "--json", "HEAD~1", "HEAD").stdout)
+    changed = {g["name"]: g["status"] for f in diff["files"] for g in f["groups"]}
+    assert changed == {"w0": "modified"}
+
+
+def test_the_work_tree_is_compared_with_sha256_names(clone):
+    """`git theta diff` of the index against the work tree hashes the file in each committed name's algorithm."""
+    c3 = dict(values_of("C2"), b=values_of("C2")["b"] * np.float32(2))
+    save(clone / "model.pt", c3)
+    diff = json.loads(clone.theta("diff", "--json").stdout)
+    changed = {g["name"]: g["status"] for f in diff["files"] for g in f["groups"]}
+    assert changed == {"b": "modified"}
+
+
+def test_a_merge_of_both_forms(clone):
+    """Branches that change other groups, one committed by the older theta (sha256 names), merged with
+    the merge driver: the result holds each side's change, bit for bit."""
+    clone.git("checkout", "-q", "-b", "side", EXPECTED["commits"]["C1"])
+    side = dict(values_of("C1"), ids=values_of("C1")["ids"] + 1)
+    save(clone / "model.pt", side)
+    clone.commit("side: ids", "model.pt")
+    clone.git("checkout", "-q", "main")
+    clone.git("merge", "-q", "--no-edit", "side")
+    want = dict(values_of("C2"), ids=side["ids"])
+    assert_bits(clone / "model.pt", want)
+    assert clone.status() == ""
+    merged = names(clone.show("HEAD:model.pt"))
+    assert BLAKE3_NAME.fullmatch(merged["ids"]["hash"]) and SHA256_NAME.fullmatch(merged["w1"]["hash"])
