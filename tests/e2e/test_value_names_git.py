@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +132,66 @@ def test_a_merge_of_both_forms(clone):
     assert clone.status() == ""
     merged = names(clone.show("HEAD:model.pt"))
     assert BLAKE3_NAME.fullmatch(merged["ids"]["hash"]) and SHA256_NAME.fullmatch(merged["w1"]["hash"])
+
+
+def textconv_names(diff: bytes) -> dict[str, str]:
+    """``{"-b": "sha256:ecf40d01f93096cd", " w0": ...}``: each group line of a textconv diff (its side, its name)."""
+    out = {}
+    for line in diff.decode().splitlines():
+        m = re.fullmatch(r"([ +-])(\w+)  \w+ \[[\d, ]*\]  ((?:sha256|blake3):[0-9a-f]{16})", line)
+        if m:
+            out[m[1] + m[2]] = m[3]
+    return out
+
+
+def label(name: str) -> str:
+    return (name if name.startswith("blake3:") else "sha256:" + name)[:23]
+
+
+@pytest.mark.parametrize("above", ["1MiB", "100"], ids=["smudged-size", "placeholder-size"])
+def test_textconv_names_the_work_tree_as_add_would(clone, above):
+    """`git diff --no-ext-diff` runs theta's textconv on the index's version and on the work-tree file: the
+    unchanged groups read as the same sha256 names on both sides (context lines), the changed one as the
+    BLAKE3 name `git add` then records, whether the index's version is small enough to be smudged or not."""
+    old = names(clone.show(":model.pt"))
+    save(clone / "model.pt", dict(values_of("C2"), b=values_of("C2")["b"] * np.float32(2)))
+    got = textconv_names(clone.git("-c", f"theta.materializeAbove={above}", "diff", "--no-ext-diff").stdout)
+    clone.git("add", "model.pt")
+    new = names(clone.show(":model.pt"))
+    assert BLAKE3_NAME.fullmatch(new["b"]["hash"])
+    assert got == {" w0": label(old["w0"]["hash"]), " w1": label(old["w1"]["hash"]),
+                   " ids": label(old["ids"]["hash"]), "-b": label(old["b"]["hash"]), "+b": label(new["b"]["hash"])}
+    assert got[" w0"].startswith("sha256:")
+    # index against HEAD: both sides are committed texts, shown as recorded
+    cached = textconv_names(clone.git("diff", "--no-ext-diff", "--cached").stdout)
+    assert cached == got
+
+
+def test_textconv_of_history_shows_recorded_names(clone):
+    """`git log -p` (textconv on two committed versions) shows the names the texts record: no checkpoint
+    is rebuilt for it, so a sha256-era history reads as it was committed."""
+    c1, c2 = (names(clone.show(f"{EXPECTED['commits'][c]}:model.pt")) for c in ("C1", "C2"))
+    got = textconv_names(clone.git("log", "-p", "--no-ext-diff", "-1", "--format=").stdout)
+    want = {}
+    for g in c2:
+        if c1[g]["hash"] == c2[g]["hash"]:
+            want[" " + g] = label(c2[g]["hash"])
+        else:
+            want["-" + g], want["+" + g] = label(c1[g]["hash"]), label(c2[g]["hash"])
+    assert got == want and any(k.startswith("+") for k in got)
+
+
+def test_a_users_external_diff_gets_the_checkpoint(clone, tmp_path):
+    """A user's own GIT_EXTERNAL_DIFF gets the committed checkpoint itself, not the metadata text theta's own
+    driver reads. (git calls it only for paths whose diff attribute names no driver with a command: with
+    `diff=theta`, theta's driver wins, as any attribute's driver does.)"""
+    copy = tmp_path / "old.pt"
+    script = tmp_path / "extdiff.py"
+    script.write_text(f"import shutil, sys\nshutil.copyfile(sys.argv[2], {str(copy)!r})\n")
+    wrapper = tmp_path / "extdiff"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    wrapper.chmod(0o755)
+    (clone.git_common_dir() / "info" / "attributes").write_text("model.pt diff=mine\n")
+    save(clone / "model.pt", dict(values_of("C2"), b=values_of("C2")["b"] + 1))
+    clone.git("diff", extra_env={"GIT_EXTERNAL_DIFF": str(wrapper)})
+    assert_bits(copy, values_of("C2"))

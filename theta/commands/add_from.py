@@ -38,6 +38,7 @@ def add_from(source: str | os.PathLike, path: str | os.PathLike, cwd: str | os.P
     from theta import settings
     from theta.commands.export import default_mode
     from theta.smudge import smudge_checkpoint
+    from theta.storage.committed import committed_meta
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing
     from theta.views import clean_as_committed
@@ -54,7 +55,7 @@ def add_from(source: str | os.PathLike, path: str | os.PathLike, cwd: str | os.P
         raise ThetaError(f"--from {source}: no such file")
     if src == full:
         raise ThetaError(f"--from {source} is {rel} itself: use `git add {rel}`")
-    committed = _committed(rel, top)
+    committed = committed_meta(rel, top)
     if committed is None and fmt is None:
         try:
             if zipslice.sniff(src) == "sharded":
@@ -84,15 +85,3 @@ def add_from(source: str | os.PathLike, path: str | os.PathLike, cwd: str | os.P
     changed = sorted(n for n in meta.groups
                      if committed is None or n not in committed.groups or committed.groups[n].hash != meta.groups[n].hash)
     return AddedFrom(rel, meta.format, changed)
-
-
-def _committed(rel: str, top: Path):
-    """The theta metadata of ``rel`` in the index, else in HEAD (None: a new file, or not theta's)."""
-    from theta.storage.metadata import is_metadata, loads
-
-    for spec in (f":{rel}", f"HEAD:{rel}"):
-        data = gitutil.read_blob(spec, top)
-        if data is not None and is_metadata(data):
-            meta = loads(data, file=rel)
-            return None if meta.is_opaque else meta
-    return None

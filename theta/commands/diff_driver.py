@@ -258,7 +258,9 @@ def file_diff_json(fd: FileDiff) -> dict:
 def textconv_lines(file: str) -> list[str]:
     """One line per tensor (name, dtype, shape, content hash); git diffs these lines like text.
 
-    Only metadata is read for metadata files; a checkpoint (the working-tree side) is hashed group by group.
+    Only metadata is read for metadata files; a checkpoint (the working-tree side) is hashed group by group
+    and each value named as `git add` would name it (:func:`_named_as_clean`), so an unchanged group reads
+    the same on both sides of the diff.
     """
     side = side_from_file(file, file, ".")
     if side is None:
@@ -266,16 +268,46 @@ def textconv_lines(file: str) -> list[str]:
     if isinstance(side, OpaqueSide):
         return [f"opaque file (not a checkpoint): {side.ref.size} bytes, sha256 {side.ref.oid}"]
     try:
+        committed = _committed_names(file) if isinstance(side, CheckpointSide) else {}
         lines = [f"theta checkpoint ({side.format})"]
         for name in side.names():
             i = side.info(name)
-            lines.append(f"{name}  {_shape(i)}  {valuehash.label(side.hash(name))[:23]}")
+            value = _named_as_clean(side, name, committed.get(name)) if committed else side.hash(name)
+            lines.append(f"{name}  {_shape(i)}  {valuehash.label(value)[:23]}")
         for alias in sorted(side.aliases()):
             lines.append(f"{alias}  (tied to {side.meta.aliases[alias].of})")  # type: ignore[attr-defined]
         return lines
     finally:
         if isinstance(side, CheckpointSide):
             side.close()
+
+
+def _committed_names(file: str) -> dict[str, str]:
+    """The value names the index (else HEAD) records for ``file`` when it is a tracked file of the work tree
+    git runs us in (the side of `git diff` that is not a blob git wrote to a temp file), else {}."""
+    from theta.errors import MetadataError
+    from theta.storage.committed import committed_meta
+
+    try:
+        top = os.path.realpath(gitutil.toplevel("."))
+    except ThetaError:
+        return {}
+    rel = os.path.relpath(os.path.realpath(file), top)
+    if rel.startswith(os.pardir) or rel.split(os.sep, 1)[0] == ".git":
+        return {}
+    try:
+        meta = committed_meta(Path(rel).as_posix(), top)
+    except MetadataError:
+        return {}
+    return {} if meta is None else {n: g.hash for n, g in meta.groups.items()}
+
+
+def _named_as_clean(side: CheckpointSide, name: str, committed: str | None) -> str:
+    """``name``'s value as clean names it: its committed name while the value is unchanged (a sha256 one
+    included), else a BLAKE3 name (:mod:`theta.valuehash`)."""
+    if committed is not None and not valuehash.is_blake3(committed) and side.hash(name, like=committed) == committed:
+        return committed
+    return side.hash(name)
 
 
 def textconv_main(file: str, out: TextIO | None = None) -> int:

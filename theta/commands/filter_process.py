@@ -50,6 +50,10 @@ GIT_OWN_FILES = frozenset({".gitattributes", ".gitignore", ".gitmodules", ".mail
 ADDS_WORK_TREE = frozenset({"add", "commit", "stash", "status", "diff"})
 # git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
 CONTENT_WANTED = frozenset({"archive", "cat-file"})
+# git commands that smudge only to give a diff program or theta's textconv a temp file: they get the metadata
+# text, whatever the checkpoint's size, and theta reads it as it reads any committed version (from the store;
+# a work-tree file is then named like its committed text). A user's own external diff still gets the checkpoint.
+DIFFS_BLOBS = frozenset({"diff", "log", "show", "whatchanged", "blame", "annotate", "grep"})
 
 
 def log(msg: str) -> None:
@@ -106,16 +110,13 @@ class Filter:
         self._checkout = None
         self._invoker: str | None = None  # the git subcommand that started this process, once asked
         self._hash: str | None = None     # the repository's object format, once asked
+        self._diff: bool | None = None    # smudging for a diff (_for_a_diff), once asked
 
     def previous_text(self, path: str) -> bytes | None:
         """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
-        from theta.storage.metadata import is_metadata
+        from theta.storage.committed import committed_text
 
-        for spec in (f":{path}", f"HEAD:{path}"):
-            data = gitutil.read_blob(spec, self.cwd)
-            if data is not None and is_metadata(data):
-                return data
-        return None
+        return committed_text(path, self.cwd)
 
     def previous(self, path: str, text: bytes | None = None):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
@@ -329,7 +330,7 @@ class Filter:
             if self._as_placeholder(meta):
                 from theta.commands.materialize import Placeholder
 
-                if not self.checkout_settings().skip:
+                if not self.checkout_settings().skip and not self._for_a_diff():
                     oid = blob or gitutil.blob_id(text, self._hash_name())
                     self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
                 out(io.BytesIO(text))
@@ -419,6 +420,13 @@ class Filter:
             self._invoker = gitutil.invoking_subcommand() or ""
         return self._invoker
 
+    def _for_a_diff(self) -> bool:
+        """Whether this process smudges for theta's diff driver or textconv (see DIFFS_BLOBS)."""
+        if self._diff is None:
+            self._diff = self.invoker() in DIFFS_BLOBS and not (
+                os.environ.get("GIT_EXTERNAL_DIFF") or gitutil.config_get("diff.external", self.cwd))
+        return self._diff
+
     def _hash_name(self) -> str:
         if self._hash is None:
             self._hash = gitutil.object_format(self.cwd)
@@ -434,7 +442,7 @@ class Filter:
         from theta.commands.materialize import data_bytes
 
         cs = self.checkout_settings()
-        if cs.skip:
+        if cs.skip or self._for_a_diff():
             return True
         if data_bytes(meta) <= cs.materialize_above:
             return False
