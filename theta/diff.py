@@ -344,6 +344,11 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
         cache: dict = {}  # the new value's update chain often starts from the old value: reuse it
         a = old.array(name, cache)
         b = new.array(name, cache)
-        by_name[name].stats = change_stats(a, b)
+        stats = change_stats(a, b)
         del a, b, cache
+        if stats.changed == 0:  # one value named in two forms (sha256, BLAKE3: theta.valuehash), read: the same bits
+            fd.groups.remove(by_name[name])
+            fd.unchanged += 1
+        else:
+            by_name[name].stats = stats
     return fd

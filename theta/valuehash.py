@@ -9,9 +9,9 @@
   unchanged checkpoint keeps its bytes and `git status` stays clean), and every check of a value against
   its name (checkout, fsck, a chain rebuilt) hashes with the algorithm the name says (:func:`like`).
 
-Two names in different forms never compare equal, even for the same value: what compares names (merges,
-status, diffs) then sees a change where the value went back to one named before BLAKE3, and does the work a
-change needs, never less. Blobs keep sha256 names: their oid is git-lfs's.
+Two names in different forms never compare equal as text, even for the same value: what compares names
+(merges, diffs) then sees a change where the value went back to one named before BLAKE3, does the work a
+change needs, never less, and decides by the values it reads (theta.merges.merge.value_equal, theta.diff). Blobs keep sha256 names: their oid is git-lfs's.
 """
 from __future__ import annotations
 

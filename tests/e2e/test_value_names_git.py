@@ -195,3 +195,40 @@ def test_a_users_external_diff_gets_the_checkpoint(clone, tmp_path):
     save(clone / "model.pt", dict(values_of("C2"), b=values_of("C2")["b"] + 1))
     clone.git("diff", extra_env={"GIT_EXTERNAL_DIFF": str(wrapper)})
     assert_bits(copy, values_of("C2"))
+
+
+def test_a_value_that_went_back_is_unchanged_in_a_merge_and_a_diff(clone):
+    """main changes b and puts it back: b is then named anew by BLAKE3, where the merge base names the same
+    value by sha256. side changes b. The merge reads main's b, finds the base's value and takes side's b
+    (comparing names alone, b changed on both sides: a conflict); a diff of the base and main shows b unchanged."""
+    c2 = values_of("C2")
+    base = clone.out("rev-parse", "HEAD")
+    clone.git("checkout", "-q", "-b", "side")
+    side = dict(c2, b=c2["b"] + np.float32(3))
+    save(clone / "model.pt", side)
+    clone.commit("side: b", "model.pt")
+    clone.git("checkout", "-q", "main")
+    save(clone / "model.pt", dict(c2, b=c2["b"] * np.float32(2), w0=c2["w0"] + np.float32(1)))
+    clone.commit("main: b and w0", "model.pt")
+    save(clone / "model.pt", dict(c2, w0=c2["w0"] + np.float32(1)))
+    clone.commit("main: b back", "model.pt")
+    b_base, b_main = names(clone.show(f"{base}:model.pt"))["b"]["hash"], names(clone.show("HEAD:model.pt"))["b"]["hash"]
+    assert SHA256_NAME.fullmatch(b_base) and BLAKE3_NAME.fullmatch(b_main)
+    diff = json.loads(clone.theta("diff", "--json", base, "HEAD").stdout)
+    assert {g["name"]: g["status"] for f in diff["files"] for g in f["groups"]} == {"w0": "modified"}
+    clone.git("merge", "-q", "--no-edit", "side")
+    assert_bits(clone / "model.pt", dict(side, w0=c2["w0"] + np.float32(1)))
+    assert clone.status() == ""
+
+
+def test_one_value_named_by_each_hash_on_two_sides_merges(clone):
+    """C2 (committed by the older theta) changed b and w1 from C1. A branch from C1 sets b to C2's b with this
+    theta (a BLAKE3 name). Merging C2's branch: b is the same value on both sides, w1 comes from C2."""
+    c1, c2 = values_of("C1"), values_of("C2")
+    clone.git("checkout", "-q", "-b", "mine", EXPECTED["commits"]["C1"])
+    save(clone / "model.pt", dict(c1, b=c2["b"]))
+    clone.commit("mine: C2's b", "model.pt")
+    assert BLAKE3_NAME.fullmatch(names(clone.show("HEAD:model.pt"))["b"]["hash"])
+    clone.git("merge", "-q", "--no-edit", "main")
+    assert_bits(clone / "model.pt", c2)
+    assert clone.status() == ""

@@ -146,3 +146,41 @@ def test_a_binding_to_a_blake3_name_is_a_portable_file_name(tmp_path, store):
     assert store.bound(oid, name) and not store.bound(oid, "cd" * 32)
     files = [p.name for p in (store.objects_dir.parent / "theta-verified").rglob("*") if p.is_file()]
     assert files == [f"{oid}-blake3-{'cd' * 32}"]
+
+
+def test_a_merge_reads_values_only_for_both_sided_changes_across_name_forms(tmp_path, store):
+    """plan_merge compares names; only a group changed on both sides by name, where two names are in different
+    forms, is read (value_equal: the BLAKE3-named value hashed in sha256), and then decided by value."""
+    from theta.merges.merge import plan_merge, value_equal
+
+    arrays = model()
+    p = tmp_path / "m.safetensors"
+    save(p, arrays)
+    base = as_named_by_sha256(clean_checkpoint(p, store), arrays)
+    # ours: w0 changed and put back (named anew), w1 changed; theirs: w0 changed, ids changed
+    w0_new, w1_new = arrays["w0"] + 1, arrays["w1"] * 2
+    save(p, dict(arrays, w0=w0_new))
+    step = clean_checkpoint(p, store, base)
+    save(p, dict(arrays, w1=w1_new))
+    ours = clean_checkpoint(p, store, step)
+    save(p, dict(arrays, w0=w0_new, ids=arrays["ids"] + 1))
+    theirs = clean_checkpoint(p, store, base)
+    assert ours.groups["w0"].hash == b3(arrays["w0"]) != base.groups["w0"].hash == sha(arrays["w0"])
+    asked = []
+
+    def same(x, y):
+        asked.append((x.hash, y.hash))
+        return value_equal(x, y, store, "m.safetensors", lambda refs: None)
+
+    plan = plan_merge(base, ours, theirs, "m.safetensors", same_value=same)
+    assert not plan.conflicts and not plan.pending
+    assert plan.kept["w0"] is theirs.groups["w0"] and plan.kept["w1"] is ours.groups["w1"]
+    assert plan.kept["ids"] is theirs.groups["ids"]
+    # w0 alone was read: ours against theirs (both BLAKE3: not asked), base against ours (asked: the same value)
+    assert asked == [(base.groups["w0"].hash, ours.groups["w0"].hash)]
+    # names alone: w0 changed on both sides
+    assert [x.name for x in plan_merge(base, ours, theirs, "m.safetensors").pending] == ["w0"]
+    # value_equal: a value and another one, across forms; the same one; another shape
+    assert value_equal(base.groups["w1"], ours.groups["w1"], store, "m", lambda r: None) is False
+    assert value_equal(ours.groups["w0"], base.groups["w0"], store, "m", lambda r: None) is True
+    assert value_equal(base.groups["w0"], base.groups["w1"], store, "m", lambda r: None) is False

@@ -27,7 +27,7 @@ from theta import settings
 from theta.commands.merge_menu import MANUAL, ask
 from theta.errors import MergeConflict, ThetaError
 from theta.merges import get as get_strategy, names as strategy_names
-from theta.merges.merge import MergePlan, Pending, _describe, execute, fetch_for, plan_merge
+from theta.merges.merge import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, value_equal
 from theta.settings.merge import RULES_FILE, MergeConfig
 from theta.storage.metadata import CheckpointMeta, dumps, is_metadata, loads
 from theta.storage.store import LfsStore
@@ -161,12 +161,20 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
             check_output(m, f"{path} ({role})", limit)
     config = config or MergeConfig.load(repo_dir)
     config.check_parameters({k for n in strategy_names() for k in get_strategy(n).defaults})
-    plan = plan_merge(ancestor, ours, theirs, path, values=config.values)
+    store = LfsStore.for_repo(repo_dir)
+
+    def fetch(refs: list) -> None:
+        if store.missing(refs):
+            from theta.storage.transfer import fetch_missing
+
+            fetch_missing(repo_dir, refs, store=store)
+
+    plan = plan_merge(ancestor, ours, theirs, path, values=config.values,
+                      same_value=lambda x, y: value_equal(x, y, store, path, fetch))
     if not plan.conflicts:
         choose_strategies(plan, config, stdin, err)
     if plan.conflicts:
         raise MergeConflict(path, plan.conflicts)
-    store = LfsStore.for_repo(repo_dir)
     fetch_for(plan, store, repo_dir)
     meta = execute(plan, store, log=err)
     write_atomically(ours_file, dumps(meta))

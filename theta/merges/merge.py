@@ -17,6 +17,7 @@ import numpy as np
 
 from zipslice import dtypes
 
+from theta import valuehash
 from theta.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
@@ -27,6 +28,42 @@ from theta.updates.steps import dense_group
 
 def _group_key(g: GroupMeta | None):
     return None if g is None else (g.dtype, tuple(g.shape), g.hash, g.is_parameter, g.requires_grad)
+
+
+def value_equal(x: GroupMeta, y: GroupMeta, store: LfsStore, file: str, fetch: Callable[[list], None]) -> bool:
+    """Whether two groups whose names are in different forms (a sha256 one, a BLAKE3 one: theta.valuehash) hold
+    the same value: the BLAKE3-named value is read block by block (its blobs fetched first, with ``fetch``) and
+    hashed in the other name's algorithm. Groups of another dtype or shape never do."""
+    if (x.dtype, tuple(x.shape)) != (y.dtype, tuple(y.shape)):
+        return False
+    if valuehash.is_blake3(x.hash) == valuehash.is_blake3(y.hash):
+        return x.hash == y.hash
+    new, old = (x, y) if valuehash.is_blake3(x.hash) else (y, x)
+    fetch([st.blob for st in new.steps])
+    h = valuehash.like(old.hash)
+    src = stream.source(new, store, file) or reconstruct(new, store, file=file)
+    for _, block in stream.blocks(src, _CHECK_CHUNK):
+        h.update(dtypes.le_bytes(block))
+    return h.hexdigest() == old.hash
+
+
+def _three_way_by_value(o: GroupMeta | None, a: GroupMeta | None, b: GroupMeta | None,
+                        same: Callable[[GroupMeta, GroupMeta], bool]) -> tuple[str, Any]:
+    """:func:`three_way` of groups that compare unequal by name, where two names in different forms may still
+    stand for one value (``same`` reads and decides; called only for such pairs, at most three times)."""
+    def equal(x, y) -> bool:
+        if x is None or y is None:
+            return False
+        kx, ky = _group_key(x), _group_key(y)
+        return (kx[:2] + kx[3:] == ky[:2] + ky[3:] and valuehash.is_blake3(x.hash) != valuehash.is_blake3(y.hash)
+                and same(x, y))
+    if equal(a, b):
+        return "same", a
+    if equal(o, a):
+        return "theirs", b
+    if equal(o, b):
+        return "ours", a
+    return "both", None
 
 
 def _alias_key(a: Alias | None):
@@ -142,16 +179,22 @@ class MergePlan:
 
 
 def plan_merge(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: CheckpointMeta,
-               path: str, values: str | None = None) -> MergePlan:
+               path: str, values: str | None = None,
+               same_value: Callable[[GroupMeta, GroupMeta], bool] | None = None) -> MergePlan:
     """Decide every group from the metadata alone; groups needing math go to ``plan.pending``.
 
     ``values``: what to do with a non-tensor value changed differently on both sides (None: conflict).
+    ``same_value``: asked (e.g. :func:`value_equal`) only for a group changed on both sides by name where two of
+    its names are in different forms (sha256 and BLAKE3), so that a value that went back to one named by sha256,
+    or two sides naming one value differently, are seen as the same value; without it such names differ.
     """
     plan = MergePlan(path=path, ours=ours)
     og = ancestor.groups if ancestor else {}
     for name in sorted(set(og) | set(ours.groups) | set(theirs.groups)):
         o, a, b = og.get(name), ours.groups.get(name), theirs.groups.get(name)
         side, value = three_way(o, a, b, _group_key)
+        if side == "both" and same_value is not None:
+            side, value = _three_way_by_value(o, a, b, same_value)
         if side != "both":
             if value is not None:
                 plan.kept[name] = value
