@@ -188,7 +188,7 @@ class CheckpointSide:
         except ZipsliceError as e:
             raise CheckpointError(f"cannot read {label}: {e}") from e
         self.format = self.ckpt.format
-        self._hashes: dict[str, str] = {}
+        self._hashes: dict[tuple[str, bool], str] = {}  # (name, in sha256) -> name (hashed_once)
 
     def names(self) -> list[str]:
         return list(self.ckpt.keys())
@@ -203,10 +203,7 @@ class CheckpointSide:
     computes_hashes = True
 
     def hash(self, name: str, like: str | None = None) -> str:
-        key = (name, like is not None and not valuehash.is_blake3(like))  # (cached per algorithm)
-        if key not in self._hashes:
-            self._hashes[key] = content_hash(self.ckpt.numpy(name), like=like)
-        return self._hashes[key]
+        return hashed_once(self._hashes, name, like, self.ckpt.numpy)
 
     def signature(self, name: str) -> list[int] | None:
         i = self.ckpt.info(name)
@@ -270,6 +267,15 @@ def _plain_values(structure) -> dict[str, str]:
     from zipslice.structure import walk_leaves
 
     return {path or "(root)": repr(leaf) for path, leaf in walk_leaves(structure) if "tensor" not in leaf}
+
+
+def hashed_once(cache: dict, name: str, like: str | None, value) -> str:
+    """The name of ``value(name)`` (in ``like``'s algorithm when given: theta.valuehash), computed once per
+    algorithm and kept in ``cache``: a side that hashes its own values (a file) answers this way."""
+    key = (name, like is not None and not valuehash.is_blake3(like))
+    if key not in cache:
+        cache[key] = content_hash(value(name), like=like)
+    return cache[key]
 
 
 def same_value(old: Side, new: Side, name: str) -> bool:

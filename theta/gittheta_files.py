@@ -271,7 +271,7 @@ class GitThetaSide:
 
     def __init__(self, gtf: GitThetaFile, label: str):
         self.gtf, self.label = gtf, label
-        self._hashes: dict[str, str] = {}
+        self._hashes: dict[tuple[str, bool], str] = {}  # (name, in sha256) -> name (hashed_once)
         self._fetched = False
 
     def _group(self, name: str) -> "gt.GroupMetadata":
@@ -293,13 +293,9 @@ class GitThetaSide:
     computes_hashes = True
 
     def hash(self, name: str, like: str | None = None) -> str:
-        from theta import valuehash
-        from theta.updates import content_hash
+        from theta.diff import hashed_once
 
-        key = (name, like is not None and not valuehash.is_blake3(like))  # (cached per algorithm)
-        if key not in self._hashes:
-            self._hashes[key] = content_hash(self.array(name), like=like)
-        return self._hashes[key]
+        return hashed_once(self._hashes, name, like, self.array)
 
     def signature(self, name: str) -> list[int] | None:
         return None

@@ -562,7 +562,8 @@ class _FrameStream:
 
 
 # How smudge verifies each rebuilt group:
-#   "hash"   -- the hash of the rebuilt value (theta.valuehash) equals the group's content hash (always for chains, low-rank, ...);
+#   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.valuehash; always
+#               for chains, low-rank, ...);
 #   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
 #               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
 #               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked

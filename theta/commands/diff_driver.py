@@ -272,7 +272,7 @@ def textconv_lines(file: str) -> list[str]:
         lines = [f"theta checkpoint ({side.format})"]
         for name in side.names():
             i = side.info(name)
-            value = _named_as_clean(side, name, committed.get(name)) if committed else side.hash(name)
+            value = _named_as_clean(side, name, committed.get(name))
             lines.append(f"{name}  {_shape(i)}  {valuehash.label(value)[:23]}")
         for alias in sorted(side.aliases()):
             lines.append(f"{alias}  (tied to {side.meta.aliases[alias].of})")  # type: ignore[attr-defined]
