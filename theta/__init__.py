@@ -25,13 +25,13 @@ TYPE_CHECKING = False
 
 # public name -> (module, attribute in that module)
 _EXPORTS: dict[str, tuple[str, str]] = {
-    # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.lazy)
-    "load": ("theta.lazy", "load"),
+    # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.model.lazy)
+    "load": ("theta.model.lazy", "load"),
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
-    "clean_checkpoint": ("theta.clean", "clean_checkpoint"),
-    "CleanOptions": ("theta.clean", "CleanOptions"),
-    "CleanStats": ("theta.clean", "CleanStats"),
-    "smudge_checkpoint": ("theta.smudge", "smudge_checkpoint"),
+    "clean_checkpoint": ("theta.model.clean", "clean_checkpoint"),
+    "CleanOptions": ("theta.model.clean", "CleanOptions"),
+    "CleanStats": ("theta.model.clean", "CleanStats"),
+    "smudge_checkpoint": ("theta.model.smudge", "smudge_checkpoint"),
     # storage: the blob store and the metadata text
     "LfsStore": ("theta.storage.store", "LfsStore"),
     "BlobRef": ("theta.storage.store", "BlobRef"),
@@ -41,14 +41,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "dumps_metadata": ("theta.storage.metadata", "dumps"),
     "is_metadata": ("theta.storage.metadata", "is_metadata"),
     # diff: two versions, group by group
-    "diff_sides": ("theta.diff", "diff_sides"),
-    "MetaSide": ("theta.diff", "MetaSide"),
-    "CheckpointSide": ("theta.diff", "CheckpointSide"),
-    "FileDiff": ("theta.diff", "FileDiff"),
+    "diff_sides": ("theta.model.diff", "diff_sides"),
+    "MetaSide": ("theta.model.diff", "MetaSide"),
+    "CheckpointSide": ("theta.model.diff", "CheckpointSide"),
+    "FileDiff": ("theta.model.diff", "FileDiff"),
     # merge: plan from metadata, then execute group by group
-    "plan_merge": ("theta.merges.merge", "plan_merge"),
-    "execute_merge": ("theta.merges.merge", "execute"),
-    "MergePlan": ("theta.merges.merge", "MergePlan"),
+    "plan_merge": ("theta.merges.plan", "plan_merge"),
+    "execute_merge": ("theta.merges.plan", "execute"),
+    "MergePlan": ("theta.merges.plan", "MergePlan"),
     # plugins: update types and merge strategies (entry points theta.updates / theta.merges)
     "update_types": ("theta.updates", "names"),
     "get_update_type": ("theta.updates", "get"),
@@ -58,8 +58,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "merge_strategies": ("theta.merges", "names"),
     "get_merge_strategy": ("theta.merges", "get"),
     "MergeStrategy": ("theta.merges", "MergeStrategy"),
-    # the base of every error theta raises on purpose (subclasses: theta.errors)
-    "ThetaError": ("theta.errors", "ThetaError"),
+    # the base of every error theta raises on purpose (subclasses: theta.base.errors)
+    "ThetaError": ("theta.base.errors", "ThetaError"),
 }
 
 __all__ = [
@@ -75,16 +75,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and the API reference; at run time names load on first use
-    from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-    from theta.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
-    from theta.errors import ThetaError
-    from theta.lazy import load
+    from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+    from theta.model.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
+    from theta.base.errors import ThetaError
+    from theta.model.lazy import load
     from theta.merges import MergeStrategy
     from theta.merges import get as get_merge_strategy
     from theta.merges import names as merge_strategies
-    from theta.merges.merge import MergePlan, plan_merge
-    from theta.merges.merge import execute as execute_merge
-    from theta.smudge import smudge_checkpoint
+    from theta.merges.plan import MergePlan, plan_merge
+    from theta.merges.plan import execute as execute_merge
+    from theta.model.smudge import smudge_checkpoint
     from theta.storage.metadata import CheckpointMeta, GroupMeta, is_metadata
     from theta.storage.metadata import dumps as dumps_metadata
     from theta.storage.metadata import loads as loads_metadata

@@ -40,7 +40,7 @@ def measure(cmd: list[str], cwd: str, stdin: str = "", stdout: str = "") -> dict
 def codec_table(numel: int, repeats: int) -> None:
     import ml_dtypes
 
-    from theta import parallel
+    from theta.base import parallel
     from theta.storage import codec
 
     x = (np.random.default_rng(0).standard_normal(numel) * 0.02).astype(np.float32)
@@ -83,7 +83,7 @@ def make_checkpoint(path: str, scale: float, dtype) -> int:
 CLEAN = r"""
 import sys, time
 import zipslice.torch_reader
-from theta.clean import clean_checkpoint
+from theta.model.clean import clean_checkpoint
 from theta.storage.metadata import dumps
 from theta.storage.store import LfsStore
 t = time.perf_counter()
@@ -95,7 +95,7 @@ SMUDGE = r"""
 import sys, time
 import zipslice.torch_writer
 from theta.storage.metadata import loads
-from theta.smudge import smudge_checkpoint
+from theta.model.smudge import smudge_checkpoint
 from theta.storage.store import LfsStore
 t = time.perf_counter()
 smudge_checkpoint(loads(open(sys.argv[1]).read()), LfsStore(sys.argv[2]), sys.argv[3])

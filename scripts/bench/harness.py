@@ -196,7 +196,7 @@ class Measure:
         return self.status == "ok"
 
 
-RECEIVER_NAME = "git-theta-recv"  # theta.commands.forked_receive.NAME
+RECEIVER_NAME = "git-theta-recv"  # theta.commands.filter.forked_receive.NAME
 
 
 class WarmLedger:
@@ -277,7 +277,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
                 parent = seen.get(ppid)
                 if parent is not None and parent[1] == full:
                     # a forked child: it shares its parent's pages. The filter's receiver of git's first request
-                    # (named so by theta.commands.forked_receive) counts the pages it holds alone (USS: its own
+                    # (named so by theta.commands.filter.forked_receive) counts the pages it holds alone (USS: its own
                     # buffers, and the old copies of pages the filter wrote since the fork). A child between
                     # vfork and exec (e.g. the filter starting `git`) shares its parent's very memory: only what
                     # its RSS exceeds the parent's counts (summing RSS counted the filter twice, issue #17: a clone

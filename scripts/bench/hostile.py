@@ -73,7 +73,7 @@ def child(task: str, workdir: Path) -> None:
         meta = loads(text)
         _report({"seconds": _clock() - t0, "groups": len(meta.groups)})
     elif task.startswith("checkout-"):
-        from theta.smudge import smudge_to_stream
+        from theta.model.smudge import smudge_to_stream
         from theta.storage.metadata import loads
         from theta.storage.store import LfsStore
 
@@ -89,7 +89,7 @@ def child(task: str, workdir: Path) -> None:
             smudge_to_stream(meta, store, out, "model.pt", verify="hash" if mode == "hash" else "frames")
         _report({"seconds": _clock() - t0})
     elif task in ("hdf5-inprocess", "hdf5-isolated"):
-        from theta.clean import CleanOptions, clean_checkpoint
+        from theta.model.clean import CleanOptions, clean_checkpoint
         from theta.storage.store import LfsStore
 
         store = LfsStore(Path(tempfile.mkdtemp()) / "objects")
@@ -129,7 +129,7 @@ def run(task: str, workdir: Path) -> dict:
 # -- inputs ----------------------------------------------------------------------------------------------
 def make_metadata(workdir: Path, groups: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from theta import lsh
+    from theta.base import lsh
     from theta.storage.metadata import CheckpointMeta, GroupMeta, Step, dumps
     from theta.storage.store import BlobRef
 
@@ -151,7 +151,7 @@ def make_checkpoint(workdir: Path, mib: int) -> None:
     sys.path.insert(0, str(ROOT))
     import numpy as np
     import torch
-    from theta.clean import clean_checkpoint
+    from theta.model.clean import clean_checkpoint
     from theta.storage.metadata import dumps
     from theta.storage.store import LfsStore
 

@@ -1,6 +1,6 @@
 """The care commands' text lines: one per problem, names from a hostile repository cannot drive the terminal."""
 from theta.commands.care import problem_lines
-from theta.fsck import Problem
+from theta.model.fsck import Problem
 
 
 def test_a_blob_needed_by_several_versions_is_one_line_naming_each():

@@ -44,7 +44,7 @@ def test_a_clean_loads_neither_the_entry_points_nor_ml_dtypes_for_a_float32_chec
     loaded = modules_after(f"""
 import numpy as np
 import zipslice, theta.updates, theta.merges
-import theta.commands.filter_process, theta.commands.hooks, theta.clean, theta.views, theta.updates.auto
+import theta.commands.filter.process, theta.commands.hooks, theta.model.clean, theta.model.views, theta.updates.auto
 zipslice.save({str(path)!r}, {{"w": np.arange(6, dtype="<f4")}}, format="torch")
 with zipslice.load({str(path)!r}) as lsd:
     assert lsd.numpy("w").tolist() == [0, 1, 2, 3, 4, 5]
@@ -52,7 +52,7 @@ for name in ("dense", "delta", "sparse", "rows", "ia3", "low-rank"):
     assert theta.updates.get(name).name == name
 assert theta.merges.get("ties").name == "ties"
 """)
-    assert "theta.clean" in loaded and "zipslice.torch_reader" in loaded
+    assert "theta.model.clean" in loaded and "zipslice.torch_reader" in loaded
     assert not {m for m in loaded if m.split(".")[0] in ("email", "ml_dtypes") or m.startswith("importlib.metadata")}
     bf16 = modules_after("from zipslice import dtypes\nimport numpy as np\nimport ml_dtypes\n"
                          "assert dtypes.from_numpy(np.dtype(ml_dtypes.bfloat16)).name == 'bfloat16'\n"

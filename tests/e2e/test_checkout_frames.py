@@ -1,4 +1,4 @@
-"""A checkout writing frame after frame (theta.smudge._FrameStream): the groups a checkout in "frames" mode
+"""A checkout writing frame after frame (theta.model.smudge._FrameStream): the groups a checkout in "frames" mode
 trusts without hashing go from the codec threads to the file one frame at a time, with their CRC patched in
 afterwards. Checked: the same bytes as the whole-group path and as "hash" mode, a valid zip, memory below one
 group, a group without a binding hashed as before, writer asking out of the expected order, and a flipped byte
@@ -15,8 +15,8 @@ import torch
 
 from support.crafted import flip_byte
 from support.gitrepo import GitEnv
-from theta.clean import clean_checkpoint
-from theta.smudge import _FrameStream, smudge_to_stream
+from theta.model.clean import clean_checkpoint
+from theta.model.smudge import _FrameStream, smudge_to_stream
 from theta.storage.metadata import dumps, loads
 from theta.storage.store import LfsStore
 
@@ -103,7 +103,7 @@ def test_frames_never_hold_a_whole_group(tmp_path):
 
 
 def test_a_group_the_store_has_not_bound_is_rebuilt_whole_and_hashed(tmp_path, cleaned, monkeypatch):
-    import theta.smudge as sm
+    import theta.model.smudge as sm
 
     store, meta, _ = cleaned
     expected = _smudge(tmp_path, meta, store, "before")

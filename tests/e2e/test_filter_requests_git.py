@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from theta import valuehash
+from theta.base import valuehash
 from theta.storage.metadata import loads
 
 from support.checkpoints import assert_same_checkpoint, make_state, save_pt
@@ -74,7 +74,7 @@ def test_a_refused_first_clean_leaves_nothing_and_stages_nothing(genv):
 
 
 def test_git_add_hashes_the_groups_git_sends_and_stores_what_a_spooled_clean_stores(genv):
-    """In `git add` the groups are recognized from the hashes of git's own bytes (theta.gitbytes): the text
+    """In `git add` the groups are recognized from the hashes of git's own bytes (theta.model.git_bytes): the text
     is byte for byte the one a clean of a spooled copy writes, for a partial change and a full fine-tune."""
     repo = genv.init("work", track=("*.pt",))
     v1 = make_state(1)
@@ -99,8 +99,8 @@ def test_a_group_that_is_not_the_work_tree_files_in_an_add_is_refused_and_leaves
     """git's bytes of one group differ from the work-tree file's (the file was rewritten while git read it):
     only the group's hash was kept, so the clean refuses, naming the file and the group, and leaves no
     spool; the same bytes sent by `git hash-object` are compared byte by byte and spooled instead."""
-    from theta.commands.filter_process import Filter
-    from theta.errors import ThetaError
+    from theta.commands.filter.process import Filter
+    from theta.base.errors import ThetaError
     from zipslice import load
 
     repo = genv.init("work", track=("*.pt",))
@@ -132,10 +132,10 @@ def test_a_group_that_is_not_the_work_tree_files_in_an_add_is_refused_and_leaves
 
 
 def test_a_big_group_is_cleaned_frame_by_frame_in_git_add_and_checks_out_bit_for_bit(genv):
-    """A group above theta.framewise.STREAM_BYTES (40 MiB) goes through one frame pass in a real `git add`,
+    """A group above theta.model.framewise.STREAM_BYTES (40 MiB) goes through one frame pass in a real `git add`,
     against the hashes of git's own bytes: first stored dense, then as a delta of a fine-tune; both versions
     check out bit for bit, and the status is clean."""
-    from theta import framewise
+    from theta.model import framewise
 
     repo = genv.init("work", track=("*.pt",))
     g = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
 """Real git, real git-lfs, real torch files: the first clean of a filter has git's bytes received by a forked
-child (theta.commands.forked_receive) and stores exactly what the filter alone stores (GIT_THETA_FORK_RECEIVE=0),
+child (theta.commands.filter.forked_receive) and stores exactly what the filter alone stores (GIT_THETA_FORK_RECEIVE=0),
 for files whose members are groups, views sharing a storage, other bytes sent for the path, and a child
 killed in the middle."""
 from __future__ import annotations

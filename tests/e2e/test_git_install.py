@@ -7,7 +7,7 @@ import pytest
 
 from support.gitrepo import GitEnv
 from theta.commands.install import settings_for
-from theta.errors import ProtocolError
+from theta.base.errors import ProtocolError
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
 from theta.commands.track import parse_line, track_lines, TrackError
 

@@ -44,7 +44,7 @@ def checked_out(path: Path) -> dict[str, np.ndarray]:
 
 def key_paths(path: Path) -> dict[str, list[str]]:
     """``{name: path of dict keys}`` of a torch checkpoint's container tree."""
-    from theta.gittheta_files import key_paths as paths
+    from theta.peers.gittheta.files import key_paths as paths
 
     with zipslice.load(path) as ck:
         return {k: list(v) for k, v in paths(ck.structure).items()}

@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta import lsh
+from theta.base import lsh
 from theta.commands.merge_driver import merge_files
 from theta.updates.steps import dense_group
-from theta.errors import MergeConflict
+from theta.base.errors import MergeConflict
 from theta.merges import get as get_strategy
-from theta.settings.merge import MergeConfig
+from theta.settings.merge_rules import MergeConfig
 from theta.storage.metadata import CheckpointMeta, GroupMeta, dumps, loads
 from theta.storage.store import LfsStore
 from theta.updates import reconstruct
@@ -372,7 +372,7 @@ def test_manual_strategy_leaves_a_conflict(repo):
     store = LfsStore.for_repo(repo)
     o = {"w": rnd(0), "v": rnd(1)}
     cfg = MergeConfig(git_strategy="average", rules=[])
-    from theta.settings.merge import Rule
+    from theta.settings.merge_rules import Rule
 
     cfg.rules.append(Rule(groups=("w",), paths=(), strategy="manual", params={}, label="rule"))
     with pytest.raises(MergeConflict, match="w: changed on both sides; left for a manual merge"):
@@ -394,7 +394,7 @@ def test_menu_answers():
 
 
 def test_structure_values_merge_leaf_by_leaf():
-    from theta.merges.merge import merge_structure
+    from theta.merges.plan import merge_structure
 
     def tree(epoch, name, lr):
         return {"dict": [["model", {"odict": [["w", {"tensor": "model/w"}]], "metadata": {"dict": []}}],

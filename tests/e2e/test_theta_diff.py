@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from theta import lsh
-from theta.commands.diff_driver import make_console, render
-from theta.diff import MetaSide, change_stats, diff_sides
+from theta.base import lsh
+from theta.commands.diff import make_console, render
+from theta.model.diff import MetaSide, change_stats, diff_sides
 from theta.updates.steps import dense_group
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
@@ -30,7 +30,7 @@ F32 = np.float32
 
 @pytest.mark.parametrize("dtype", [np.dtype(F32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64)], ids=str)
 def test_change_stats_against_numpy(dtype, monkeypatch):
-    import theta.diff as ds
+    import theta.model.diff as ds
 
     monkeypatch.setattr(ds, "CHUNK", 777)  # several chunks
     rng = np.random.default_rng(0)

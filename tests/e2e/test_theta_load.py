@@ -20,7 +20,7 @@ from zipslice.errors import NotACheckpointError, ZipsliceError
 from support.checkpoints import blob_oids, make_state, save_pt
 from support.gitrepo import GitEnv, Repo
 from support.plugins import declared_site
-from theta.zipslice_format import FORMAT
+from theta.model.zipslice_format import FORMAT
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_load_a_committed_version_without_writing_it(genv, tmp_path):
         assert type(lsd).__name__ == "TorchCheckpoint" and "model/embed.weight" not in lsd
     with theta.load(repo / "model.pt", rev=":") as lsd:
         assert "model/embed.weight" not in lsd and len(lsd) == len(zipslice.load(repo / "model.pt"))
-    with pytest.raises(theta.errors.ThetaError, match="HEAD~1:nope.pt: no such file in git"):
+    with pytest.raises(theta.base.errors.ThetaError, match="HEAD~1:nope.pt: no such file in git"):
         theta.load(repo / "nope.pt", rev="HEAD~1")
 
 

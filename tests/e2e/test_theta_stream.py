@@ -11,10 +11,10 @@ import torch
 
 from support.crafted import flip_byte
 from support.gitrepo import GitEnv
-from theta.clean import clean_checkpoint
+from theta.model.clean import clean_checkpoint
 from theta.storage.metadata import dumps, loads
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
-from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+from theta.model.smudge import smudge_checkpoint, smudge_to_stream, streams
 from theta.storage.store import LfsStore
 
 
@@ -119,7 +119,7 @@ def test_frames_verification_catches_a_flipped_byte_at_checkout(tmp_path):
 
 
 def test_frames_verification_skips_only_the_hash_of_single_dense_steps(tmp_path, monkeypatch):
-    import theta.smudge as sm
+    import theta.model.smudge as sm
     store = LfsStore(tmp_path / "objects")
     src = tmp_path / "model.pt"
     torch.save(_state(3), src)

@@ -1,6 +1,6 @@
 """A repository committed by a theta that named values by sha256 (fixtures/theta_sha256, made by
 make_fixtures.py with theta at 5e4ec7c), used with this theta, which names values it hashes anew by BLAKE3
-(theta.valuehash): through real git and git-lfs, every version checks out bit for bit, an unchanged
+(theta.base.valuehash): through real git and git-lfs, every version checks out bit for bit, an unchanged
 checkpoint keeps its committed text (git status clean), a change names only the changed groups anew
 (metadata version 3), and fsck, diff and a merge work across both forms."""
 from __future__ import annotations

@@ -295,7 +295,7 @@ def test_a_directory_others_could_enter_is_not_used(genv, tmp_path, unsafe):
 
 def test_module_level_environment_reads_are_read_again_in_a_warm_child():
     """A warm child imports nothing: every module-level read of the environment (at import) would keep the
-    server's value. The only ones are theta.faults' and theta.parallel's, which the child reads again
+    server's value. The only ones are theta.base.faults' and theta.base.parallel's, which the child reads again
     (theta.warm.server._reconfigure); a new one must join them."""
     import ast
 
@@ -314,7 +314,7 @@ def test_module_level_environment_reads_are_read_again_in_a_warm_child():
                     found.add((path.relative_to(ROOT).as_posix(), name))
             elif isinstance(sub, ast.Subscript) and ast.unparse(sub.value).endswith("environ"):
                 found.add((path.relative_to(ROOT).as_posix(), ast.unparse(sub)))
-    assert found == {("theta/faults.py", "configure"), ("theta/parallel.py", "configure")}, found
+    assert found == {("theta/base/faults.py", "configure"), ("theta/base/parallel.py", "configure")}, found
 
 
 def test_no_more_than_max_servers_are_left(genv):

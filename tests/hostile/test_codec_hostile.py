@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from theta.errors import BlobCorruptError, ChainError, CodecError, IntegrityError
+from theta.base.errors import BlobCorruptError, ChainError, CodecError, IntegrityError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore

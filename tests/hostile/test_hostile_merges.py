@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from theta import lsh
+from theta.base import lsh
 from theta.commands.merge_driver import merge_files
-from theta.errors import MergeConflict, MergeError
-from theta.settings import merge as merge_settings
-from theta.settings.merge import MergeConfig, toml_depth
+from theta.base.errors import MergeConflict, MergeError
+from theta.settings import merge_rules as merge_settings
+from theta.settings.merge_rules import MergeConfig, toml_depth
 from theta.storage.metadata import CheckpointMeta, GroupMeta, dumps
 from theta.storage.store import LfsStore
 from theta.updates.steps import dense_group

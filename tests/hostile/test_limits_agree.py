@@ -12,9 +12,9 @@ import zipslice
 from zipslice import TensorSource, torch_reader, torch_writer
 from zipslice.errors import ZipsliceError
 
-from theta.clean import clean_checkpoint
-from theta.errors import CheckpointError, MetadataError
-from theta.smudge import smudge_checkpoint
+from theta.model.clean import clean_checkpoint
+from theta.base.errors import CheckpointError, MetadataError
+from theta.model.smudge import smudge_checkpoint
 from theta.storage import schema
 from theta.storage.metadata import dumps, loads
 from theta.storage.store import LfsStore

@@ -15,11 +15,11 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from theta.errors import MetadataError, ThetaError
-from theta.smudge import smudge_checkpoint
+from theta.base.errors import MetadataError, ThetaError
+from theta.model.smudge import smudge_checkpoint
 from theta.storage.metadata import dumps, loads
 from theta.storage.store import LfsStore
-from theta.clean import clean_checkpoint
+from theta.model.clean import clean_checkpoint
 
 HOSTILE_VALUES = [None, True, -1, 0, 1 << 63, 10 ** 30, 1.5, float("1e308"), "", "../../etc/passwd", "A" * 64,
                   "os:system", [], [-1], [1 << 40, 1 << 40], {}, {"a": [[[[1]]]]}, "\x1b[2J", "x" * 5000,
@@ -30,7 +30,7 @@ HOSTILE_VALUES = [None, True, -1, 0, 1 << 63, 10 ** 30, 1.5, float("1e308"), "",
 def valid(tmp_path_factory):
     """(metadata text, store) of a real checkpoint with a chain of updates and a tied alias."""
     import torch
-    from theta.clean import CleanOptions
+    from theta.model.clean import CleanOptions
 
     d = tmp_path_factory.mktemp("fuzz")
     store = LfsStore(d / "lfs" / "objects")

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from theta.errors import ChainError, MetadataError, StoreError
+from theta.base.errors import ChainError, MetadataError, StoreError
 from theta.storage import metadata, schema
 from theta.storage.metadata import loads
 from theta.storage.store import BlobRef, LfsStore
@@ -274,7 +274,7 @@ def test_max_checkout_bytes_from_environment_and_config(monkeypatch, tmp_path):
     import subprocess
 
     from theta import settings
-    from theta.errors import ThetaError
+    from theta.base.errors import ThetaError
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     monkeypatch.delenv("GIT_THETA_MAX_CHECKOUT_BYTES", raising=False)
@@ -294,8 +294,8 @@ def test_max_checkout_bytes_from_environment_and_config(monkeypatch, tmp_path):
 @pytest.mark.parametrize("field,value", [("max_chain", 65), ("max_chain", 0), ("rtol", float("nan")),
                                          ("atol", -1.0), ("level", 99), ("isolate_timeout", 0.0)])
 def test_clean_options_are_checked(field, value):
-    from theta.clean import CleanOptions
-    from theta.errors import ThetaError
+    from theta.model.clean import CleanOptions
+    from theta.base.errors import ThetaError
 
     with pytest.raises(ThetaError, match=field):
         CleanOptions(**{field: value})

@@ -106,7 +106,7 @@ def test_damaged_and_unsafe_checkpoints_are_still_refused(genv):
 
 
 def test_opaque_metadata_is_version_2_and_version_1_is_still_read(tmp_path):
-    from theta.clean import store_opaque
+    from theta.model.clean import store_opaque
     from theta.storage.store import LfsStore
 
     store = LfsStore(tmp_path / "objects")

@@ -168,7 +168,7 @@ def leftovers(repo: Repo) -> list[str]:
     found = [str(p) for p in (common / "lfs" / "tmp").glob("*")] if (common / "lfs" / "tmp").exists() else []
     scratch = common / "theta" / "tmp"
     if scratch.exists():
-        from theta import scratch as sc
+        from theta.base import scratch as sc
 
         for p in scratch.iterdir():
             pid, _, start = p.name.partition("-")

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from theta import settings
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from zipslice import memory
 
 

@@ -12,9 +12,9 @@ import pytest
 import safetensors.numpy
 import xxhash
 
-import theta.clean
-from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-from theta.errors import MetadataError
+import theta.model.clean
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.base.errors import MetadataError
 from theta.storage import metadata
 from theta.storage.store import LfsStore
 
@@ -48,10 +48,10 @@ def without_fast(meta):
 
 
 def value_hash_spy(monkeypatch):
-    """Record the size of every array clean hashes for its name (theta.clean.content_hash)."""
+    """Record the size of every array clean hashes for its name (theta.model.clean.content_hash)."""
     hashed = []
-    real = theta.clean.content_hash
-    monkeypatch.setattr(theta.clean, "content_hash", lambda a, like=None: hashed.append(a.nbytes) or real(a, like))
+    real = theta.model.clean.content_hash
+    monkeypatch.setattr(theta.model.clean, "content_hash", lambda a, like=None: hashed.append(a.nbytes) or real(a, like))
     return hashed
 
 
@@ -202,7 +202,7 @@ def test_unchanged_groups_are_hashed_in_place_not_read_whole(tmp_path, store, mo
     arrays["w1"] = arrays["w1"] + np.float32(1)
     write()
     read = whole_reads_spy(monkeypatch)
-    monkeypatch.setattr(theta.clean, "_HASH_PIECE", 100)  # several pieces per group (a fresh thread's buffer)
+    monkeypatch.setattr(theta.model.clean, "_HASH_PIECE", 100)  # several pieces per group (a fresh thread's buffer)
     stats = CleanStats()
     second = clean_checkpoint(p, store, first, stats=stats)
     assert read == ["w1"]  # only the changed group is read whole (the others cost their streamed xxh3)
@@ -218,10 +218,10 @@ def test_a_sideloaded_group_is_still_read_whole(tmp_path, store, monkeypatch):
     import zipslice
 
     with zipslice.load(p) as lsd:
-        got = theta.clean._read_group(lsd, "w0", first, whole=True)
+        got = theta.model.clean._read_group(lsd, "w0", first, whole=True)
         assert got.raw is not None and got.digest == first.groups["w0"].hash
         assert np.array_equal(got.arr, arrays["w0"])
-        lean = theta.clean._read_group(lsd, "w0", first)
+        lean = theta.model.clean._read_group(lsd, "w0", first)
         assert lean.raw is None and lean.arr is None and lean.digest == first.groups["w0"].hash
         assert lean.fast == first.groups["w0"].fast
 
@@ -233,7 +233,7 @@ def test_a_changed_or_new_group_is_named_on_the_hash_thread(tmp_path, store, mon
 
     import blake3
 
-    from theta import parallel
+    from theta.base import parallel
 
     if parallel.CODEC_THREADS <= 1:
         pytest.skip("GIT_THETA_THREADS=1: every pool runs inline")
@@ -242,8 +242,8 @@ def test_a_changed_or_new_group_is_named_on_the_hash_thread(tmp_path, store, mon
     arrays["new"] = np.ones((8, 8), np.float32)
     save(p, arrays)
     threads = {}
-    real = theta.clean.content_hash
-    monkeypatch.setattr(theta.clean, "content_hash",
+    real = theta.model.clean.content_hash
+    monkeypatch.setattr(theta.model.clean, "content_hash",
                         lambda a, like=None: threads.setdefault(a.nbytes, threading.current_thread().name) and real(a, like))
     second = clean_checkpoint(p, store, first)
     assert set(threads) == {arrays["w1"].nbytes, arrays["new"].nbytes}

@@ -1,4 +1,4 @@
-"""The filter process keeps memory it freed for its next allocations (theta.malloc.reuse_freed_memory):
+"""The filter process keeps memory it freed for its next allocations (theta.base.malloc.reuse_freed_memory):
 a buffer of the same size allocated again costs no page faults, where glibc's defaults fault it in afresh,
 also when another thread allocates it (one arena for all threads); and gives it back when asked
 (give_back_freed_memory), before a group is held whole after a frame pass."""
@@ -11,7 +11,7 @@ import pytest
 SCRIPT = r"""
 import resource, sys
 import numpy as np
-from theta.malloc import reuse_freed_memory
+from theta.base.malloc import reuse_freed_memory
 if sys.argv[1] == "1":
     assert reuse_freed_memory()
 def faults():
@@ -43,7 +43,7 @@ def test_a_freed_buffer_is_reused_without_page_faults():
 OTHER_THREAD = r"""
 import resource, sys, threading
 import numpy as np
-from theta.malloc import reuse_freed_memory
+from theta.base.malloc import reuse_freed_memory
 if sys.argv[1] == "1":
     assert reuse_freed_memory()
 elif sys.argv[1] == "git-theta":  # a `git theta` command's process (the merge driver, hooks, squash...)
@@ -93,7 +93,7 @@ def test_every_git_theta_process_keeps_that_policy():
 
 GIVE_BACK = r"""
 import numpy as np
-from theta.malloc import give_back_freed_memory, reuse_freed_memory
+from theta.base.malloc import give_back_freed_memory, reuse_freed_memory
 assert reuse_freed_memory()
 def rss():
     with open("/proc/self/statm") as f:

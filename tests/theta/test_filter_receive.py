@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from theta.commands import receive as receiving
-from theta.commands.receive import receive
+from theta.commands.filter import receive as receiving
+from theta.commands.filter.receive import receive
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""theta.commands.forked_receive: a real forked child receives git's packets from a real pipe while the
+"""theta.commands.filter.forked_receive: a real forked child receives git's packets from a real pipe while the
 filter would import; every member's hash reaches the groups whose range it is, a member no group took is
 checked against the file, other bytes are spooled exactly, and what the child read past the content is
 handed back to the filter's reader."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from theta import parallel, scratch
-from theta.commands import forked_receive
-from theta.errors import FileChanged
+from theta.base import parallel, scratch
+from theta.commands.filter import forked_receive
+from theta.base.errors import FileChanged
 from theta.git.pktline import PktReader, PktWriter
-from theta.gitbytes import GroupHashes
+from theta.model.git_bytes import GroupHashes
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_a_hashed_member_git_sent_otherwise_is_refused_when_a_later_difference_f
 
 
 def test_a_killed_child_is_a_protocol_error_not_a_hang(repo, monkeypatch):
-    from theta.errors import ProtocolError
+    from theta.base.errors import ProtocolError
 
     data, _ = make_zip(repo / "model.pt")
     monkeypatch.setattr(forked_receive.faults, "_SPEC", "receive:forked")

@@ -1,4 +1,4 @@
-"""theta.framewise: a big group cleaned frame by frame stores, bit for bit, the blobs and metadata the
+"""theta.model.framewise: a big group cleaned frame by frame stores, bit for bit, the blobs and metadata the
 whole-value clean stores -- for every decision the clean makes (new, delta, chained previous, sparse, dense
 wins, close, chain full, previous not fetched, dense asked for, NaN) and for the float dtypes it takes --
 and a file that changes between two reads of a frame, or differs from git's bytes, is refused, leaving
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import zipslice
-from theta import framewise
-from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-from theta.errors import FileChanged
+from theta.model import framewise
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.base.errors import FileChanged
 from theta.storage import codec, metadata
 from theta.storage.store import LfsStore
 
@@ -225,8 +225,8 @@ def test_a_file_rewritten_during_the_clean_leaves_nothing_in_the_store(tmp_path,
 
 def test_a_group_git_sent_otherwise_is_refused(tmp_path):
     """git's bytes of a streamed group are not the file's: the first pass's fast hash differs from git's."""
-    from theta.commands.receive import receive
-    from theta.gitbytes import GroupHashes
+    from theta.commands.filter.receive import receive
+    from theta.model.git_bytes import GroupHashes
 
     v1 = model()
     path = tmp_path / "model.pt"
@@ -261,7 +261,7 @@ def test_a_group_git_sent_otherwise_is_refused(tmp_path):
 def test_one_pass_finds_what_the_whole_value_gives(tmp_path, key):
     """Hashes, signature, sample, changed elements and sum of squares of one frame pass equal those of the
     value read whole (the sum of squares to rounding: it only decides whether to compare)."""
-    from theta import lsh
+    from theta.base import lsh
     from theta.updates import content_hash, fast_hash
     from theta.updates.auto import _sample
     from theta.updates.delta import changed_count

@@ -1,4 +1,4 @@
-"""theta.gitbytes with commands.receive: the groups' byte ranges of git's content are hashed as they arrive
+"""theta.model.git_bytes with commands.receive: the groups' byte ranges of git's content are hashed as they arrive
 instead of compared with the work-tree file; everything else is still compared; a difference anywhere is
 either spooled exactly (git's bytes kept) or refused naming the file (git's bytes of a group are gone)."""
 import os
@@ -7,10 +7,10 @@ import threading
 import pytest
 import xxhash
 
-from theta.commands import receive as receiving
-from theta.commands.receive import receive
-from theta.errors import FileChanged
-from theta.gitbytes import GroupHashes
+from theta.commands.filter import receive as receiving
+from theta.commands.filter.receive import receive
+from theta.base.errors import FileChanged
+from theta.model.git_bytes import GroupHashes
 
 
 @pytest.fixture(autouse=True)
@@ -139,8 +139,8 @@ def test_the_clean_waiting_for_a_hash_is_woken_when_the_receiving_fails(tmp_path
 def test_a_file_that_is_no_checkpoint_tells_the_receiving_at_once(tmp_path):
     """The clean of a file theta cannot read as a checkpoint says there is nothing to hash as soon as it fails
     to open it, before the caller stores it as one opaque blob: git's bytes are compared from then on."""
-    from theta.clean import clean_checkpoint
-    from theta.errors import NotCheckpointError
+    from theta.model.clean import clean_checkpoint
+    from theta.base.errors import NotCheckpointError
     from theta.storage.store import LfsStore
 
     f = tmp_path / "README.md"

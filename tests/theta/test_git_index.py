@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from theta.errors import IndexBusyError, IndexUnsupportedError
+from theta.base.errors import IndexBusyError, IndexUnsupportedError
 from theta.git import index
 
 

@@ -21,9 +21,9 @@ import pytest
 
 from support.gitrepo import GitEnv
 
-from theta.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError,  # noqa: E402
+from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError,  # noqa: E402
                           GitThetaFormatError, GitThetaUpdateTypeError, MetadataError)
-from theta.storage import gittheta as gt  # noqa: E402
+from theta.peers.gittheta import format as gt  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import theta.merges as merges
-from theta.errors import MergeError
+from theta.base.errors import MergeError
 from theta.merges import strategies
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -254,7 +254,7 @@ def _git_config(repo, key, value):
 
 
 def test_config_layers(tmp_path, monkeypatch):
-    from theta.settings.merge import MergeConfig
+    from theta.settings.merge_rules import MergeConfig
 
     repo = _repo(tmp_path, monkeypatch)
     assert not MergeConfig.load(repo, environ={}).configured
@@ -289,7 +289,7 @@ def test_config_layers(tmp_path, monkeypatch):
 
 
 def test_config_errors(tmp_path, monkeypatch):
-    from theta.settings.merge import MergeConfig
+    from theta.settings.merge_rules import MergeConfig
 
     repo = _repo(tmp_path, monkeypatch)
     (repo / ".thetamerge").write_text('[[rule]]\ngroups = 3\nstrategy = "ours"\n')
@@ -328,7 +328,7 @@ def test_kth_largest_and_ties_properties(x, density):
 
 
 def test_unknown_parameter_names_are_refused(tmp_path, monkeypatch):
-    from theta.settings.merge import MergeConfig
+    from theta.settings.merge_rules import MergeConfig
 
     repo = _repo(tmp_path, monkeypatch)
     known = {k for n in merges.names() for k in merges.get(n).defaults}

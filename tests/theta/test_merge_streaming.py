@@ -7,10 +7,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta.errors import ChainError
+from theta.base.errors import ChainError
 from theta.merges import get as get_strategy
-from theta.merges import merge
-from theta.merges.merge import Pending, MergePlan, execute
+from theta.merges import plan as merge
+from theta.merges.plan import Pending, MergePlan, execute
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
@@ -137,7 +137,7 @@ def test_streamed_merge_equals_the_merge_of_whole_values(tmp_path, strategy, par
 
 @pytest.mark.parametrize("strategy", ["task-arithmetic", "ties"])
 def test_streamed_merge_holds_the_result_not_three_groups(tmp_path, monkeypatch, strategy):
-    from theta import lsh
+    from theta.base import lsh
     from theta.merges import strategies
     # frames and work chunks small next to the group, as in real use (4 MiB each next to groups of up to GiBs)
     monkeypatch.setattr(codec, "FRAME_BYTES", 128 << 10)

@@ -14,8 +14,8 @@ CLEAN = r"""
 import json, sys, threading
 import numpy as np, safetensors.numpy
 from pathlib import Path
-from theta import parallel
-from theta.clean import clean_checkpoint
+from theta.base import parallel
+from theta.model.clean import clean_checkpoint
 from theta.storage import metadata
 from theta.storage.store import LfsStore
 work = Path(sys.argv[1])
@@ -50,7 +50,7 @@ def test_one_thread_runs_inline_and_stores_what_two_threads_store(tmp_path):
 
 
 def test_inline_executor_reports_failures_through_the_future():
-    from theta.parallel import Inline
+    from theta.base.parallel import Inline
 
     f = Inline().submit(lambda x: 1 / x, 0)
     assert f.done() and isinstance(f.exception(), ZeroDivisionError)

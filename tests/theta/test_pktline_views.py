@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from theta.errors import ProtocolError
+from theta.base.errors import ProtocolError
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
 
 

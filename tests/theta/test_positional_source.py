@@ -9,10 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta.errors import ChainError
+from theta.base.errors import ChainError
 from theta.merges import get as get_strategy
-from theta.merges import merge
-from theta.merges.merge import MergePlan, Pending, execute
+from theta.merges import plan as merge
+from theta.merges.plan import MergePlan, Pending, execute
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
@@ -201,7 +201,7 @@ def test_a_positional_chain_whose_value_differs_from_its_hash_is_refused(store):
 
 @pytest.mark.parametrize("strategy", ["average", "task-arithmetic", "ties"])
 def test_merge_of_moved_rows_chains_holds_the_result_not_the_inputs(tmp_path, monkeypatch, strategy):
-    from theta import lsh
+    from theta.base import lsh
     from theta.merges import strategies
 
     monkeypatch.setattr(codec, "FRAME_BYTES", 128 << 10)

@@ -4,8 +4,8 @@ import sys
 from pathlib import Path
 
 import theta
-import theta.clean
-import theta.merges.merge
+import theta.model.clean
+import theta.merges.plan
 import theta.storage.metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,8 +19,8 @@ def test_every_public_name_resolves_to_the_object_it_documents():
     # renamed re-exports are the very objects of their home modules, not copies
     assert theta.loads_metadata is theta.storage.metadata.loads
     assert theta.dumps_metadata is theta.storage.metadata.dumps
-    assert theta.execute_merge is theta.merges.merge.execute
-    assert theta.clean_checkpoint is theta.clean.clean_checkpoint
+    assert theta.execute_merge is theta.merges.plan.execute
+    assert theta.clean_checkpoint is theta.model.clean.clean_checkpoint
 
 
 def test_unknown_names_raise_attribute_error():
@@ -34,8 +34,8 @@ def test_unknown_names_raise_attribute_error():
 
 def test_importing_theta_loads_no_model_layer_until_a_name_is_used():
     code = ("import sys, theta, theta.git.repo; "
-            "print(sorted(m for m in sys.modules if m.startswith(('theta.clean', 'theta.smudge', 'numpy')))); "
-            "theta.CleanOptions; print('theta.clean' in sys.modules)")
+            "print(sorted(m for m in sys.modules if m.startswith(('theta.model.clean', 'theta.model.smudge', 'numpy')))); "
+            "theta.CleanOptions; print('theta.model.clean' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     before, after = out.stdout.splitlines()
     assert before == "[]"

@@ -1,4 +1,4 @@
-"""Publishing a materialized checkpoint over its placeholder (theta.scratch.exchange, materialize._publish) and
+"""Publishing a materialized checkpoint over its placeholder (theta.base.scratch.exchange, materialize._publish) and
 the CRC-32 the torch writer needs (zipslice.crc): real files, real races (the placeholder rewritten at the worst
 moments), values checked against zlib's."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
-from theta import scratch
-from theta.commands import materialize
+from theta.base import scratch
+from theta.commands.filter import materialize
 from zipslice import crc
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")

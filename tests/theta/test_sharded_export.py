@@ -1,6 +1,6 @@
-"""theta.smudge.smudge_sharded without git: a committed checkpoint written as shards by each shard format's
+"""theta.model.smudge.smudge_sharded without git: a committed checkpoint written as shards by each shard format's
 own library's rules, ties kept within a shard, refusals that leave nothing, and the way back
-(theta.views.clean_as_committed of the index) giving the committed metadata exactly."""
+(theta.model.views.clean_as_committed of the index) giving the committed metadata exactly."""
 from __future__ import annotations
 
 import json
@@ -13,11 +13,11 @@ import torch
 
 from support import formats
 from support.formats import same_bits
-from theta.clean import clean_checkpoint
-from theta.errors import ThetaError, ViewError
-from theta.smudge import smudge_sharded
+from theta.model.clean import clean_checkpoint
+from theta.base.errors import ThetaError, ViewError
+from theta.model.smudge import smudge_sharded
 from theta.storage.store import LfsStore
-from theta.views import clean_as_committed
+from theta.model.views import clean_as_committed
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import zipslice
-from theta.errors import UpdateDataError
-from theta.updates.sideload import UpdateData, apply_to_worktree, git_theta_apply, promoted_dtype
+from theta.base.errors import UpdateDataError
+from theta.peers.gittheta.update_files import UpdateData, apply_to_worktree, git_theta_apply, promoted_dtype
 
 
 def _load(path) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta.errors import ChainError, UpdateTypeError
+from theta.base.errors import ChainError, UpdateTypeError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from theta.errors import UpdateDataError
+from theta.base.errors import UpdateDataError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, get, reconstruct, steps
-from theta.updates import auto, ia3, sideload
+from theta.updates import auto, ia3
+from theta.peers.gittheta import update_files as sideload
 from theta.updates.auto import _change_of_grown, choose, resize_then_change
 from support.traced import traced_peak
 

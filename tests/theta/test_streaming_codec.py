@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta.errors import StoreError
+from theta.base.errors import StoreError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore, stage_chunks
@@ -271,8 +271,8 @@ def test_clean_refuses_to_build_on_a_previous_value_that_does_not_match_its_hash
     a mismatch still fails the clean, naming the file and the group."""
     import safetensors.numpy
 
-    from theta.clean import clean_checkpoint
-    from theta.errors import UpdateTypeError
+    from theta.model.clean import clean_checkpoint
+    from theta.base.errors import UpdateTypeError
 
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(11)

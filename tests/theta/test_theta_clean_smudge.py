@@ -13,9 +13,9 @@ import safetensors.torch
 import torch
 
 from theta.storage import metadata
-from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-from theta.errors import BlobMissingError, CheckpointError
-from theta.smudge import smudge_checkpoint
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.base.errors import BlobMissingError, CheckpointError
+from theta.model.smudge import smudge_checkpoint
 from theta.storage.store import LfsStore
 
 
@@ -235,7 +235,7 @@ def test_smudge_refuses_a_value_that_does_not_match_its_hash(tmp_path, store):
     meta.groups["a"].hash = "0" * 64  # as if the blob decoded to other values
     out = tmp_path / "out.safetensors"
     out.write_bytes(b"previous content")
-    from theta.errors import BlobCorruptError
+    from theta.base.errors import BlobCorruptError
     with pytest.raises(BlobCorruptError, match="'a'.*content hash"):
         smudge_checkpoint(meta, store, out)
     assert out.read_bytes() == b"previous content"  # untouched
@@ -243,16 +243,16 @@ def test_smudge_refuses_a_value_that_does_not_match_its_hash(tmp_path, store):
 
 
 def test_unchanged_groups_cost_a_hash_only(tmp_path, store, monkeypatch):
-    from theta import lsh
+    from theta.base import lsh
     p = tmp_path / "m.safetensors"
     safetensors.torch.save_file({"a": torch.randn(100, 10), "b": torch.randn(30)}, p)
     first = clean_checkpoint(p, store, None)
     calls = []
     real = lsh.signature
     monkeypatch.setattr(lsh, "signature", lambda v: calls.append(v.shape) or real(v))
-    import theta.clean
+    import theta.model.clean
     for rebuild in ("reconstruct_proven", "decode_proven_dense"):
-        monkeypatch.setattr(theta.clean, rebuild, lambda *a, **k: pytest.fail("previous value was rebuilt"))
+        monkeypatch.setattr(theta.model.clean, rebuild, lambda *a, **k: pytest.fail("previous value was rebuilt"))
     again = clean_checkpoint(p, store, first)
     assert calls == [] and metadata.dumps(again) == metadata.dumps(first)
 
@@ -286,7 +286,7 @@ def test_nan_groups_compare_exactly(tmp_path, store):
 
 @pytest.mark.parametrize("where", [0.5, -0.02])
 def test_smudge_of_a_corrupt_blob_raises_codec_error(tmp_path, store, where):
-    from theta.errors import ThetaError
+    from theta.base.errors import ThetaError
     safetensors.torch.save_file({"w": torch.randn(256, 256)}, tmp_path / "m.safetensors")
     meta = clean_checkpoint(tmp_path / "m.safetensors", store, None)
     path = store.path(meta.groups["w"].steps[0].blob)
@@ -338,7 +338,7 @@ def test_property_random_checkpoints_round_trip(tmp_path):
 
 def test_update_registry_and_reconstruct_cache(tmp_path, store):
     from theta import updates
-    from theta.errors import UpdateTypeError
+    from theta.base.errors import UpdateTypeError
     with pytest.raises(UpdateTypeError, match="unknown update type 'nope'.*dense"):
         updates.get("nope")
     assert "dense" in updates.names() and updates.get("dense").incremental is False
@@ -364,9 +364,9 @@ def hwm():  # peak RSS of this process image in MiB (VmHWM resets at exec, unlik
             return int(line.split()[1]) / 1024
 
 
-from theta.clean import clean_checkpoint
+from theta.model.clean import clean_checkpoint
 from theta.storage.metadata import dumps, loads
-from theta.smudge import smudge_checkpoint
+from theta.model.smudge import smudge_checkpoint
 from theta.storage.store import LfsStore
 import numpy, zipslice, zipslice.safetensors_format  # imported before the baseline is taken
 base = hwm()
@@ -409,7 +409,7 @@ def test_streamed_smudge_records_the_crcs_computed_ahead(tmp_path, store, verify
     import io
     import zipfile
 
-    from theta.smudge import smudge_to_stream
+    from theta.model.smudge import smudge_to_stream
 
     rng = np.random.default_rng(3)
     sd = OrderedDict((f"w{i}", torch.from_numpy(rng.standard_normal((64, 32 + i), dtype=np.float32)))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from theta.storage import codec
-from theta.errors import CodecError
+from theta.base.errors import CodecError
 from zipslice import dtypes
 
 ALL_DTYPES = [d.name for d in dtypes._TABLE]

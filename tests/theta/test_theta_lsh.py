@@ -11,8 +11,8 @@ import pytest
 import safetensors.numpy
 import torch
 
-from theta import lsh
-from theta.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.base import lsh
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
 from theta.storage.store import LfsStore
 
 RTOL, ATOL = 1e-5, 1e-8

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from theta.storage import metadata
-from theta.errors import MetadataError
+from theta.base.errors import MetadataError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import BlobRef
 

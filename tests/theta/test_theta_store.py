@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from theta.errors import BlobCorruptError, BlobMissingError, StoreError
+from theta.base.errors import BlobCorruptError, BlobMissingError, StoreError
 from theta.storage.store import BlobRef, LfsStore
 
 

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from theta.storage import codec
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.updates import Encoded, get
 from theta.updates.auto import choose
 from theta.updates.delta import DeltaUpdate, changed_mask
 from theta.updates.ia3 import IA3Update
 from theta.updates.low_rank import LowRankUpdate, add_low_rank
 from theta.updates.rows import RowsUpdate
-from theta.updates.sideload import UpdateData, UpdateDataError
+from theta.peers.gittheta.update_files import UpdateData, UpdateDataError
 from theta.updates.sparse import SparseUpdate
 from support.traced import traced_peak
 
@@ -363,9 +363,9 @@ def test_sideload_not_a_checkpoint(tmp_path):
 
 
 def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
-    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.storage.metadata import dumps, loads
-    from theta.smudge import smudge_checkpoint
+    from theta.model.smudge import smudge_checkpoint
     from theta.storage.store import LfsStore
 
     store = LfsStore(tmp_path / "objects")
@@ -405,8 +405,8 @@ def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
 
 
 def test_squash_meta_makes_every_group_self_contained(tmp_path):
-    from theta.clean import CleanOptions, clean_checkpoint
-    from theta.squash import squash_meta
+    from theta.model.clean import CleanOptions, clean_checkpoint
+    from theta.model.squash import squash_meta
     from theta.storage.store import LfsStore
     from theta.updates import reconstruct
 
@@ -440,9 +440,9 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     ``rows`` step on the previous value, earlier steps record their own shape, the chain stays within
     max_chain (then a self-contained step), and every version rebuilds bit for bit, also after a
     round trip through the metadata text and with a fresh cache."""
-    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.storage.metadata import dumps, loads
-    from theta.smudge import smudge_checkpoint
+    from theta.model.smudge import smudge_checkpoint
     from theta.storage.store import LfsStore
     from theta.updates import reconstruct, step_layout
 
@@ -498,7 +498,7 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     reconstruct(metas[3].groups["emb"], store, cache)
     assert raw(reconstruct(metas[4].groups["emb"], store, cache)) == raw(values[4])
     # git theta squash's rewrite makes such a chain one self-contained step of the group's shape
-    from theta.squash import squash_meta
+    from theta.model.squash import squash_meta
 
     squashed, report = squash_meta(metas[4], store)
     assert report.rewritten == 1 and [s.type for s in squashed.groups["emb"].steps] == ["dense"]
@@ -508,7 +508,7 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
 
 def test_rows_not_tried_when_it_cannot_apply(tmp_path):
     """A change of row width or dtype stores the value itself (no rebuild of the previous value)."""
-    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.storage.store import LfsStore
 
     store = LfsStore(tmp_path / "objects")
@@ -548,7 +548,7 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
     """No row survives bit-identical, so rows alone would store everything: a positional rows step, then
     sparse/delta, stores far less than dense and rebuilds bit for bit; with no room left in the chain
     for two steps the value is stored dense."""
-    from theta.clean import CleanOptions, clean_checkpoint
+    from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.storage.store import LfsStore
     from theta.updates import reconstruct, step_layout
 
@@ -574,7 +574,7 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
 
 
 def test_step_layout_records_and_defaults():
-    from theta.errors import MetadataError
+    from theta.base.errors import MetadataError
     from theta.storage.metadata import GroupMeta, Step
     from theta.storage.store import BlobRef
     from theta.updates import relayout_steps, step_layout
@@ -596,7 +596,8 @@ def test_sideload_low_rank_verifies_row_block_by_row_block(tmp_path, monkeypatch
     """Checking a LoRA against the saved model holds neither the value it gives nor float64 copies: beyond the
     new and previous values (the caller's), a few row blocks and the fixes."""
 
-    from theta.updates import low_rank, sideload
+    from theta.updates import low_rank
+    from theta.peers.gittheta import update_files as sideload
 
     monkeypatch.setattr(low_rank, "VERIFY_BLOCK_ELEMENTS", 1 << 16)  # blocks small next to the group, as in use
     monkeypatch.setattr(sideload, "_AGREE_CHUNK", 1 << 16)

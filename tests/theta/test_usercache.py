@@ -1,4 +1,4 @@
-"""theta.usercache: the LSH directions drawn once per user, read back by later processes, and never trusted
+"""theta.base.usercache: the LSH directions drawn once per user, read back by later processes, and never trusted
 when the file is damaged."""
 import os
 import subprocess
@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from theta import usercache
+from theta.base import usercache
 
 SIGNATURE = """
 import json, sys
 import numpy as np
-from theta import lsh
+from theta.base import lsh
 x = (np.sin(np.arange(300_000) * 0.37) * 0.02).astype(np.float32)  # (numpy.random must not be imported here)
 print(json.dumps({"sig": lsh.signature(x), "random_imported": "numpy.random" in sys.modules}))
 """

@@ -1,4 +1,4 @@
-"""Values named by BLAKE3, values named before by sha256 (theta.valuehash): the two forms side by side in
+"""Values named by BLAKE3, values named before by sha256 (theta.base.valuehash): the two forms side by side in
 metadata, clean, checks and bindings. Real files (safetensors), a real store; the expected names are
 computed here with blake3 and hashlib directly."""
 import dataclasses
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from theta import valuehash
-from theta.clean import CleanOptions, CleanStats, clean_checkpoint
-from theta.errors import IntegrityError, MetadataError
+from theta.base import valuehash
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.base.errors import IntegrityError, MetadataError
 from theta.storage import metadata
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, reconstruct
@@ -151,7 +151,7 @@ def test_a_binding_to_a_blake3_name_is_a_portable_file_name(tmp_path, store):
 def test_a_merge_reads_values_only_for_both_sided_changes_across_name_forms(tmp_path, store):
     """plan_merge compares names; only a group changed on both sides by name, where two names are in different
     forms, is read (value_equal: the BLAKE3-named value hashed in sha256), and then decided by value."""
-    from theta.merges.merge import plan_merge, value_equal
+    from theta.merges.plan import plan_merge, value_equal
 
     arrays = model()
     p = tmp_path / "m.safetensors"

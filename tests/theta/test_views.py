@@ -1,4 +1,4 @@
-"""theta.views without git: a committed checkpoint checked out in another format, read by that format's own
+"""theta.model.views without git: a committed checkpoint checked out in another format, read by that format's own
 library, edited there, and recorded back in the committed format -- for every pair of formats.
 
 The property that keeps `git status` clean: recording an unedited view gives the committed metadata byte for
@@ -16,12 +16,12 @@ import torch
 
 from support import formats
 from support.formats import SUFFIX, same_bits
-from theta.clean import clean_checkpoint
-from theta.errors import ViewError
-from theta.smudge import smudge_checkpoint, smudge_to_stream
+from theta.model.clean import clean_checkpoint
+from theta.base.errors import ViewError
+from theta.model.smudge import smudge_checkpoint, smudge_to_stream
 from theta.storage.metadata import dumps, loads
 from theta.storage.store import LfsStore
-from theta.views import as_committed, clean_as_committed, committed_form, view_of
+from theta.model.views import as_committed, clean_as_committed, committed_form, view_of
 
 PAIRS = [(c, v) for c in formats.FORMATS for v in formats.FORMATS if c != v]
 # a tensor of each committed sample that is float32 and tied to nothing

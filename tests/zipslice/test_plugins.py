@@ -80,7 +80,7 @@ def test_an_unknown_name_lists_the_builtins_and_the_plugins(tmp_path):
     site = _site(tmp_path, {"theta.updates": {"scale": "plugin_mod:Scale"}})
     out = _run("""
         import theta.updates
-        from theta.errors import UpdateTypeError
+        from theta.base.errors import UpdateTypeError
         try:
             theta.updates.get("nope")
         except UpdateTypeError as e:

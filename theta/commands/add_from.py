@@ -5,7 +5,7 @@ the shards ``git theta export HEAD:PATH out/model.safetensors.index.json`` wrote
 cannot check one tracked path out as several files (docs/guide/format-views.md, "Sharded views"), so
 this is the way back from shards to the single committed file.
 
-SOURCE is read as a view of PATH's committed version (:func:`theta.views.clean_as_committed`): PATH keeps its
+SOURCE is read as a view of PATH's committed version (:func:`theta.model.views.clean_as_committed`): PATH keeps its
 committed format, structure, names, file metadata and ties; only the values of the groups that differ are
 stored. Whatever the committed format cannot hold is refused naming the group, before anything is written
 or staged. Then PATH in the work tree is rewritten (in its checkout format, as any checkout would write it)
@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 
 
@@ -37,11 +37,11 @@ def add_from(source: str | os.PathLike, path: str | os.PathLike, cwd: str | os.P
 
     from theta import settings
     from theta.commands.export import default_mode
-    from theta.smudge import smudge_checkpoint
+    from theta.model.smudge import smudge_checkpoint
     from theta.storage.committed import committed_meta
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing
-    from theta.views import clean_as_committed
+    from theta.model.views import clean_as_committed
 
     top = Path(gitutil.toplevel(cwd))
     full = Path(cwd, path).resolve()

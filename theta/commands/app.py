@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 from zipslice import clistyle
 from zipslice.clistyle import JSON_OPTION, QUIET_OPTION, emit_json, natural_key, note, say, set_quiet
@@ -111,7 +111,7 @@ def add(ctx: typer.Context,
             raise ThetaError(f"--update-type {update_type!r}: expected one of {', '.join(known)}")
     if update_type and update_data:
         # Git-Theta's workflow: the work tree may hold the ORIGINAL checkpoint; make it previous-with-update
-        from theta.commands.sideload_add import prepare
+        from theta.peers.gittheta.add_update import prepare
 
         for message in prepare([p for p in paths if not p.startswith("-")], update_type, update_data):
             note(message)
@@ -176,7 +176,7 @@ def ls_files(rev: Optional[str] = typer.Argument(None, metavar="REV", help="A re
     """Theta-tracked checkpoints with format, group count, size, stored size and whether every blob is local."""
     import dataclasses
 
-    from theta.commands.lsfiles import list_tracked
+    from theta.commands.ls_files import list_tracked
     from zipslice.progress import human_bytes as human
 
     set_quiet(quiet)
@@ -267,7 +267,7 @@ def _stdin_chunks(bufsize: int = 1 << 20):
 @app.command(hidden=True)
 def clean(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file clean filter (fallback): checkpoint on stdin, metadata on stdout."""
-    from theta.commands.filter_process import Filter
+    from theta.commands.filter.process import Filter
 
     filt = Filter(os.getcwd())
     try:
@@ -281,7 +281,7 @@ def clean(path: str = typer.Argument("", metavar="PATH", help="The path git pass
 @app.command(hidden=True)
 def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file smudge filter (fallback): metadata on stdin, checkpoint on stdout."""
-    from theta.commands.filter_process import Filter
+    from theta.commands.filter.process import Filter
 
     def send(f):
         while chunk := f.read(1 << 20):

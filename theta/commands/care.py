@@ -1,7 +1,7 @@
 """`git theta` repository-care commands: status, fsck, prune, untrack, uninstall.
 
 What each one checks, keeps or deletes is documented in docs/guide/repository-care.md; the logic lives in
-:mod:`theta.commands.status`, :mod:`theta.fsck`, :mod:`theta.storage.prune`, :mod:`theta.commands.track`
+:mod:`theta.commands.status`, :mod:`theta.model.fsck`, :mod:`theta.storage.prune`, :mod:`theta.commands.track`
 and :mod:`theta.commands.install`. Listings take ``--json`` (one JSON document on stdout).
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
              ) -> None:
         """Check that every blob the metadata needs is present with its sha256, and that every group's chain
         rebuilds to its recorded hash. Exit status 1 on any problem left."""
-        from theta.fsck import fsck as run_fsck
+        from theta.model.fsck import fsck as run_fsck
 
         with Bar("fsck") as bar:
             report = run_fsck(revs=list(revs or []), pointers_only=pointers, repair=repair, remote=remote,

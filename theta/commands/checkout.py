@@ -4,7 +4,7 @@ What `git lfs checkout` / `git lfs fetch` / `git lfs pull` are to git-lfs:
 
 - ``checkout`` replaces placeholders (work-tree files holding a checkpoint's metadata text, exactly as the
   index records it) with their checkpoints, streaming, in bounded memory, atomically, and records them in
-  the index so `git status` stays clean (:mod:`theta.commands.materialize`, the code the filter runs when a
+  the index so `git status` stays clean (:mod:`theta.commands.filter.materialize`, the code the filter runs when a
   git command ends);
 - ``fetch`` downloads, in one git-lfs run, every blob the theta-tracked checkpoints of the given revisions
   need (default HEAD), without touching the work tree;
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import typer
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 
 
@@ -34,7 +34,7 @@ class FetchReport:
 def fetch(revs: list[str] | None = None, remote: str | None = None, cwd=None, progress: bool | None = None
           ) -> FetchReport:
     """Download the blobs of every theta-tracked checkpoint of ``revs`` (default HEAD) in one git-lfs run."""
-    from theta.commands.lsfiles import iter_metadata
+    from theta.commands.ls_files import iter_metadata
     from theta.storage.metadata import loads
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing
@@ -62,7 +62,7 @@ def fetch(revs: list[str] | None = None, remote: str | None = None, cwd=None, pr
 
 def checkout(pathspecs: list[str] | None = None, cwd=None, remote: str | None = None, progress: bool | None = None):
     """Materialize the placeholders among the theta-tracked files matching ``pathspecs`` (default: all)."""
-    from theta.commands.materialize import Outcome, find_placeholders, materialize
+    from theta.commands.filter.materialize import Outcome, find_placeholders, materialize
 
     root = gitutil.toplevel(cwd)
     found, other = find_placeholders(root, pathspecs, spec_cwd=cwd or os.getcwd())
@@ -73,7 +73,7 @@ def checkout(pathspecs: list[str] | None = None, cwd=None, remote: str | None = 
 
 # -- the command line --------------------------------------------------------------------------------------
 def _print_outcome(outcome, verb: str) -> int:
-    from theta.commands.materialize import report
+    from theta.commands.filter.materialize import report
 
     for path in outcome.done:
         print(f"{verb} {path}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from theta.malloc import reuse_freed_memory  # (the filter's memory policy: theta.malloc)
+from theta.base.malloc import reuse_freed_memory  # (the filter's memory policy: theta.base.malloc)
 
 PROG = "git theta"           # how users type it (help, usage and error lines)
 SCRIPT = "git-theta"         # the console script git runs (shell completion asks it)
@@ -81,8 +81,8 @@ def filter_main(argv: list[str] | None = None, own_process: bool | None = None) 
     single_threaded_blas()
     reuse_freed_memory()
     few_collections()
-    from theta.commands.filter_process import serve
-    from theta.errors import ThetaError
+    from theta.commands.filter.process import serve
+    from theta.base.errors import ThetaError
 
     try:
         return serve(sys.stdin.buffer, sys.stdout.buffer, os.getcwd())

@@ -5,20 +5,20 @@ import os
 import sys
 
 from theta.git import repo as gitutil
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 
 
 def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None,
            max_shard_bytes: int | None = None) -> str:
     """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written.
 
-    ``out`` named ``*.index.json`` writes a sharded checkpoint (:func:`theta.smudge.smudge_sharded`): shards
+    ``out`` named ``*.index.json`` writes a sharded checkpoint (:func:`theta.model.smudge.smudge_sharded`): shards
     of at most ``max_shard_bytes`` beside it in the format its name gives (``model.safetensors.index.json``:
     safetensors shards); ``fmt``, if given, must be that format. Returns ``"<format> shards"`` then.
     """
     from theta.storage.transfer import fetch_missing
     from theta.storage.metadata import is_metadata, loads
-    from theta.smudge import smudge_checkpoint, smudge_sharded
+    from theta.model.smudge import smudge_checkpoint, smudge_sharded
     from theta.storage.store import LfsStore
 
     if ":" not in spec:

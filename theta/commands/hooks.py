@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from theta.git import repo as gitutil
-from theta.errors import MetadataError, ThetaError
+from theta.base.errors import MetadataError, ThetaError
 from theta.storage.metadata import MAX_METADATA_BYTES  # larger blobs are never read as metadata
 from theta.storage.store import BlobRef
 

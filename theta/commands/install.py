@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from theta.errors import GitError
+from theta.base.errors import GitError
 from theta.git import repo as gitutil
 from theta.commands import hooks
 
@@ -207,7 +207,7 @@ def _write_if_changed(path: Path, text: str) -> bool:
 def _protect_existing_blobs(cwd) -> int:
     """Give theta's protected name to every needed blob that only git-lfs's name holds (a repository used
     with a theta that kept none): from now on `git lfs prune` cannot delete them."""
-    from theta.errors import MetadataError
+    from theta.base.errors import MetadataError
     from theta.storage import retention
     from theta.storage.store import LfsStore
 

@@ -44,14 +44,14 @@ def register(app: typer.Typer) -> None:
                  context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def diff_driver(ctx: typer.Context) -> None:
         """git's external diff: path old-file old-hex old-mode new-file new-hex new-mode."""
-        from theta.commands.diff_driver import driver_main
+        from theta.commands.diff import driver_main
 
         raise typer.Exit(driver_main(list(ctx.args)))
 
     @app.command("diff-textconv", hidden=True)
     def diff_textconv(file: str = typer.Argument(..., metavar="FILE")) -> None:
         """git textconv (diff.theta.textconv): one line per group, for `git log -p` without --ext-diff."""
-        from theta.commands.diff_driver import textconv_main
+        from theta.commands.diff import textconv_main
 
         raise typer.Exit(textconv_main(file))
 
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
 
         No REV: index vs working tree; one REV: REV vs working tree; two: REV vs REV.
         """
-        from theta.commands.diff_driver import diff_command
+        from theta.commands.diff import diff_command
 
         revs, paths = _split_revs_paths(list(args or []))
         diff_command(revs, paths, estimate=estimate, stat=stat, color=color, as_json=as_json)
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
         Merge them with any tool, write the result to PATH, then `git add PATH` and commit.
         """
-        from theta.errors import ThetaError
+        from theta.base.errors import ThetaError
         from theta.commands.export import export
 
         set_quiet(quiet)
@@ -115,9 +115,9 @@ def register(app: typer.Typer) -> None:
                                                       help="A strategy parameter, e.g. density=0.3."),
                       quiet: bool = QUIET_OPTION) -> None:
         """Resolve a conflicted checkpoint with a merge strategy: write the result and stage it (then commit)."""
-        from theta.errors import ThetaError
+        from theta.base.errors import ThetaError
         from theta.commands.merge_driver import resolve_conflicted
-        from theta.errors import MergeConflict
+        from theta.base.errors import MergeConflict
 
         set_quiet(quiet)
         params = {}

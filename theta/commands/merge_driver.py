@@ -5,7 +5,7 @@ as the merged blob, then smudges it into the working tree. Per group:
 
 - unchanged, or changed on one side only -> that version (its steps are reused: no data is read);
 - added or deleted on one side -> follow that side (git's rules);
-- changed on both sides -> the configured strategy (theta.settings.merge) merges the values, one group at a
+- changed on both sides -> the configured strategy (theta.settings.merge_rules) merges the values, one group at a
   time, into a new dense blob;
 - shape/dtype differs between the sides, deleted on one side and modified on the other, or no strategy ->
   a conflict: reported by group name on stderr, exit status 1, %A left untouched (git keeps the index in
@@ -25,10 +25,10 @@ from typing import TextIO
 
 from theta import settings
 from theta.commands.merge_menu import MANUAL, ask
-from theta.errors import MergeConflict, ThetaError
+from theta.base.errors import MergeConflict, ThetaError
 from theta.merges import get as get_strategy, names as strategy_names
-from theta.merges.merge import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, value_equal
-from theta.settings.merge import RULES_FILE, MergeConfig
+from theta.merges.plan import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, value_equal
+from theta.settings.merge_rules import RULES_FILE, MergeConfig
 from theta.storage.metadata import CheckpointMeta, dumps, is_metadata, loads
 from theta.storage.store import LfsStore
 
@@ -92,7 +92,7 @@ def choose_strategies(plan: MergePlan, config: MergeConfig, stdin: TextIO | None
 
 def check_params(strategy, params: dict) -> str | None:
     """What is wrong with a strategy's parameters (any source), before any tensor is read; None if fine."""
-    from theta.errors import MergeError
+    from theta.base.errors import MergeError
 
     bad = [f"{k}={v!r}" for k, v in params.items() if not (isinstance(v, (int, float)) and math.isfinite(v))]
     if bad:
@@ -124,8 +124,8 @@ def read_meta(path: str | os.PathLike, role: str, checkpoint: str, optional: boo
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:
     """Replace ``path`` with ``text`` in one rename; the temp file has no name until then (a kill leaves
-    nothing behind, see theta.scratch)."""
-    from theta import scratch
+    nothing behind, see theta.base.scratch)."""
+    from theta.base import scratch
 
     path = Path(path)
     fd, tmp = scratch.anonymous(path.parent)
@@ -188,7 +188,7 @@ def merge_opaque(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: 
                  ours_file: str, err: TextIO) -> CheckpointMeta:
     """A file stored as one opaque blob (on any side) merges like a binary file: the side that changed wins,
     a change on both sides is a conflict."""
-    from theta.merges.merge import three_way
+    from theta.merges.plan import three_way
 
     def key(m: CheckpointMeta | None):
         return None if m is None else (m.opaque if m.is_opaque else dumps(m))
@@ -227,7 +227,7 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
     changed on both sides. Shape/dtype and delete/modify conflicts still refuse (MergeConflict).
     """
     from theta.git import repo as gitutil
-    from theta.smudge import smudge_checkpoint
+    from theta.model.smudge import smudge_checkpoint
 
     repo = gitutil.toplevel(cwd)
     listed = gitutil.run_text(["ls-files", "--full-name", "--", str(path)], cwd).splitlines()

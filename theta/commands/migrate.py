@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 
 
@@ -22,7 +22,7 @@ class Migrated:
 
 def git_theta_paths(top: Path) -> list[str]:
     """Tracked files (filter=theta) whose staged version is Git-Theta metadata."""
-    from theta.gittheta_files import is_git_theta
+    from theta.peers.gittheta.files import is_git_theta
 
     files = [p for p in gitutil.run(["ls-files", "-z"], top).decode("utf-8").split("\0") if p]
     tracked = [p for p, v in gitutil.check_attr("filter", files, top).items() if v == "theta"]
@@ -31,7 +31,7 @@ def git_theta_paths(top: Path) -> list[str]:
 
 def migrate(paths: list[str], cwd: str | os.PathLike = ".") -> list[Migrated]:
     """Convert and stage; returns what was migrated (empty when nothing is in Git-Theta's format)."""
-    from theta.gittheta_files import GitThetaFile, is_git_theta, to_theta_metadata
+    from theta.peers.gittheta.files import GitThetaFile, is_git_theta, to_theta_metadata
     from theta.storage.metadata import dumps
     from theta.storage.store import LfsStore
 

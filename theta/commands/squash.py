@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, List
 
 import typer
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 
 if TYPE_CHECKING:  # the model layer is imported when a command runs, not when `git theta` starts
-    from theta.squash import SquashReport
+    from theta.model.squash import SquashReport
 
 
 def squash_path(path: str, cwd: str | os.PathLike = ".") -> "SquashReport":
     """Squash the staged metadata of ``path`` (a theta-tracked checkpoint) and stage the result."""
     from theta.git import repo as gitutil
-    from theta.squash import squash_meta
+    from theta.model.squash import squash_meta
     from theta.storage.transfer import fetch_missing
     from theta.storage.metadata import dumps, is_metadata, loads
     from theta.storage.store import LfsStore

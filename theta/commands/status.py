@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from zipslice import dtypes
 
-from theta.errors import MetadataError
+from theta.base.errors import MetadataError
 from theta.git import inventory
 from theta.git import repo as gitutil
 from theta.storage.metadata import MAGIC, CheckpointMeta, is_metadata, loads

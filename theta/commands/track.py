@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theta.git import repo as gitutil
-from theta.errors import TrackError
+from theta.base.errors import TrackError
 
 DRIVERS = ("filter", "diff", "merge")
 OURS = {d: "theta" for d in DRIVERS}

@@ -8,7 +8,7 @@ whole file: gigabytes. :func:`record_stat` instead rewrites the index as git wou
 written the checkpoint itself: same entries, same extensions, only the stat fields of the given paths
 changed (a fixed-size field in every entry, so every offset stays valid), and a new trailing checksum. It
 takes ``index.lock`` exactly like git (created exclusively, renamed over the index), holding it only for the
-few milliseconds the write takes, and gives up (:class:`~theta.errors.IndexBusyError`) when another git
+few milliseconds the write takes, and gives up (:class:`~theta.base.errors.IndexBusyError`) when another git
 command holds it.
 
 Supported: index versions 2, 3 and 4, SHA-1 and SHA-256 repositories, every extension that does not refer
@@ -22,7 +22,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from theta.errors import IndexBusyError, IndexUnsupportedError
+from theta.base.errors import IndexBusyError, IndexUnsupportedError
 
 _HEADER = struct.Struct(">4sII")
 _STAT = struct.Struct(">10I")      # ctime s, ctime ns, mtime s, mtime ns, dev, ino, mode, uid, gid, size

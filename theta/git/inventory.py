@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from theta.errors import GitError
+from theta.base.errors import GitError
 from theta.git import repo as gitutil
 
 

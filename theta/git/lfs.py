@@ -26,7 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta.errors import TransferError
+from theta.base.errors import TransferError
 from theta.git import repo as gitutil
 
 POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import BinaryIO, Iterator
 
-from theta.errors import ProtocolError
+from theta.base.errors import ProtocolError
 
 MAX_PAYLOAD = 65516  # 65520 bytes per packet minus the 4-byte header
 FLUSH = None

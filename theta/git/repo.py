@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from theta.errors import GitError
+from theta.base.errors import GitError
 
 
 def run(args: Sequence[str], cwd: str | os.PathLike | None = None, input: bytes | None = None,
@@ -171,8 +171,8 @@ def theta_dir(cwd=None) -> Path:
 
 def scratch_dir(cwd=None, pid: int | None = None) -> Path:
     """This process's own temp directory (or process ``pid``'s), ``<git-common-dir>/theta/tmp/<pid>-<start
-    time>``, after removing what killed theta processes left there (:mod:`theta.scratch`)."""
-    from theta import scratch
+    time>``, after removing what killed theta processes left there (:mod:`theta.base.scratch`)."""
+    from theta.base import scratch
 
     parent = theta_dir(cwd) / "tmp"
     parent.mkdir(exist_ok=True)

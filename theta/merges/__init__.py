@@ -24,7 +24,7 @@ import numpy as np
 
 from zipslice.plugins import Registry
 
-from theta.errors import MergeError
+from theta.base.errors import MergeError
 
 ENTRY_POINT_GROUP = "theta.merges"
 _REGISTRY = Registry(ENTRY_POINT_GROUP, {  # in menu order

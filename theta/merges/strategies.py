@@ -20,7 +20,7 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.errors import MergeError
+from theta.base.errors import MergeError
 from theta.updates.stream import side_by_side
 
 # elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary

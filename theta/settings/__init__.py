@@ -1,7 +1,7 @@
 """Configuration, read once at the edge (git config, environment) and passed down as values.
 
 Precedence everywhere: environment ``GIT_THETA_<NAME>`` over ``git config theta.<name>`` over the default.
-:mod:`theta.settings.merge` reads the merge configuration (``.thetamerge``, ``theta.merge.*``).
+:mod:`theta.settings.merge_rules` reads the merge configuration (``.thetamerge``, ``theta.merge.*``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 
 ENV_PREFIX = "GIT_THETA_"
@@ -64,7 +64,7 @@ def clean_options(cwd=None, progress: bool | None = None):
 
     Example: ``update_type`` is ``git config theta.updateType`` / ``GIT_THETA_UPDATE_TYPE``.
     """
-    from theta.clean import CleanOptions
+    from theta.model.clean import CleanOptions
 
     config = gitutil.config_get_regexp(r"^theta\.", cwd)
     kwargs = {}
@@ -164,7 +164,7 @@ def verify_mode(cwd=None) -> str:
     value, source = env("VERIFY"), ENV_PREFIX + "VERIFY"
     if value is None:
         value, source = gitutil.config_get("theta.verify", cwd), "git config theta.verify"
-    from theta.smudge import VERIFY
+    from theta.model.smudge import VERIFY
 
     value = value or "frames"
     if value not in VERIFY:

@@ -34,8 +34,8 @@ import zstandard
 
 from zipslice import dtypes
 
-from theta import parallel
-from theta.errors import CodecError
+from theta.base import parallel
+from theta.base.errors import CodecError
 
 ARRAY_MAGIC = b"THA2"
 PARTS_MAGIC = b"THP2"

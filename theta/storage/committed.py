@@ -1,7 +1,7 @@
 """The theta metadata a tracked path holds in git: the index's version, else HEAD's.
 
 What clean reuses and compares a work-tree file with (unchanged groups keep their names, sha256 ones
-included: :mod:`theta.valuehash`), and what a diff of the work-tree file names its values like.
+included: :mod:`theta.base.valuehash`), and what a diff of the work-tree file names its values like.
 """
 from __future__ import annotations
 

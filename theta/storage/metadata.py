@@ -13,7 +13,7 @@ Format (version 1), UTF-8, one JSON value per line, keys sorted, no spaces::
                                              one line per group, sorted by name
 
 The text depends only on content and on the names its values already had (a value keeps the name it was
-committed with, theta.valuehash): the same checkpoint gives the same bytes, so `git status` stays clean
+committed with, theta.base.valuehash): the same checkpoint gives the same bytes, so `git status` stays clean
 after a checkout, and a change to one group changes one line.
 
 Version 2 adds one kind of file: one that theta tracks but that is not a checkpoint (a README matched by
@@ -24,7 +24,7 @@ Version 2 adds one kind of file: one that theta tracks but that is not a checkpo
     {"opaque":{"oid":"<sha256 of the file>","size":123}}
     {"order":[]}
 
-Version 3 adds values named by BLAKE3 (``"hash":"blake3:<64 hex>"``, :mod:`theta.valuehash`): every value theta
+Version 3 adds values named by BLAKE3 (``"hash":"blake3:<64 hex>"``, :mod:`theta.base.valuehash`): every value theta
 hashes anew is named so, and a value named before keeps its sha256 name. A checkpoint is written as version 3
 when any of its groups or steps holds a BLAKE3 name, else as version 1 (so a checkpoint committed before
 keeps its text while its values do not change); this reader reads all three. Lines starting
@@ -41,8 +41,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from theta import valuehash
-from theta.errors import MetadataError
+from theta.base import valuehash
+from theta.base.errors import MetadataError
 from theta.storage import schema
 from theta.storage.schema import Where
 from theta.storage.store import BlobRef
@@ -50,7 +50,7 @@ from theta.storage.store import BlobRef
 MAGIC = "theta-metadata"
 VERSION = 1           # checkpoints
 OPAQUE_VERSION = 2    # adds files stored as one opaque blob
-BLAKE3_VERSION = 3    # adds values named by BLAKE3 (theta.valuehash); written only by texts that hold such a name
+BLAKE3_VERSION = 3    # adds values named by BLAKE3 (theta.base.valuehash); written only by texts that hold such a name
 SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION, BLAKE3_VERSION)
 FIRST_LINE = f"{MAGIC} {VERSION}"
 MAX_METADATA_BYTES = schema.MAX_TEXT_BYTES  # git blobs larger than this are never read as metadata
@@ -66,7 +66,7 @@ class Step:
     """One link of a group's update chain.
 
     ``type`` names the update type (entry point in ``theta.updates``), ``blob`` its stored parts,
-    ``params`` small JSON-able values, ``hash`` the name of the group's value after this step (theta.valuehash).
+    ``params`` small JSON-able values, ``hash`` the name of the group's value after this step (theta.base.valuehash).
     """
 
     type: str
@@ -88,7 +88,7 @@ class Step:
 class GroupMeta:
     """One parameter group (tensor): its identity and how to rebuild its value.
 
-    ``hash`` names the value: the hash of its contiguous little-endian bytes (theta.valuehash: BLAKE3, or
+    ``hash`` names the value: the hash of its contiguous little-endian bytes (theta.base.valuehash: BLAKE3, or
     sha256 in names written before); ``lsh`` the E2LSH signature
     (None for int/bool groups, which are compared exactly); ``steps[0]`` is self-contained and each later step
     applies to the value the steps before it produce. ``fast`` is the xxh3-128 of the same bytes

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from theta.errors import PruneError
+from theta.base.errors import PruneError
 from theta.git import inventory
 from theta.git import lfs
 from theta.git import repo as gitutil

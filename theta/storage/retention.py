@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from theta.errors import MetadataError
+from theta.base.errors import MetadataError
 from theta.git import inventory
 from theta.git import repo as gitutil
 from theta.storage.metadata import MAGIC, MAX_METADATA_BYTES, CheckpointMeta, is_metadata, loads

@@ -18,8 +18,8 @@ from typing import Any
 
 from zipslice import dtypes, torch_reader
 
-from theta import valuehash
-from theta.errors import MetadataError
+from theta.base import valuehash
+from theta.base.errors import MetadataError
 from theta.storage.codec import ZSTD_MAX_RATIO, ZSTD_BLOCK_BYTES
 
 MAX_TEXT_BYTES = 1 << 30          # a whole metadata text (10^6 groups at ~1 KB a line)

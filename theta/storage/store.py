@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta import faults, parallel, valuehash
-from theta.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
+from theta.base import faults, parallel, valuehash
+from theta.base.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
 
 _CHUNK = 8 << 20
@@ -283,7 +283,7 @@ class LfsStore:
         Like git-lfs, the bytes go to a temp file under ``lfs/tmp`` while a second thread hashes them
         (hashlib and file writes release the GIL); the temp file is then linked under its oid path, or
         dropped when that object already exists. The temp file has no name (O_TMPFILE) until it is
-        complete, so a process killed midway leaves nothing behind (see :mod:`theta.scratch`).
+        complete, so a process killed midway leaves nothing behind (see :mod:`theta.base.scratch`).
         """
         size = sum(memoryview(c).nbytes for c in chunks)
         hashing = parallel.pool("hash").submit(sha256_of, chunks)
@@ -329,7 +329,7 @@ class LfsStore:
 
     def _write(self, fill, ref_of) -> BlobRef:
         """Write a temp file with ``fill(f)``, then publish it under the oid ``ref_of()`` names."""
-        from theta import scratch
+        from theta.base import scratch
 
         tmp_dir = self.objects_dir.parent / "tmp"
         fd = name = None
@@ -472,7 +472,7 @@ def _is_oid(name: str) -> bool:
 class Staged:
     """A blob written to a temp file and hashed, not yet in the store (see :meth:`LfsStore.stage`).
 
-    The temp file has no name where the file system allows it (O_TMPFILE, :mod:`theta.scratch`), so a
+    The temp file has no name where the file system allows it (O_TMPFILE, :mod:`theta.base.scratch`), so a
     process killed before it publishes or discards leaves nothing behind."""
 
     def __init__(self, ref: BlobRef, fd: int, name: str | None, store: "LfsStore | None"):
@@ -493,7 +493,7 @@ class Staged:
 
     def publish(self, store: "LfsStore | None" = None) -> BlobRef:
         """Give the temp file its oid name in ``store`` (default: the store that staged it)."""
-        from theta import scratch
+        from theta.base import scratch
 
         store = store or self.store
         if store is None:
@@ -528,7 +528,7 @@ class Staged:
 
 
 def _discard(fd: int, name: str | None) -> None:
-    from theta import scratch
+    from theta.base import scratch
 
     scratch.discard(fd, name)
 
@@ -539,7 +539,7 @@ _swept: set = set()  # the temp directories stage_chunks has swept in this proce
 def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "str | os.PathLike | None" = None,
                  store: LfsStore | None = None) -> Staged:
     """Stream ``chunks`` into a temp file under ``tmp_dir`` (default: the system's) with its sha256."""
-    from theta import scratch
+    from theta.base import scratch
 
     h = hashlib.sha256()
     size = 0

@@ -10,7 +10,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
-from theta.errors import TransferError
+from theta.base.errors import TransferError
 from theta.git import lfs
 from theta.storage.store import BlobRef, LfsStore, sha256_file
 

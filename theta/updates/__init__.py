@@ -19,9 +19,9 @@ import xxhash
 from zipslice import dtypes
 from zipslice.plugins import Registry
 
-from theta import valuehash
+from theta.base import valuehash
 from theta.storage.codec import decode_parts, part_blobs
-from theta.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
+from theta.base.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
@@ -85,7 +85,7 @@ def get(name: str) -> UpdateType:
 
 
 def content_hash(arr: np.ndarray, like: str | None = None) -> str:
-    """The name of an array's value (what GroupMeta.hash and Step.hash hold, :mod:`theta.valuehash`): the hash
+    """The name of an array's value (what GroupMeta.hash and Step.hash hold, :mod:`theta.base.valuehash`): the hash
     of its contiguous little-endian bytes, BLAKE3 for a value named now, or in ``like``'s algorithm to check
     it against the name ``like``."""
     h = valuehash.new() if like is None else valuehash.like(like)

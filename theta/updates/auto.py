@@ -212,7 +212,7 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
     one is never built (:func:`_change_of_grown` encodes the change from ``new`` and ``previous``)."""
     from zipslice.dtypes import le_bytes
 
-    from theta import valuehash
+    from theta.base import valuehash
     from theta.updates import content_hash
     from theta.updates.rows import encode_sources
 
@@ -257,7 +257,7 @@ def rows_may_apply(previous_meta, new: np.ndarray) -> bool:
 
 def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
                   reshaped_previous=None, update_data=None) -> list:
-    """The step chain of a changed group (what ``theta.clean.encode_changed_group`` returns).
+    """The step chain of a changed group (what ``theta.model.clean.encode_changed_group`` returns).
 
     ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
     value; "sparse"/"delta"/"rows" encode the difference; "low-rank"/"ia3" are inferred and kept only
@@ -274,7 +274,7 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     if update_data is not None and name in update_data:
         prev_val = previous_value() if previous is not None else None
         if prev_val is None:
-            from theta.errors import UpdateDataError
+            from theta.base.errors import UpdateDataError
 
             why = "its previous version's blobs are not in the local store (git lfs fetch)" if previous is not None \
                 else "it has no previous version of the same dtype and shape"
@@ -295,7 +295,7 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
           and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
         from dataclasses import replace
 
-        from theta.errors import BlobMissingError, IntegrityError, MetadataError
+        from theta.base.errors import BlobMissingError, IntegrityError, MetadataError
         from theta.updates import reconstruct, relayout_steps
 
         try:

@@ -23,7 +23,7 @@ import math
 
 from zipslice import dtypes
 
-from theta.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
+from theta.base.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
 
 DEFAULT_MAX_OUTPUT = 1 << 40   # 1 TiB: more than any single checkpoint file of a released model
 WORK_FACTOR = 64               # values materialised by one chain, per byte of the group (= schema.MAX_STEPS)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from theta.errors import UpdateTypeError
+from theta.base.errors import UpdateTypeError
 from theta.storage import codec
 from theta.updates import Encoded
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from theta.errors import UpdateTypeError
+from theta.base.errors import UpdateTypeError
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import same_layout
 from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from theta import parallel
-from theta.errors import UpdateTypeError
+from theta.base import parallel
+from theta.base.errors import UpdateTypeError
 from theta.updates import Encoded
 from theta.updates.delta import same_layout
 from theta.updates.sparse import apply_residual

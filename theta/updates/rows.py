@@ -15,7 +15,7 @@ import hashlib
 
 import numpy as np
 
-from theta.errors import UpdateTypeError
+from theta.base.errors import UpdateTypeError
 from theta.updates import Encoded
 
 

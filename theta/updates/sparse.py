@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from theta.errors import UpdateTypeError
+from theta.base.errors import UpdateTypeError
 from theta.storage import codec
 from theta.updates import Encoded
 from theta.updates.delta import CHUNK, changed_mask, same_layout

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from theta import lsh
-from theta.errors import CheckpointError
+from theta.base import lsh
+from theta.base.errors import CheckpointError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta, Step
 from theta.storage.store import LfsStore

@@ -5,7 +5,7 @@ four groups of memory. A :class:`GroupSource` instead yields the value block by 
 step is decoded frame by frame, and each later ``delta`` (code words) or ``sparse`` step is applied to the block
 from its own blob, also frame by frame. Memory: one block and a few codec frames per step, whatever the group's
 size. Each pass re-reads the blobs (the page cache keeps them); the first complete pass checks the value's
-hash against the group's name, in the name's algorithm (theta.valuehash; ChainError at its end, before anything
+hash against the group's name, in the name's algorithm (theta.base.valuehash; ChainError at its end, before anything
 built on it is stored).
 
 ``ia3`` and ``low-rank`` steps stream too: the block is scaled by the vector's elements at its positions, or
@@ -27,8 +27,8 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta import valuehash
-from theta.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
+from theta.base import valuehash
+from theta.base.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
 from theta.updates import DTYPE_KEY, bounds, step_layout
 from theta.updates.delta import OPS, _uncombine, raw_words

@@ -18,10 +18,10 @@ import sys
 from theta import warm
 
 # what a filter's clean and checkout import, imported once here instead of in every filter process
-PRELOAD = ("numpy", "zstandard", "xxhash", "theta.commands.filter_process", "theta.commands.forked_receive",
-           "theta.commands.hooks", "theta.commands.materialize", "theta.clean", "theta.views", "theta.smudge",
-           "theta.framewise", "theta.lsh", "theta.usercache", "theta.updates.auto", "theta.updates.bounds",
-           "theta.storage.store", "theta.storage.transfer", "theta.git.index", "theta.gittheta_files",
+PRELOAD = ("numpy", "zstandard", "xxhash", "theta.commands.filter.process", "theta.commands.filter.forked_receive",
+           "theta.commands.hooks", "theta.commands.filter.materialize", "theta.model.clean", "theta.model.views", "theta.model.smudge",
+           "theta.model.framewise", "theta.base.lsh", "theta.base.usercache", "theta.updates.auto", "theta.updates.bounds",
+           "theta.storage.store", "theta.storage.transfer", "theta.git.index", "theta.peers.gittheta.files",
            "zipslice", "zipslice.sharded", "zipslice.torch_reader", "zipslice.clistyle")
 MAX_REQUEST = 1 << 20   # bytes of a request (argv, cwd, environment)
 
@@ -272,7 +272,7 @@ def _watch(client: int) -> None:
 
 def _reconfigure() -> None:
     """What theta's modules read from the environment when imported, read again from the client's."""
-    from theta import faults, parallel
+    from theta.base import faults, parallel
 
     faults.configure()
     parallel.configure()

@@ -2,9 +2,9 @@
 else a spool file of exactly git's bytes.
 
 git pipes the whole file; the clean needs random access, so a `git add` must not copy it. The bytes are
-compared with the work-tree file as they arrive; with a :class:`theta.gitbytes.GroupHashes` (a clean of
+compared with the work-tree file as they arrive; with a :class:`theta.model.git_bytes.GroupHashes` (a clean of
 that file already running) the groups' byte ranges are hashed instead of compared, and the clean proves
-the file's bytes of every group it reads against those hashes (see theta.gitbytes). At the first
+the file's bytes of every group it reads against those hashes (see theta.model.git_bytes). At the first
 difference the matching prefix is copied from the file (each hashed range checked on the way) and git's
 bytes from there on are spooled.
 """
@@ -18,8 +18,8 @@ from typing import BinaryIO, Iterable
 import xxhash
 
 from theta import settings
-from theta.errors import FileChanged
-from theta.gitbytes import GroupHashes
+from theta.base.errors import FileChanged
+from theta.model.git_bytes import GroupHashes
 
 _COMPARE_BLOCK = 4 << 20  # bytes of the work-tree file read at a time to compare git's packets with
 _NOWHERE = float("inf")

@@ -48,10 +48,10 @@ def configure() -> None:
     """Read ``GIT_THETA_THREADS`` (at import, and again in a warm filter's child before any pool exists)."""
     global CODEC_THREADS, _WORKERS
     if _pools:
-        raise RuntimeError("theta.parallel.configure: pools already started")
+        raise RuntimeError("theta.base.parallel.configure: pools already started")
     CODEC_THREADS = _threads()
     # "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
-    # "start": the filter's git reads while its modules are imported (theta.commands.filter_process.serve)
+    # "start": the filter's git reads while its modules are imported (theta.commands.filter.process.serve)
     _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
                 "numeric": min(2, CODEC_THREADS), "clean": 1, "start": 1}
 

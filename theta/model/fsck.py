@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from theta.errors import ThetaError, TransferError
+from theta.base.errors import ThetaError, TransferError
 from theta.storage import retention
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import BlobRef, LfsStore, sha256_file

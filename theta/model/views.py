@@ -11,7 +11,7 @@ placeholder, ``git theta export``) converts the same way:
 - :func:`as_committed` (add): the metadata of a cleaned view re-expressed in the committed format. The
   committed structure, names, order, file metadata and ties are kept; only group values come from the view,
   plus tensors the view added or removed. Whatever the committed format cannot hold raises
-  :class:`~theta.errors.ViewError` naming the group, before anything is staged.
+  :class:`~theta.base.errors.ViewError` naming the group, before anything is staged.
 
 :func:`clean_as_committed` is the clean side in one call: clean the work-tree file (reusing the committed
 groups by name), then :func:`as_committed` against the committed metadata -- or, for an explicit change of
@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 from zipslice import TensorSource, dtypes, structure as st
 from zipslice.errors import ZipsliceError
 
-from theta.errors import ViewError
+from theta.base.errors import ViewError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 
 FORMATS = ("torch", "safetensors", "hdf5")
@@ -213,9 +213,9 @@ def clean_as_committed(path: str | os.PathLike, store, committed: CheckpointMeta
 
     ``committed`` is the metadata in the index (else HEAD) and doubles as the previous version that unchanged
     groups are reused from; ``fmt`` an explicitly requested committed format; ``name`` names the file in
-    errors (default: ``path``); ``stop`` and ``git_bytes`` as for :func:`theta.clean.clean_checkpoint`.
+    errors (default: ``path``); ``stop`` and ``git_bytes`` as for :func:`theta.model.clean.clean_checkpoint`.
     """
-    from theta.clean import clean_checkpoint
+    from theta.model.clean import clean_checkpoint
 
     path = os.fspath(path)
     opener = _view_opener(path, committed, fmt)

@@ -1,5 +1,5 @@
 """`git theta add PATH --update-type T --update-data FILE` in Git-Theta's documented form: the work tree holds
-the ORIGINAL checkpoint; the file is first rewritten to previous-with-update (theta.updates.sideload), then
+the ORIGINAL checkpoint; the file is first rewritten to previous-with-update (theta.peers.gittheta.update_files), then
 added like any side-loaded update (the current form, which the clean filter checks and stores exactly)."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Callable
 import numpy as np
 
 from theta.git import repo as gitutil
-from theta.updates.sideload import PARTS, UpdateData, WorktreeForm, apply_to_worktree
+from theta.peers.gittheta.update_files import PARTS, UpdateData, WorktreeForm, apply_to_worktree
 
 
 def committed_values(rel: str, top: Path) -> Callable[[str], "np.ndarray | None"]:
     """``value(group)`` of ``rel``'s version in the index, else HEAD, in theta's or Git-Theta's format
     (None for a group that version lacks, or no version at all). Blobs are fetched on first use."""
-    from theta.gittheta_files import GitThetaFile, is_git_theta
+    from theta.peers.gittheta.files import GitThetaFile, is_git_theta
     from theta.storage.metadata import is_metadata, loads
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing

@@ -13,9 +13,9 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from theta import lsh, valuehash
+from theta.base import lsh, valuehash
 from zipslice.clistyle import natural_key
-from theta.errors import CheckpointError
+from theta.base.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
 from theta.updates import content_hash, reconstruct
@@ -115,7 +115,7 @@ class MetaSide:
         g = self.meta.groups[name]
         return GroupInfo(g.dtype, tuple(g.shape), g.steps[-1].type if g.steps else None, len(g.steps))
 
-    computes_hashes = False  # its names are recorded (in either algorithm, theta.valuehash)
+    computes_hashes = False  # its names are recorded (in either algorithm, theta.base.valuehash)
 
     def hash(self, name: str, like: str | None = None) -> str:
         return self.meta.groups[name].hash
@@ -270,7 +270,7 @@ def _plain_values(structure) -> dict[str, str]:
 
 
 def hashed_once(cache: dict, name: str, like: str | None, value) -> str:
-    """The name of ``value(name)`` (in ``like``'s algorithm when given: theta.valuehash), computed once per
+    """The name of ``value(name)`` (in ``like``'s algorithm when given: theta.base.valuehash), computed once per
     algorithm and kept in ``cache``: a side that hashes its own values (a file) answers this way."""
     key = (name, like is not None and not valuehash.is_blake3(like))
     if key not in cache:
@@ -280,7 +280,7 @@ def hashed_once(cache: dict, name: str, like: str | None, value) -> str:
 
 def same_value(old: Side, new: Side, name: str) -> bool:
     """Whether both sides hold the same value of ``name``: a side that hashes its values (a file) hashes in the
-    algorithm of the other side's recorded name (theta.valuehash)."""
+    algorithm of the other side's recorded name (theta.base.valuehash)."""
     if getattr(old, "computes_hashes", False) and not getattr(new, "computes_hashes", False):
         b = new.hash(name)
         return old.hash(name, like=b) == b
@@ -352,7 +352,7 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
         b = new.array(name, cache)
         stats = change_stats(a, b)
         del a, b, cache
-        if stats.changed == 0:  # one value named in two forms (sha256, BLAKE3: theta.valuehash), read: the same bits
+        if stats.changed == 0:  # one value named in two forms (sha256, BLAKE3: theta.base.valuehash), read: the same bits
             fd.groups.remove(by_name[name])
             fd.unchanged += 1
         else:

@@ -20,13 +20,13 @@ from zipslice import TensorSource, crc, dtypes, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
 
-from theta import faults, parallel, scratch
-from theta.parallel import READ_AHEAD_BYTES
-from theta.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
+from theta.base import faults, parallel, scratch
+from theta.base.parallel import READ_AHEAD_BYTES
+from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash, reconstruct
-from theta.views import view_of
+from theta.model.views import view_of
 
 
 def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) -> None:
@@ -96,7 +96,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
                       progress: bool = False, verify: str = "hash",
                       max_output: int = bounds.DEFAULT_MAX_OUTPUT, name: str | None = None) -> None:
     """Write the checkpoint described by ``meta`` to ``out_path`` in its committed format, or as a view in
-    ``fmt`` (see :mod:`theta.views`).
+    ``fmt`` (see :mod:`theta.model.views`).
 
     The file appears at ``out_path`` only once every group was rebuilt and verified (see ``VERIFY``);
     on any error nothing is left behind. A file stored as one opaque blob is copied out bit for bit.
@@ -145,7 +145,7 @@ def smudge_sharded(meta: CheckpointMeta, store: LfsStore, index_path: str | os.P
     :func:`zipslice.sharded.write` (``model.safetensors.index.json`` -> ``model-00001-of-00003.safetensors``
     ...; the shard format follows the index's name). Returns the shard paths.
 
-    The shards are views of ``meta`` (:func:`theta.views.view_of`: the same refusals as a checkout in the
+    The shards are views of ``meta`` (:func:`theta.model.views.view_of`: the same refusals as a checkout in the
     shard format; flat names, the committed file metadata in each shard). Memory is bounded by the largest
     group, as for any checkout. Everything is written into a scratch directory beside the index first and
     moved into place -- shards, then the index -- only once every group was rebuilt and verified: on any
@@ -189,7 +189,7 @@ def smudge_sharded(meta: CheckpointMeta, store: LfsStore, index_path: str | os.P
 
 def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> bool:
     """True when :func:`smudge_to_stream` can write this checkpoint (its writer never seeks: torch; or an
-    opaque file). Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (theta.views)."""
+    opaque file). Raises ViewError (naming ``name``) when ``fmt`` cannot hold the checkpoint (theta.model.views)."""
     return meta.is_opaque or view_of(meta, fmt, name).format == "torch"
 
 
@@ -562,7 +562,7 @@ class _FrameStream:
 
 
 # How smudge verifies each rebuilt group:
-#   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.valuehash; always
+#   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.base.valuehash; always
 #               for chains, low-rank, ...);
 #   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
 #               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at

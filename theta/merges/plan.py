@@ -17,8 +17,8 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta import valuehash
-from theta.errors import MergeConflict
+from theta.base import valuehash
+from theta.base.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
@@ -31,7 +31,7 @@ def _group_key(g: GroupMeta | None):
 
 
 def value_equal(x: GroupMeta, y: GroupMeta, store: LfsStore, file: str, fetch: Callable[[list], None]) -> bool:
-    """Whether two groups whose names are in different forms (a sha256 one, a BLAKE3 one: theta.valuehash) hold
+    """Whether two groups whose names are in different forms (a sha256 one, a BLAKE3 one: theta.base.valuehash) hold
     the same value: the BLAKE3-named value is read block by block (its blobs fetched first, with ``fetch``) and
     hashed in the other name's algorithm. Groups of another dtype or shape never do."""
     if (x.dtype, tuple(x.shape)) != (y.dtype, tuple(y.shape)):

@@ -4,7 +4,7 @@ One group at a time (memory ~ 2 x the largest group, + its previous value when c
 
 1. hash the group's bytes with xxh3-128; same fast hash as the previous version -> reuse its steps (no
    blob, no LSH, no value hash); otherwise (or when the previous metadata predates fast hashes, or with
-   ``exact``) the value's name decides (:mod:`theta.valuehash`: hashed in the previous name's algorithm),
+   ``exact``) the value's name decides (:mod:`theta.base.valuehash`: hashed in the previous name's algorithm),
    and a changed value is named anew (BLAKE3);
 2. float groups: E2LSH signature; if it says "maybe close" to the previous version, rebuild the previous
    value and compare with allclose(rtol, atol) -> if close, the group is unchanged (reuses previous steps);
@@ -28,13 +28,13 @@ from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.progress import Bar
 
 from theta.storage import codec
-from theta import framewise
-from theta import lsh
-from theta import numeric
-from theta import parallel
-from theta import valuehash
-from theta.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
-from theta.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
+from theta.model import framewise
+from theta.base import lsh
+from theta.base import numeric
+from theta.base import parallel
+from theta.base import valuehash
+from theta.base.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
+from theta.base.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
                           MetadataError, NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
@@ -44,7 +44,7 @@ from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_h
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from theta.gitbytes import GroupHashes
+    from theta.model.git_bytes import GroupHashes
 
 
 @dataclass
@@ -77,7 +77,7 @@ class CleanOptions:
     isolate_timeout: float = 60.0           # seconds the child may take to open the file
 
     def __post_init__(self) -> None:
-        from theta.errors import ThetaError
+        from theta.base.errors import ThetaError
         from theta.storage.schema import MAX_STEPS
 
         if not (isinstance(self.max_chain, int) and 1 <= self.max_chain <= MAX_STEPS):
@@ -140,9 +140,9 @@ def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: Checkpo
     if any. ``opener`` opens the file (default :func:`zipslice.load`). ``stop``: once set, the clean ends
     with CleanStopped before its next group (what it stored stays in the store, unreferenced). A corrupt, unsafe or unreadable
     checkpoint raises CheckpointError naming the file. ``git_bytes``: the hashes of git's bytes of the groups
-    (the file's content as git sent it to the filter, theta.gitbytes): unchanged groups are recognized by them
+    (the file's content as git sent it to the filter, theta.model.git_bytes): unchanged groups are recognized by them
     without being read, and every group read must match them. To record a file in its committed format whatever
-    format it has in the work tree, see :func:`theta.views.clean_as_committed`.
+    format it has in the work tree, see :func:`theta.model.views.clean_as_committed`.
     """
     options = options or CleanOptions()
     stats = stats if stats is not None else CleanStats()
@@ -200,7 +200,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     same_lsh = previous is not None and previous.lsh == lsh.PARAMS
     update_data = None
     if options.update_data is not None:  # (imported only then: every filter start pays for what it imports)
-        from theta.updates.sideload import open_for_clean
+        from theta.peers.gittheta.update_files import open_for_clean
 
         update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
     bar = Bar(f"theta clean {Path(path).name}", sum(lsd.info(k).nbytes for k in order), options.progress)
@@ -294,7 +294,7 @@ class _Sent:
 
 
 def _lay_out(lsd, path: str, keys: list[str], git_bytes) -> _Sent:
-    """Tell the thread receiving git's bytes where each group's bytes lie in the file (theta.gitbytes)."""
+    """Tell the thread receiving git's bytes where each group's bytes lie in the file (theta.model.git_bytes)."""
     ranges = []
     here = os.path.abspath(path)
     plain_range = getattr(lsd, "plain_range", None)
@@ -321,7 +321,7 @@ class _Read:
     raw: np.ndarray | None     # carrier dtype (unsigned ints of the same width): the exact bits; None for
                                # a group hashed in place and found unchanged (nothing to encode)
     arr: np.ndarray | None     # the same memory viewed with the real dtype
-    digest: str                # the value's name (theta.valuehash; the previous version's when unchanged)
+    digest: str                # the value's name (theta.base.valuehash; the previous version's when unchanged)
     fast: str                  # xxh3-128
     prev: GroupMeta | None
     sig: list[int] | None
@@ -360,8 +360,8 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
                 whole: bool = False, sent: _Sent | None = None, stream: bool = False) -> _Read:
     """Read and hash group ``key``. A group whose fast hash equals its previous version's is not held: its
     ``raw``/``arr`` are None (unless ``whole``: the caller needs the value anyway). ``sent``: the hash of
-    git's bytes of the group decides that without reading the file (theta.gitbytes). ``stream``: a big
-    changed group may be left to be cleaned frame by frame (theta.framewise; its ``frames`` are set)."""
+    git's bytes of the group decides that without reading the file (theta.model.git_bytes). ``stream``: a big
+    changed group may be left to be cleaned frame by frame (theta.model.framewise; its ``frames`` are set)."""
     info = lsd.info(key)
     prev = _previous_group(previous, key, info.dtype, info.shape)
     reshaped = previous.group_for(key) if prev is None and previous is not None and (
@@ -508,7 +508,7 @@ def _written(got: _Read, steps: list[Step], sig, store: LfsStore, stats: CleanSt
 def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
                     path: str, previous_value: Callable[[], np.ndarray | None],
                     check_previous: Callable[[], None]) -> list[Step] | None:
-    """:func:`_clean_group`'s decisions for a group cleaned frame by frame (theta.framewise): its steps, or
+    """:func:`_clean_group`'s decisions for a group cleaned frame by frame (theta.model.framewise): its steps, or
     None when it is unchanged or close to its previous version (``got``'s digest, fast hash and signature are
     set either way). The stored bytes are counted in ``stats.new_blob_bytes`` here."""
     from contextlib import ExitStack

@@ -6,7 +6,7 @@ Git-Theta's JSON metadata. :class:`GitThetaFile` turns that metadata into what G
 * :meth:`GitThetaFile.fetch` brings every LFS object of every group's update chain (earlier commits'
   blobs included) into the store in one git-lfs run (:func:`theta.storage.transfer.fetch_missing`);
 * :meth:`GitThetaFile.sources` are zipslice :class:`~zipslice.TensorSource` s in Git-Theta's order whose
-  ``read()`` rebuilds one group (:mod:`theta.storage.gittheta`: same numpy operations as Git-Theta), so a
+  ``read()`` rebuilds one group (:mod:`theta.peers.gittheta.format`: same numpy operations as Git-Theta), so a
   checkout streams one group at a time;
 * :meth:`GitThetaFile.matches` says whether a work-tree checkpoint holds exactly those values (then the
   clean filter hands git the committed Git-Theta text back and ``git status`` stays clean);
@@ -29,9 +29,9 @@ import numpy as np
 
 from zipslice import TensorSource, dtypes
 
-from theta.errors import GitThetaFormatError, ThetaError
+from theta.base.errors import GitThetaFormatError, ThetaError
 from theta.git import repo as gitutil
-from theta.storage import gittheta as gt
+from theta.peers.gittheta import format as gt
 from theta.storage.store import BlobRef, LfsStore
 
 
@@ -150,7 +150,7 @@ class GitThetaFile:
             for g, gfile in reversed(chain[:-1]):
                 blob = self._read_object(self.repo_dir, gt.LfsObject(g.lfs.oid, g.lfs.size, g.lfs.pointer_text()))
                 if blob is None:
-                    from theta.errors import BlobMissingError
+                    from theta.base.errors import BlobMissingError
 
                     raise BlobMissingError(g.lfs.oid, group=g.name, file=gfile, size=g.lfs.size)
                 dt = gt.result_dtype(g.theta.update_type, gt.part_dtypes(blob, file=gfile, group=g.name), dt)
@@ -251,7 +251,7 @@ def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
     """The file in theta's own format: its checkout written to a temporary file under ``spool_dir`` and
     cleaned as a new file with default options (every group one dense step, stored in ``gtf.store``).
     Returns the CheckpointMeta; blobs must be local (:meth:`GitThetaFile.fetch`)."""
-    from theta.clean import clean_checkpoint
+    from theta.model.clean import clean_checkpoint
 
     fd, tmp = tempfile.mkstemp(prefix="gittheta-", suffix=".pt", dir=spool_dir)
     os.close(fd)
@@ -264,7 +264,7 @@ def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
 
 
 class GitThetaSide:
-    """A version given as Git-Theta metadata, for :func:`theta.diff.diff_sides` (`git theta diff`, the
+    """A version given as Git-Theta metadata, for :func:`theta.model.diff.diff_sides` (`git theta diff`, the
     diff driver). Values are rebuilt on demand; there is no theta LSH signature to estimate from."""
 
     format = "torch"
@@ -284,7 +284,7 @@ class GitThetaSide:
         return set()
 
     def info(self, name: str):
-        from theta.diff import GroupInfo
+        from theta.model.diff import GroupInfo
 
         self.prefetch(())
         return GroupInfo(dtypes.from_numpy(self.gtf.dtype(name)).name, self.gtf.shape(name),
@@ -293,7 +293,7 @@ class GitThetaSide:
     computes_hashes = True
 
     def hash(self, name: str, like: str | None = None) -> str:
-        from theta.diff import hashed_once
+        from theta.model.diff import hashed_once
 
         return hashed_once(self._hashes, name, like, self.array)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theta import settings
-from theta.errors import IndexBusyError, IndexUnsupportedError, MetadataError, ThetaError, TransferError
+from theta.base.errors import IndexBusyError, IndexUnsupportedError, MetadataError, ThetaError, TransferError
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
 
@@ -322,7 +322,7 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
 
 def _build(meta, store, tmp: Path, name: str, fmt: str | None, verify: str, progress: bool, path: str) -> None:
     """The checkpoint of ``meta`` written into ``tmp`` (in format ``fmt``; ``name``: the file's real name)."""
-    from theta.smudge import smudge_checkpoint, smudge_to_stream, streams
+    from theta.model.smudge import smudge_checkpoint, smudge_to_stream, streams
 
     if streams(meta, fmt, path):
         # written straight into the temp file (no second temp file, no fsync: git does not fsync the
@@ -341,13 +341,13 @@ def _publish(tmp: Path, target: Path, before: os.stat_result) -> bool:
     """Put the finished file ``tmp`` in the place of the placeholder ``target`` (as it was: ``before``), in one
     step; False, with ``target`` left as it is, when the placeholder changed meanwhile.
 
-    The two names are swapped (:func:`theta.scratch.exchange`: no writeback of the checkpoint inside the
+    The two names are swapped (:func:`theta.base.scratch.exchange`: no writeback of the checkpoint inside the
     rename), so what was replaced can be checked afterwards: when it is not the placeholder (a write that raced
     the swap) it is swapped back. Where the system cannot swap, the placeholder is checked, then renamed over.
     A kill at any point leaves ``target`` holding the placeholder or the whole checkpoint, and the temp name
     (under this process's work directory, swept by the next run) holding the other or nothing.
     """
-    from theta import faults, scratch
+    from theta.base import faults, scratch
 
     if not _same_file(os.stat(target), before):
         return False

@@ -97,7 +97,7 @@ class CleanStopped(ThetaError):
 
 class FileChanged(ThetaError):
     """git's bytes of a file (or of one of its groups) differ from the work-tree file's, which the clean read:
-    the file changed while git was reading it (theta.gitbytes)."""
+    the file changed while git was reading it (theta.model.git_bytes)."""
 
 
 class NotCheckpointError(CheckpointError):

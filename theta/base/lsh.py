@@ -45,12 +45,12 @@ _drawing = threading.Lock()  # one thread draws the directions; one asking meanw
 
 @lru_cache(maxsize=1)
 def _drawn() -> np.ndarray:
-    from theta.usercache import cached_array
+    from theta.base.usercache import cached_array
 
     def draw() -> np.ndarray:
         return np.random.RandomState(SEED).standard_normal((POOL, K))
 
-    # drawn once per user, then read back (theta.usercache): numpy.random is not even imported
+    # drawn once per user, then read back (theta.base.usercache): numpy.random is not even imported
     return cached_array(f"lsh-{PARAMS['family']}-{SEED}-{POOL}x{K}.f8", "<f8", (POOL, K), draw)
 
 

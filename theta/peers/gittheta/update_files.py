@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from theta.errors import UpdateDataError
+from theta.base.errors import UpdateDataError
 from theta.updates import Encoded, row_blocks
 from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
@@ -323,8 +323,8 @@ def git_theta_apply(update_type: str, parts: dict[str, np.ndarray], previous: np
                     path: "str | os.PathLike") -> np.ndarray:
     """previous (+ or *) update, with Git-Theta 0.2.0's own arithmetic and numpy's dtype promotion, as
     Git-Theta checks it out: float64 factors on a float32 group give float64 (:func:`promoted_dtype`)."""
-    from theta.errors import GitThetaFormatError
-    from theta.storage.gittheta import apply_update
+    from theta.base.errors import GitThetaFormatError
+    from theta.peers.gittheta.format import apply_update
 
     try:
         return apply_update(update_type, parts, previous, file=os.fspath(path), group=group)
@@ -337,7 +337,7 @@ def promoted_dtype(update_type: str, parts: Mapping[str, np.ndarray], previous: 
     bfloat16 and the float8 types)."""
     import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy's promotion)
 
-    from theta.storage.gittheta import result_dtype
+    from theta.peers.gittheta.format import result_dtype
 
     return result_dtype(update_type, {k: np.asarray(v).dtype for k, v in parts.items()}, np.dtype(previous))
 

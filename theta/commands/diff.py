@@ -18,11 +18,12 @@ from typing import Iterator, Sequence, TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from theta import settings, valuehash
+from theta import settings
+from theta.base import valuehash
 from theta.git import repo as gitutil
-from theta.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
+from theta.model.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
                         checkpoint_or_opaque, diff_sides)
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.store import LfsStore
 from zipslice.clistyle import jsonable
@@ -164,7 +165,7 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     if data is None:
         return None
     if not is_metadata(data[:64]):
-        from theta.gittheta_files import GitThetaFile, GitThetaSide, is_git_theta
+        from theta.peers.gittheta.files import GitThetaFile, GitThetaSide, is_git_theta
 
         if is_git_theta(data):  # committed by Git-Theta: its values, rebuilt as Git-Theta checks them out
             path = spec.split(":", 1)[1]
@@ -198,7 +199,7 @@ def file_diffs(revs: list[str], paths: list[str], estimate: bool = False,
         try:
             fd = diff_sides(old, new, path, estimate=estimate)
             if isinstance(old, MetaSide) and isinstance(new, CheckpointSide) and new.format != old.format:
-                # the work-tree file is a view (theta.views): what `git add` records keeps old's format
+                # the work-tree file is a view (theta.model.views): what `git add` records keeps old's format
                 fd.new_format = old.format
                 if fd.groups:
                     fd.notes.append(f"the work tree holds a {new.format} view; git add records {old.format}")
@@ -285,7 +286,7 @@ def textconv_lines(file: str) -> list[str]:
 def _committed_names(file: str) -> dict[str, str]:
     """The value names the index (else HEAD) records for ``file`` when it is a tracked file of the work tree
     git runs us in (the side of `git diff` that is not a blob git wrote to a temp file), else {}."""
-    from theta.errors import MetadataError
+    from theta.base.errors import MetadataError
     from theta.storage.committed import committed_meta
 
     try:
@@ -304,7 +305,7 @@ def _committed_names(file: str) -> dict[str, str]:
 
 def _named_as_clean(side: CheckpointSide, name: str, committed: str | None) -> str:
     """``name``'s value as clean names it: its committed name while the value is unchanged (a sha256 one
-    included), else a BLAKE3 name (:mod:`theta.valuehash`)."""
+    included), else a BLAKE3 name (:mod:`theta.base.valuehash`)."""
     if committed is not None and not valuehash.is_blake3(committed) and side.hash(name, like=committed) == committed:
         return committed
     return side.hash(name)

@@ -5,7 +5,7 @@ passes to :func:`resolve_group` / :func:`resolve_file`. docs/design/git-theta-fo
 
 * :func:`is_git_theta_metadata` sniffs a blob (cheap, structural; never raises).
 * :func:`parse_metadata` validates a metadata text into :class:`FileMetadata` (groups in text order) or raises
-  :class:`~theta.errors.GitThetaFormatError` naming file, group and field.
+  :class:`~theta.base.errors.GitThetaFormatError` naming file, group and field.
 * :func:`decode_group_blob` turns one group's LFS object (a msgpack map of zarr v2 arrays written by
   tensorstore, blosc-compressed) into ``{part name: array}``. The arrays are read by zarr (optional extra
   ``gittheta``); every ``.zarray`` and every chunk header is validated first, so zarr and blosc only ever see a
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Union
 import msgpack
 import numpy as np
 
-from ..errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError, GitThetaFormatError,
+from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError, GitThetaFormatError,
                       GitThetaUpdateTypeError)
 
 KNOWN_UPDATE_TYPES = ("dense", "sparse", "low-rank", "ia3")

@@ -37,7 +37,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Mapping
 
-from theta.errors import GitError, MergeError, ThetaError
+from theta.base.errors import GitError, MergeError, ThetaError
 from theta.git import repo as gitutil
 from theta.settings import parse_bool
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-from theta.errors import FileChanged
+from theta.base.errors import FileChanged
 
 LAYOUT_WAIT = 30.0  # seconds the receiving thread waits for the layout (then it compares every byte instead)
 

@@ -11,10 +11,10 @@ from last month costs layer 3's blobs, fetched from the LFS server on demand (on
 read, or all at once with :meth:`ThetaCheckpoint.fetch`).
 
 zipslice opens theta files through its format plugins (entry point ``zipslice.formats``:
-:data:`theta.zipslice_format.FORMAT`), so zipslice never imports theta:
+:data:`theta.model.zipslice_format.FORMAT`), so zipslice never imports theta:
 
 - ``zipslice.load(path)`` of a *placeholder* (a work-tree file holding the metadata, see
-  :mod:`theta.commands.materialize`) inside its repository reads the checkpoint it stands for;
+  :mod:`theta.commands.filter.materialize`) inside its repository reads the checkpoint it stands for;
   outside a repository it says what the file is and what to run;
 - ``zipslice.load("REV:PATH")`` (and `zipslice ls/show/diff REV:PATH`) inside a theta repository opens that
   committed version.
@@ -30,7 +30,7 @@ from zipslice.base import LazyCheckpoint
 from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.info import TensorInfo, contiguous_stride
 
-from theta.errors import GitError, ThetaError
+from theta.base.errors import GitError, ThetaError
 from theta.git import repo as gitutil
 from theta.storage.metadata import MAGIC, CheckpointMeta, is_metadata, loads
 from theta.storage.store import LfsStore

@@ -11,7 +11,7 @@
 
 Two names in different forms never compare equal as text, even for the same value: what compares names
 (merges, diffs) then sees a change where the value went back to one named before BLAKE3, does the work a
-change needs, never less, and decides by the values it reads (theta.merges.merge.value_equal, theta.diff).
+change needs, never less, and decides by the values it reads (theta.merges.plan.value_equal, theta.model.diff).
 Blobs keep sha256 names: their oid is git-lfs's.
 """
 from __future__ import annotations

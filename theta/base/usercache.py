@@ -1,6 +1,6 @@
 """Arrays theta derives the same way in every process, kept in the user's cache directory between processes.
 
-The LSH family's random directions (theta.lsh) are 1M normal draws: ~25 ms of CPU per filter process, plus
+The LSH family's random directions (theta.base.lsh) are 1M normal draws: ~25 ms of CPU per filter process, plus
 ~18 ms to import numpy.random, while the filter's other threads wait for the GIL. Read back from a file they
 cost ~2 ms. A file is ``$XDG_CACHE_HOME/git-theta/<name>`` (default ``~/.cache/git-theta``): the xxh3-128 of
 the array's bytes, then the bytes. A file that is missing, short or does not match its hash is ignored and
@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from theta import scratch
+from theta.base import scratch
 
 _DIGEST = 16  # bytes of the xxh3-128 before the array
 
@@ -47,7 +47,7 @@ def cached_array(name: str, dtype: str, shape: tuple[int, ...], make: Callable[[
 
 
 def _write(where: Path, name: str, value: np.ndarray) -> None:
-    """Give the cache file its name in one step (theta.scratch: a reader sees the old file or the whole new one,
+    """Give the cache file its name in one step (theta.base.scratch: a reader sees the old file or the whole new one,
     and a process killed meanwhile leaves nothing behind)."""
     fd = tmp = None
     try:

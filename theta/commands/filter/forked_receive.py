@@ -5,13 +5,13 @@ machine a core sits idle while the filter imports numpy and its modules (~0.1-0.
 receive meanwhile (the imports hold the GIL), but a child forked right after the request was read can: it
 owns nothing but the pipe, the work-tree file and a pipe back to the filter. It lays the file out as a zip
 (numpy-free :mod:`zipslice.zipfmt`), hashes each stored member's bytes as git sends them (xxh3-128, as
-:mod:`theta.gitbytes` does for groups) and compares every other byte with the file (the same
-:func:`theta.commands.receive.receive`). It reports each member's hash as it ends, then where the content
+:mod:`theta.model.git_bytes` does for groups) and compares every other byte with the file (the same
+:func:`theta.commands.filter.receive.receive`). It reports each member's hash as it ends, then where the content
 lives (the file itself, or a spool file when git's bytes were not the file's) and any bytes it read past the
 content.
 
 The filter, once started, matches the members to its groups: a group whose byte range is a member's gets
-git's hash from it (:class:`theta.gitbytes.GroupHashes`), and a member no group took is checked against the
+git's hash from it (:class:`theta.model.git_bytes.GroupHashes`), and a member no group took is checked against the
 file (:meth:`ForkedReceive.received`), so every byte the clean uses is proven to be git's, as before.
 """
 from __future__ import annotations
@@ -20,16 +20,17 @@ import json
 import os
 from pathlib import Path
 
-from theta import faults, settings
-from theta.errors import FileChanged, ProtocolError, ThetaError
+from theta.base import faults
+from theta import settings
+from theta.base.errors import FileChanged, ProtocolError, ThetaError
 from theta.git.pktline import grow_pipe
-from theta.gitbytes import GroupHashes
+from theta.model.git_bytes import GroupHashes
 
 
 def wanted(header: dict, cwd: Path) -> Path | None:
     """The work-tree file of a clean request whose content a child should receive, else None: a zip (torch's
     format; the members are laid out without numpy), a fork to make and a thread to clean on."""
-    from theta import parallel
+    from theta.base import parallel
 
     path = header.get("pathname", "")
     if header.get("command") != "clean" or not path or not hasattr(os, "fork"):
@@ -90,10 +91,10 @@ class ForkedReceive:
         self.f = os.fdopen(fd, "rb")
 
     def received(self, file: Path | None, hashes: GroupHashes | None):
-        """The content's :class:`~theta.commands.receive.Received` once the child has it all; ``hashes`` (the
+        """The content's :class:`~theta.commands.filter.receive.Received` once the child has it all; ``hashes`` (the
         early clean's) gets git's hash of each group whose range is a member's. The members no group took are
         checked against ``file`` (None: the content will not be used)."""
-        from theta.commands.receive import Received
+        from theta.commands.filter.receive import Received
 
         try:
             keys = {(s, e): k for s, e, k in hashes.layout()} if hashes is not None else {}
@@ -147,7 +148,7 @@ class ForkedReceive:
 
 def _check_untaken(file: Path, untaken: list) -> None:
     """The file's bytes of each member no group took must be git's (the child only hashed them)."""
-    from theta.commands.receive import file_changed, next_digest
+    from theta.commands.filter.receive import file_changed, next_digest
 
     if not untaken:
         return
@@ -209,7 +210,7 @@ class _LazyDir(os.PathLike):
 
 
 def _child(reader, file: Path, cwd: Path, w: int) -> None:
-    from theta.commands.receive import receive
+    from theta.commands.filter.receive import receive
 
     out = os.fdopen(w, "wb", buffering=0)  # each hash reaches the filter as it is taken
     chunks = reader.iter_content_views()

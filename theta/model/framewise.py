@@ -9,12 +9,12 @@ cleaned in one pass over the codec's frames (:func:`first_pass`): the codec thre
 previous version's frame and compress the candidate (the delta's code words, or the value itself), while the
 thread consuming the blob hashes, in order, what they read:
 
-- the value's name (BLAKE3, theta.valuehash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
+- the value's name (BLAKE3, theta.base.valuehash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
   so a later pass may read any frame again and prove it is the same (:meth:`GroupFrames.verified`);
-- the LSH fold (:class:`theta.lsh.Folder`: the same bits as the signature of the value read whole), the sum of
+- the LSH fold (:class:`theta.base.lsh.Folder`: the same bits as the signature of the value read whole), the sum of
   squares, the number of changed elements and dense's sample (:func:`theta.updates.auto.sample_spans`).
 
-The clean then decides as it does for a value read whole (``theta.clean``): unchanged, close (allclose frame
+The clean then decides as it does for a value read whole (``theta.model.clean``): unchanged, close (allclose frame
 by frame), or stored, choosing among the same candidates (:func:`best_change`: sparse only when at most
 half of the elements changed, dense when its sample says it may win). Stored blobs and metadata are bit for
 bit those of the whole-value path. Memory: a few frames per codec thread, plus the previous value when it is
@@ -32,9 +32,9 @@ import xxhash
 
 from zipslice import dtypes
 
-from theta import lsh, numeric, valuehash
-from theta.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
-from theta.malloc import give_back_freed_memory
+from theta.base import lsh, numeric, valuehash
+from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
+from theta.base.malloc import give_back_freed_memory
 from theta.storage import codec
 from theta.storage.store import Staged
 from theta.updates import Encoded, get, proven_dense_frames
@@ -42,7 +42,7 @@ from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import combine, raw_words
 
 # Groups this big or bigger are streamed. Smaller ones are read whole: their buffers come from the heap,
-# which glibc keeps for the next group (theta.malloc.reuse_freed_memory), so they cost fresh pages
+# which glibc keeps for the next group (theta.base.malloc.reuse_freed_memory), so they cost fresh pages
 # once per filter, not once per group; anything above 32 MiB (glibc's largest mmap threshold) is
 # mapped and unmapped, fresh every time.
 STREAM_BYTES = 32 << 20
@@ -159,7 +159,7 @@ def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], 
 class FirstPass:
     """What one pass over a group's frames found, and the candidate it staged."""
 
-    digest: str                 # the value's name (its content hash, theta.valuehash)
+    digest: str                 # the value's name (its content hash, theta.base.valuehash)
     fast: str                   # xxh3-128 of the value
     sig: list[int] | None       # LSH signature (None: NaN/Inf)
     squares: float              # sum of squares (lsh.squares, frame by frame)

@@ -10,7 +10,7 @@ copied. At the first difference (or when there is no such file, e.g. `git hash-o
 is spooled to a temporary file under ``<git-dir>/theta``. ``GIT_THETA_SPOOL=always`` forces spooling.
 Content that already is theta metadata passes through unchanged. The metadata keeps the committed format
 (that of the index, else HEAD) whatever format the work-tree file has: a file checked out in another format
-is a view (theta.views); only `git theta add --format F` (env ``GIT_THETA_FORMAT``) changes the format.
+is a view (theta.model.views); only `git theta add --format F` (env ``GIT_THETA_FORMAT``) changes the format.
 
 Smudge (metadata text -> checkpoint): fetch all missing blobs of the file in one git-lfs run, then rebuild the
 checkpoint group by group. A torch checkpoint streams to git while it is rebuilt (its writer never seeks);
@@ -34,12 +34,13 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from theta import faults, settings
+from theta.base import faults
+from theta import settings
 from theta.git import repo as gitutil
-from theta.errors import CleanStopped, ProtocolError, ThetaError
+from theta.base.errors import CleanStopped, ProtocolError, ThetaError
 from theta.git.pktline import PktReader, PktWriter, grow_pipe
-from theta.commands.receive import Received, receive
-from theta.gitbytes import GroupHashes
+from theta.commands.filter.receive import Received, receive
+from theta.model.git_bytes import GroupHashes
 
 
 
@@ -69,7 +70,7 @@ class _EarlyClean:
     def __init__(self, run, hashes: "GroupHashes | None" = None):
         import threading
 
-        from theta import parallel
+        from theta.base import parallel
 
         self.t0 = time.perf_counter()
         self.stop = threading.Event()
@@ -120,7 +121,7 @@ class Filter:
 
     def previous(self, path: str, text: bytes | None = None):
         """The metadata of ``path`` in the index, else in HEAD (what clean may reuse), or None."""
-        from theta.errors import MetadataError
+        from theta.base.errors import MetadataError
         from theta.storage.metadata import loads
 
         data = text if text is not None else self.previous_text(path)
@@ -135,7 +136,7 @@ class Filter:
 
     def git_theta_committed(self, path: str):
         """``(text, GitThetaFile)`` when the index (else HEAD) holds Git-Theta metadata for ``path``, else None."""
-        from theta.gittheta_files import GitThetaFile, is_git_theta
+        from theta.peers.gittheta.files import GitThetaFile, is_git_theta
 
         for spec in (f":{path}", f"HEAD:{path}"):
             data = gitutil.read_blob(spec, self.cwd)
@@ -147,7 +148,7 @@ class Filter:
 
     def clean(self, path: str, chunks: Iterable[bytes], forked=None) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
-        checked out in another format is a view of the committed one (theta.views).
+        checked out in another format is a view of the committed one (theta.model.views).
 
         A file whose committed version Git-Theta wrote: if the content holds exactly the values that
         metadata checks out, the committed Git-Theta text is returned unchanged (``git status`` clean);
@@ -160,7 +161,7 @@ class Filter:
         early = self._clean_early(path, worktree)
         try:
             hashes = early.hashes if early is not None else None
-            if forked is not None:  # (a child has received them: theta.commands.forked_receive)
+            if forked is not None:  # (a child has received them: theta.commands.filter.forked_receive)
                 got = forked.received(worktree, hashes)
             else:
                 got = receive(chunks, self.spool_dir, worktree, hashes)
@@ -177,7 +178,7 @@ class Filter:
             if is_metadata(got.head):
                 return got.path.read_bytes()  # already clean (e.g. re-clean of a metadata file)
             if got.head[:1] == b"{" and got.size <= _MAX_GIT_THETA_TEXT:
-                from theta.gittheta_files import is_git_theta
+                from theta.peers.gittheta.files import is_git_theta
 
                 data = got.path.read_bytes()
                 if is_git_theta(data):
@@ -203,7 +204,7 @@ class Filter:
                     gtf.fetch()
                     if gtf.matches(got.path):
                         return text
-                    from theta.gittheta_files import to_theta_metadata
+                    from theta.peers.gittheta.files import to_theta_metadata
 
                     previous = to_theta_metadata(gtf, self.spool_dir)
                 meta, stats = self._clean_file(path, got.path, previous)
@@ -233,9 +234,9 @@ class Filter:
     def _clean_file(self, path: str, file: Path, previous, stop=None, hashes=None):
         """(metadata, CleanStats) of the checkpoint at ``file`` (the content of ``path``); a file theta cannot
         read as a checkpoint is stored as one opaque blob."""
-        from theta.clean import CleanStats, store_opaque
-        from theta.errors import NotCheckpointError
-        from theta.views import clean_as_committed
+        from theta.model.clean import CleanStats, store_opaque
+        from theta.base.errors import NotCheckpointError
+        from theta.model.views import clean_as_committed
 
         stats = CleanStats()
         try:
@@ -260,7 +261,7 @@ class Filter:
         it. None when the bytes must be seen first (no such file, ``GIT_THETA_SPOOL=always``, metadata,
         Git-Theta text, git's own files, a file whose committed version Git-Theta wrote) or when there is no
         thread to clean on (``GIT_THETA_THREADS=1``)."""
-        from theta import parallel
+        from theta.base import parallel
         from theta.storage.metadata import is_metadata
 
         if worktree is None or not path or settings.env("SPOOL") == "always" or Path(path).name in GIT_OWN_FILES:
@@ -283,7 +284,7 @@ class Filter:
         previous = self.previous(path, previous_text)
         if previous is None and self.git_theta_committed(path) is not None:
             return None
-        # git's bytes are hashed group by group instead of compared (theta.gitbytes) when they surely are the
+        # git's bytes are hashed group by group instead of compared (theta.model.git_bytes) when they surely are the
         # work-tree file's: the commands that add it (another command may send other bytes under its name,
         # e.g. `git hash-object --path`; those are compared byte by byte, and spooled when they differ)
         hashes = GroupHashes(path) if self.invoker() in ADDS_WORK_TREE else None
@@ -304,10 +305,10 @@ class Filter:
         With ``can_delay`` (git's delay capability) a file whose blobs are not all local is set aside and True
         is returned: :meth:`available` later fetches the blobs of every delayed file in one git-lfs run.
         """
-        from theta.errors import TransferError
+        from theta.base.errors import TransferError
         from theta.storage.transfer import fetch_missing
         from theta.storage.metadata import is_metadata, loads
-        from theta.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
+        from theta.model.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
         from theta.updates.bounds import check_output
 
         if path in self.ready:  # a delayed file git asks for again (its content section is empty)
@@ -328,7 +329,7 @@ class Filter:
                 text = got.path.read_bytes()
             meta = loads(text, file=path)
             if self._as_placeholder(meta):
-                from theta.commands.materialize import Placeholder
+                from theta.commands.filter.materialize import Placeholder
 
                 if not self.checkout_settings().skip and not self._for_a_diff():
                     oid = blob or gitutil.blob_id(text, self._hash_name())
@@ -377,8 +378,8 @@ class Filter:
                 got.cleanup()
 
     def _smudge_git_theta(self, path: str, got: "Received", out, stream) -> bool:
-        """Check out Git-Theta metadata as Git-Theta would (theta.gittheta_files); False if it is not that."""
-        from theta.gittheta_files import GitThetaFile, is_git_theta
+        """Check out Git-Theta metadata as Git-Theta would (theta.peers.gittheta.files); False if it is not that."""
+        from theta.peers.gittheta.files import GitThetaFile, is_git_theta
 
         if got.size > _MAX_GIT_THETA_TEXT:
             return False
@@ -439,7 +440,7 @@ class Filter:
         return self._checkout
 
     def _as_placeholder(self, meta) -> bool:
-        from theta.commands.materialize import data_bytes
+        from theta.commands.filter.materialize import data_bytes
 
         cs = self.checkout_settings()
         if cs.skip or self._for_a_diff():
@@ -452,8 +453,8 @@ class Filter:
     def finish(self) -> None:
         """git has closed the request stream: it has written the work tree and the index and waits for this
         process to exit. Replace the placeholders handed out with their checkpoints (see
-        theta.commands.materialize); say what is left and how to finish it."""
-        from theta.commands.materialize import Outcome, materialize, report
+        theta.commands.filter.materialize); say what is left and how to finish it."""
+        from theta.commands.filter.materialize import Outcome, materialize, report
 
         if not self.placeholders:
             return
@@ -482,7 +483,7 @@ class Filter:
         A failed download is not reported here: git asks for each file again and its smudge reports the
         error naming the file, the group and the blob.
         """
-        from theta.errors import TransferError
+        from theta.base.errors import TransferError
         from theta.storage.transfer import fetch_missing
         from theta.storage.metadata import loads
 
@@ -578,7 +579,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
 
     # the first request is read now: a `git add`'s content is received by a forked child while this process
     # imports what the clean needs (git waits for the first read of its content, a core idle meanwhile)
-    from theta.commands import forked_receive
+    from theta.commands.filter import forked_receive
 
     try:
         pending = r.read_pairs()
@@ -590,11 +591,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
 
     # one git config -l and one rev-parse instead of one process per read, run while the hook check's modules
     # (numpy) are imported
-    from theta import parallel
+    from theta.base import parallel
 
     remembering = parallel.pool("start").submit(gitutil.remember_reads, cwd)
     from theta.commands.hooks import ensure_installed_quietly
-    from theta.errors import GitError
+    from theta.base.errors import GitError
 
     try:
         remembering.result()
