@@ -1,5 +1,5 @@
 """The care commands' text lines: one per problem, names from a hostile repository cannot drive the terminal."""
-from theta.commands.care import problem_lines
+from theta.commands.fsck import problem_lines
 from theta.model.fsck import Problem
 
 

@@ -17,7 +17,7 @@ def modules_after(code: str) -> set[str]:
 
 def test_the_command_line_and_every_registered_command_import_no_numerical_module():
     loaded = modules_after("import theta.commands.app\ntheta.commands.app._register_areas()")
-    assert "theta.commands.app" in loaded and "theta.commands.care" in loaded
+    assert "theta.commands.app" in loaded and "theta.commands.fsck" in loaded
     assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
 
 

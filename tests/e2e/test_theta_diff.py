@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from theta.base import lsh
-from theta.commands.diff import make_console, render
+from theta.commands.diff_driver import make_console, render
 from theta.model.diff import MetaSide, change_stats, diff_sides
 from theta.updates.steps import dense_group
 from theta.storage.metadata import CheckpointMeta, GroupMeta

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 import typer
 
 from theta.base.errors import ThetaError
+from theta import settings
+from theta.commands.filter.materialize import Outcome, find_placeholders, materialize, report
 from theta.git import repo as gitutil
+from zipslice.progress import human_bytes
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,10 @@ class FetchReport:
 def fetch(revs: list[str] | None = None, remote: str | None = None, cwd=None, progress: bool | None = None
           ) -> FetchReport:
     """Download the blobs of every theta-tracked checkpoint of ``revs`` (default HEAD) in one git-lfs run."""
-    from theta.commands.ls_files import iter_metadata
+    from theta.storage.tracked import iter_metadata  # (numpy: `git theta -h` and hooks stay light)
     from theta.storage.metadata import loads
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing
-    from theta import settings
 
     root = gitutil.toplevel(cwd)
     refs = {}
@@ -62,7 +64,6 @@ def fetch(revs: list[str] | None = None, remote: str | None = None, cwd=None, pr
 
 def checkout(pathspecs: list[str] | None = None, cwd=None, remote: str | None = None, progress: bool | None = None):
     """Materialize the placeholders among the theta-tracked files matching ``pathspecs`` (default: all)."""
-    from theta.commands.filter.materialize import Outcome, find_placeholders, materialize
 
     root = gitutil.toplevel(cwd)
     found, other = find_placeholders(root, pathspecs, spec_cwd=cwd or os.getcwd())
@@ -73,46 +74,38 @@ def checkout(pathspecs: list[str] | None = None, cwd=None, remote: str | None = 
 
 # -- the command line --------------------------------------------------------------------------------------
 def _print_outcome(outcome, verb: str) -> int:
-    from theta.commands.filter.materialize import report
-
     for path in outcome.done:
         print(f"{verb} {path}")
     report(outcome)
     return 130 if outcome.interrupted else 1 if outcome.left else 0
 
 
-def register(app: typer.Typer) -> None:
-    """Add checkout / fetch / pull to the `git theta` app."""
+# -- the verbs ------------------------------------------------------------------------------------
 
-    @app.command("checkout")
-    def checkout_cmd(paths: list[str] = typer.Argument(None, help="Files or pathspecs (default: every "
-                                                                  "theta-tracked file)."),
-                     remote: str = typer.Option(None, "--remote", help="Remote to fetch missing blobs from "
-                                                                       "(default: as git-lfs chooses).")) -> None:
-        """Replace placeholders (files holding a checkpoint's metadata) with their checkpoints."""
-        outcome = checkout(paths or None, remote=remote)
-        if not outcome.done and not outcome.left:
-            print("nothing to check out: every theta-tracked file holds its checkpoint", file=sys.stderr)
-        raise typer.Exit(_print_outcome(outcome, "checked out"))
+def checkout_cmd(paths: list[str] = typer.Argument(None, help="Files or pathspecs (default: every "
+                                                              "theta-tracked file)."),
+                 remote: str = typer.Option(None, "--remote", help="Remote to fetch missing blobs from "
+                                                                   "(default: as git-lfs chooses).")) -> None:
+    """Replace placeholders (files holding a checkpoint's metadata) with their checkpoints."""
+    outcome = checkout(paths or None, remote=remote)
+    if not outcome.done and not outcome.left:
+        print("nothing to check out: every theta-tracked file holds its checkpoint", file=sys.stderr)
+    raise typer.Exit(_print_outcome(outcome, "checked out"))
 
-    @app.command("fetch")
-    def fetch_cmd(revs: list[str] = typer.Argument(None, help="Revisions (default: HEAD)."),
-                  remote: str = typer.Option(None, "--remote", help="Remote whose LFS server to fetch from.")
-                  ) -> None:
-        """Download the blobs of every theta-tracked checkpoint in REV (no work-tree change)."""
-        from zipslice.progress import human_bytes
 
-        r = fetch(revs or None, remote=remote)
-        print(f"fetched {r.fetched} of {r.blobs} blob(s) ({human_bytes(r.nbytes)}) for {r.files} checkpoint(s)")
+def fetch_cmd(revs: list[str] = typer.Argument(None, help="Revisions (default: HEAD)."),
+              remote: str = typer.Option(None, "--remote", help="Remote whose LFS server to fetch from.")
+              ) -> None:
+    """Download the blobs of every theta-tracked checkpoint in REV (no work-tree change)."""
+    r = fetch(revs or None, remote=remote)
+    print(f"fetched {r.fetched} of {r.blobs} blob(s) ({human_bytes(r.nbytes)}) for {r.files} checkpoint(s)")
 
-    @app.command("pull")
-    def pull_cmd(paths: list[str] = typer.Argument(None, help="Files or pathspecs (default: all)."),
-                 remote: str = typer.Option(None, "--remote", help="Remote whose LFS server to fetch from.")
-                 ) -> None:
-        """Fetch the blobs of HEAD's checkpoints, then replace placeholders with checkpoints."""
-        from zipslice.progress import human_bytes
 
-        r = fetch(None, remote=remote)
-        if r.fetched:
-            print(f"fetched {r.fetched} blob(s) ({human_bytes(r.nbytes)})", file=sys.stderr)
-        raise typer.Exit(_print_outcome(checkout(paths or None, remote=remote), "checked out"))
+def pull_cmd(paths: list[str] = typer.Argument(None, help="Files or pathspecs (default: all)."),
+             remote: str = typer.Option(None, "--remote", help="Remote whose LFS server to fetch from.")
+             ) -> None:
+    """Fetch the blobs of HEAD's checkpoints, then replace placeholders with checkpoints."""
+    r = fetch(None, remote=remote)
+    if r.fetched:
+        print(f"fetched {r.fetched} blob(s) ({human_bytes(r.nbytes)})", file=sys.stderr)
+    raise typer.Exit(_print_outcome(checkout(paths or None, remote=remote), "checked out"))

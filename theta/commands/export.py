@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
 
 from theta.git import repo as gitutil
 from theta.base.errors import ThetaError
+from zipslice import clistyle
+from zipslice.clistyle import QUIET_OPTION, note, set_quiet
 
 
 def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None,
@@ -67,3 +73,30 @@ def default_mode(path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
+
+
+# -- the verb -------------------------------------------------------------------------------------
+
+def export_command(spec: str = typer.Argument(..., metavar="REV:PATH", help="A committed checkpoint, e.g. HEAD~2:model.pt."),
+           out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
+           to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
+                                            help="torch, safetensors or hdf5 (default: as committed).",
+                                            **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+           max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE",
+                                                        help="Largest shard of a sharded OUT (default 5GB)."),
+           quiet: bool = QUIET_OPTION) -> None:
+    """Write a committed version of a checkpoint to OUT without touching the working tree.
+
+    OUT named NAME.safetensors.index.json (or NAME.bin.index.json, NAME.h5.index.json) writes a sharded
+    checkpoint: the index and shards NAME-00001-of-0000N.safetensors beside it, as transformers lays them out.
+    """
+    from theta.settings import parse_size
+
+    set_quiet(quiet)
+    limit = None
+    if max_shard_size is not None:
+        limit = parse_size(max_shard_size, "--max-shard-size")
+        if limit <= 0:
+            raise ThetaError(f"--max-shard-size {max_shard_size!r}: a shard must be allowed at least one byte")
+    fmt = export(spec, out, to, max_shard_bytes=limit)
+    note(f"wrote {out} ({fmt})")

@@ -11,11 +11,15 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
 
 from theta.git import repo as gitutil
 from theta.base.errors import MetadataError, ThetaError
-from theta.storage.metadata import MAX_METADATA_BYTES  # larger blobs are never read as metadata
-from theta.storage.store import BlobRef
+
+if TYPE_CHECKING:
+    from theta.storage.store import BlobRef
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
@@ -143,10 +147,10 @@ def parse_push_lines(stdin: bytes) -> list[tuple[str, str, str, str]]:
 
 
 def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]], names: set[str] | None = None
-                  ) -> list[BlobRef]:
+                  ) -> "list[BlobRef]":
     """Every blob referenced by theta metadata in commits being pushed that the remote does not have yet;
     ``names``, if given, receives the paths of the checkpoints whose blobs they are."""
-    from theta.storage.metadata import is_metadata, loads
+    from theta.storage.metadata import MAX_METADATA_BYTES, is_metadata, loads  # (numpy: hooks stay light)
 
     tips = [local for _, local, _, _ in lines if local != ZERO]
     if not tips:
@@ -156,7 +160,7 @@ def blobs_to_push(cwd, remote: str, lines: list[tuple[str, str, str, str]], name
     path_of = dict(line.split(" ", 1) for line in listing.splitlines() if " " in line)  # trees and blobs have paths
     shas = list(path_of)
     infos = gitutil.batch_check(shas, cwd)
-    refs: dict[str, BlobRef] = {}
+    refs: "dict[str, BlobRef]" = {}
     with gitutil.CatFile(cwd) as cat:
         for info in infos:
             if info is None or info.type != "blob" or info.size > MAX_METADATA_BYTES:
@@ -199,3 +203,17 @@ def _same_content(a: Path, b: Path) -> bool:
         return a.read_bytes() == b.read_bytes()
     except OSError:
         return False
+
+
+# -- the verbs git runs (hidden) ---------------------------------------------------------------------
+
+def post_commit() -> None:
+    """Git-Theta's post-commit hook body: theta needs none (blobs to push are found from the pushed commits)."""
+    print("theta needs no post-commit hook: `git push` uploads the blobs the pushed commits reference "
+          "(pre-push hook installed by `git theta install`); you can delete Git-Theta's .git/hooks/post-commit",
+          file=sys.stderr)
+
+
+def pre_push(remote: str = typer.Argument(..., metavar="REMOTE"), url: str = typer.Argument("", metavar="URL")) -> None:
+    """The pre-push hook: upload blobs referenced by pushed commits, then run the chained hook."""
+    raise typer.Exit(run_pre_push(remote, url, sys.stdin.buffer.read()))

@@ -26,9 +26,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import typer
+
 from theta.base.errors import GitError
 from theta.git import repo as gitutil
 from theta.commands import hooks
+from zipslice.clistyle import QUIET_OPTION, say, set_quiet
 
 # what each key runs, with "git-theta" standing for the launcher
 SETTINGS = {
@@ -238,3 +241,31 @@ def _install_git_lfs(cwd, local: bool, report: InstallReport) -> None:
                                "theta works without git-lfs's hooks, plain LFS files may not push")
     else:
         report.changed.append("ran git " + " ".join(args))
+
+
+# -- the verbs ------------------------------------------------------------------------------------
+
+def install_command(local: bool = typer.Option(False, "--local", help="Configure this repository only."),
+            quiet: bool = QUIET_OPTION) -> None:
+    """Configure git for theta (global by default) and install this repository's hooks."""
+    set_quiet(quiet)
+    report = install(local=local)
+    for line in report.changed:
+        say(line)
+    for line in report.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if not report.changed:
+        say("git-theta is already installed")
+
+
+def uninstall_command(local: bool = typer.Option(False, "--local", help="This repository's configuration only."),
+              ) -> None:
+    """Remove what `git theta install` added: config keys, the launcher, this repository's theta hooks
+    (restoring the hooks theta had chained). Blobs and .gitattributes are left as they are."""
+    report = uninstall(local=local)
+    for line in report.changed:
+        print(line)
+    for line in report.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if not report.changed:
+        print("git-theta was not installed here", file=sys.stderr)

@@ -1,57 +1,35 @@
-"""`git theta ls-files`: the theta-tracked checkpoints of a revision with their group count and sizes."""
+"""`git theta ls-files [REV]`: the theta-tracked checkpoints of a revision (default: the index) with format, group
+count, size, stored size and whether every blob is local (:mod:`theta.storage.tracked`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+import dataclasses
+from typing import Optional
 
-from theta.git import repo as gitutil
+import typer
 
-
-@dataclass(frozen=True)
-class TrackedFile:
-    path: str
-    format: str
-    groups: int
-    size: int          # bytes of all parameter groups' values
-    stored: int        # bytes of the distinct blobs needed to rebuild it
-    local: bool        # every blob is in the local LFS store
+from zipslice import clistyle
+from zipslice.clistyle import JSON_OPTION, QUIET_OPTION, emit_json, natural_key, note, set_quiet
+from zipslice.progress import human_bytes as human
 
 
-def iter_metadata(rev: str | None = None, cwd=None) -> Iterator[tuple[str, bytes]]:
-    """(path, metadata text) of each theta-tracked checkpoint of ``rev`` (None: the index)."""
-    from theta.storage.metadata import is_metadata
+def ls_files(rev: Optional[str] = typer.Argument(None, metavar="REV", help="A revision (default: the index)."),
+             as_json: bool = JSON_OPTION, quiet: bool = QUIET_OPTION) -> None:
+    """Theta-tracked checkpoints with format, group count, size, stored size and whether every blob is local."""
+    from theta.storage.tracked import list_tracked  # (numpy: `git theta -h` and hooks stay light)
 
-    if rev is None:
-        names = gitutil.run(["ls-files", "-z", "--cached"], cwd).decode().split("\0")
-        spec = ":{}".format
-    else:
-        names = gitutil.run(["ls-tree", "-r", "-z", "--name-only", rev], cwd).decode().split("\0")
-        spec = (rev + ":{}").format
-    names = [n for n in names if n]
-    attrs = gitutil.check_attr("filter", names, cwd)
-    candidates = [n for n in names if attrs.get(n) == "theta"]
-    with gitutil.CatFile(cwd) as cat:
-        for name in candidates:
-            info, data = cat.read(spec(name))
-            if info is not None and is_metadata(data):
-                yield name, data
-
-
-def list_tracked(rev: str | None = None, cwd=None) -> list[TrackedFile]:
-    """Checkpoints stored as theta metadata in ``rev`` (None: the index)."""
-    from zipslice import dtypes
-
-    from theta.storage.metadata import loads
-    from theta.storage.store import LfsStore
-
-    store = LfsStore.for_repo(cwd or ".")
-    out = []
-    for name, data in iter_metadata(rev, cwd):
-        meta = loads(data, file=name)
-        size = meta.opaque.size if meta.is_opaque else sum(g.numel * dtypes.get(g.dtype).itemsize
-                                                           for g in meta.groups.values())
-        refs = {r.oid: r for r in meta.blob_refs()}
-        out.append(TrackedFile(name, meta.format, len(meta.groups), size,
-                               sum(r.size for r in refs.values()),
-                               all(store.has(r) for r in refs.values())))
-    return out
+    set_quiet(quiet)
+    files = sorted(list_tracked(rev), key=lambda f: natural_key(f.path))
+    if as_json:  # size: bytes of the groups' values; stored: bytes of the distinct blobs that rebuild it
+        emit_json({"rev": rev, "files": [dataclasses.asdict(f) for f in files]})
+        return
+    if not files:
+        note("no theta-tracked checkpoints")
+        return
+    rows = [["format", "groups", "size", "blobs", "local", "path"]]
+    rows += [[f.format, str(f.groups), human(f.size), human(f.stored), "yes" if f.local else "no",
+              clistyle.printable(f.path)] for f in files]
+    lines = clistyle.columns(rows, right=(1, 2, 3))
+    if not clistyle.is_quiet():
+        clistyle.out_console().print(lines[0], style="bold", markup=False)
+    for line in lines[1:]:
+        print(line)

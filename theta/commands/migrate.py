@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Optional
+
+import typer
 
 from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
+from zipslice.clistyle import QUIET_OPTION, note, say, set_quiet
 
 
 @dataclass
@@ -58,3 +62,21 @@ def migrate(paths: list[str], cwd: str | os.PathLike = ".") -> list[Migrated]:
         gitutil.run(["update-index", "--cacheinfo", f"{mode},{oid},{rel}"], top)
         done.append(Migrated(rel, groups))
     return done
+
+
+# -- the verb -------------------------------------------------------------------------------------
+
+def migrate_command(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH",
+                                                        help="Files to migrate (default: every Git-Theta-format "
+                                                             "tracked file)."),
+            quiet: bool = QUIET_OPTION) -> None:
+    """Rewrite the staged version of Git-Theta-format checkpoints in theta's format (then `git commit`)."""
+    set_quiet(quiet)
+    done = migrate(paths or [])
+    if not done:
+        note("nothing to migrate: no staged file is in Git-Theta's format")
+        return
+    head = gitutil.run_text(["rev-parse", "--short", "HEAD"], check=False) or "HEAD"
+    for m in done:
+        say(f"migrated {m.path}: {m.groups} groups now in theta's format; the result is staged")
+    note(f"history up to {head} stays in Git-Theta's format (theta reads it); commit to finish")

@@ -1,7 +1,5 @@
-"""Subcommands of `git theta` contributed by the updates area; theta.commands.cli calls register(app).
-
-    git theta squash PATH...    rewrite the staged version of PATH so every group is self-contained
-"""
+"""`git theta squash PATH...`: rewrite the staged version of PATH so every group is self-contained (one dense step;
+:mod:`theta.model.squash`); the work tree is unchanged."""
 from __future__ import annotations
 
 import os
@@ -11,6 +9,8 @@ from typing import TYPE_CHECKING, List
 import typer
 
 from theta.base.errors import ThetaError
+from theta.git import repo as gitutil
+from zipslice.clistyle import say, set_quiet
 
 if TYPE_CHECKING:  # the model layer is imported when a command runs, not when `git theta` starts
     from theta.model.squash import SquashReport
@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the model layer is imported when a command runs, not when `
 
 def squash_path(path: str, cwd: str | os.PathLike = ".") -> "SquashReport":
     """Squash the staged metadata of ``path`` (a theta-tracked checkpoint) and stage the result."""
-    from theta.git import repo as gitutil
     from theta.model.squash import squash_meta
     from theta.storage.transfer import fetch_missing
     from theta.storage.metadata import dumps, is_metadata, loads
@@ -47,24 +46,20 @@ def squash_path(path: str, cwd: str | os.PathLike = ".") -> "SquashReport":
     return report
 
 
-def register(app: typer.Typer) -> None:
-    """Add this area's commands to the `git theta` app."""
+# -- the verbs ------------------------------------------------------------------------------------
 
-    @app.command()
-    def squash(paths: List[str] = typer.Argument(..., metavar="PATH", help="Theta-tracked checkpoints to squash."),
-               quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")) -> None:
-        """Make the staged version of each PATH self-contained: every group becomes one dense step.
+def squash(paths: List[str] = typer.Argument(..., metavar="PATH", help="Theta-tracked checkpoints to squash."),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")) -> None:
+    """Make the staged version of each PATH self-contained: every group becomes one dense step.
 
-        Update chains (sparse/low-rank/ia3/delta/rows steps on earlier values) are rebuilt and stored as
-        plain values, so the next commit no longer needs the older blobs. The working tree is unchanged.
-        """
-        from zipslice.clistyle import say, set_quiet
-
-        set_quiet(quiet)
-        for p in paths:
-            r = squash_path(p)
-            if r.rewritten:
-                say(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
-                      f"({r.new_blob_bytes / 2**20:.1f} MiB stored); the result is staged")
-            else:
-                say(f"{r.path}: already self-contained ({r.groups} groups)")
+    Update chains (sparse/low-rank/ia3/delta/rows steps on earlier values) are rebuilt and stored as
+    plain values, so the next commit no longer needs the older blobs. The working tree is unchanged.
+    """
+    set_quiet(quiet)
+    for p in paths:
+        r = squash_path(p)
+        if r.rewritten:
+            say(f"squashed {r.path}: {r.rewritten} of {r.groups} groups made self-contained "
+                  f"({r.new_blob_bytes / 2**20:.1f} MiB stored); the result is staged")
+        else:
+            say(f"{r.path}: already self-contained ({r.groups} groups)")

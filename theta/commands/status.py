@@ -1,135 +1,44 @@
-"""`git theta status`: the state of each theta-tracked checkpoint of the index, as a user needs it.
-
-Per file: whether the work tree holds the checkpoint (materialized) or still its metadata text (a
-placeholder: the file starts with ``theta-metadata ``, e.g. left by a clone without theta or a bigger-than-RAM
-checkout), how many of its blobs are local, its size and format, and the staged change against HEAD as
-group counts (added / removed / modified). Reads metadata and stats files only; never reads a checkpoint.
-"""
+"""`git theta status`: each theta-tracked checkpoint of the index, materialized or placeholder, its blobs, size,
+format and the staged change against HEAD (the facts come from :mod:`theta.storage.tracked`)."""
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass, field
+import sys
 
-from zipslice import dtypes
-
-from theta.base.errors import MetadataError
-from theta.git import inventory
-from theta.git import repo as gitutil
-from theta.storage.metadata import MAGIC, CheckpointMeta, is_metadata, loads
-from theta.storage.store import LfsStore
-
-MATERIALIZED, PLACEHOLDER, ABSENT, CONFLICT = "materialized", "placeholder", "absent", "conflict"
+from zipslice.clistyle import JSON_OPTION, emit_json, printable
+from zipslice.progress import human_bytes
 
 
-@dataclass
-class Staged:
-    """The index's version against HEAD's, in groups (``new_file``: HEAD has no theta version of it)."""
+def status(as_json: bool = JSON_OPTION) -> None:
+    """Each theta-tracked checkpoint: materialized or placeholder, blobs local/missing, size, format,
+    and the staged change against HEAD in groups."""
+    from theta.storage.tracked import PLACEHOLDER, repo_status  # (numpy: `git theta -h` and hooks stay light)
 
-    added: int = 0
-    removed: int = 0
-    modified: int = 0
-    new_file: bool = False
-
-    @property
-    def any(self) -> bool:
-        return self.new_file or bool(self.added or self.removed or self.modified)
-
-
-@dataclass
-class FileStatus:
-    path: str
-    state: str                  # materialized, placeholder, absent (deleted in the work tree), conflict
-    format: str | None = None
-    groups: int = 0
-    size: int = 0               # bytes of all groups' values
-    stored: int = 0             # bytes of the distinct blobs it needs
-    blobs: int = 0              # distinct blobs it needs
-    blobs_local: int = 0
-    worktree_bytes: int | None = None
-    staged: Staged = field(default_factory=Staged)
-    error: str | None = None    # the index's metadata cannot be read
-
-    @property
-    def blobs_missing(self) -> int:
-        return self.blobs - self.blobs_local
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["blobs_missing"] = self.blobs_missing
-        return d
-
-
-def repo_status(cwd=None) -> list[FileStatus]:
-    """The status of every theta-tracked checkpoint in this worktree's index, in path order."""
-    top = gitutil.toplevel(cwd)
-    entries = inventory.index_entries(top)
-    by_path: dict[str, dict[int, str]] = {}
-    for path, sha, stage in entries:
-        by_path.setdefault(path, {})[stage] = sha
-    attrs = gitutil.check_attr("filter", list(by_path), top)
-    store = LfsStore.for_repo(top)
-    out = []
-    with gitutil.CatFile(top) as cat:
-        for path in sorted(by_path):
-            stages = by_path[path]
-            if 0 not in stages:
-                if attrs.get(path) == "theta":
-                    out.append(FileStatus(path, CONFLICT))
-                continue
-            info, data = cat.read(stages[0])
-            if info is None or not is_metadata(data):
-                continue  # not stored by theta (not tracked, or committed before it was tracked)
-            out.append(_file_status(top, path, data, cat, store))
-    return out
-
-
-def _file_status(top, path: str, data: bytes, cat: gitutil.CatFile, store: LfsStore) -> FileStatus:
-    st = FileStatus(path, _worktree_state(top / path))
-    try:
-        st.worktree_bytes = os.path.getsize(top / path)
-    except OSError:
-        pass
-    try:
-        meta = loads(data)
-    except MetadataError as e:
-        st.error = str(e)
-        return st
-    st.format = meta.format
-    st.groups = len(meta.groups)
-    st.size = sum(g.numel * dtypes.get(g.dtype).itemsize for g in meta.groups.values())
-    refs = meta.blob_refs()
-    st.blobs = len(refs)
-    st.stored = sum(r.size for r in refs)
-    st.blobs_local = sum(1 for r in refs if store.has(r))
-    st.staged = _staged(meta, cat, path)
-    return st
-
-
-def _worktree_state(p) -> str:
-    try:
-        with open(p, "rb") as f:
-            head = f.read(len(MAGIC) + 1)
-    except FileNotFoundError:
-        return ABSENT
-    except IsADirectoryError:
-        return ABSENT
-    return PLACEHOLDER if is_metadata(head) else MATERIALIZED
-
-
-def _staged(meta: CheckpointMeta, cat: gitutil.CatFile, path: str) -> Staged:
-    info, data = cat.read(f"HEAD:{path}")
-    if info is None or not is_metadata(data):
-        return Staged(new_file=True)
-    try:
-        head = loads(data)
-    except MetadataError:
-        return Staged(new_file=True)
-    staged = Staged()
-    for name, g in meta.groups.items():
-        old = head.groups.get(name)
-        if old is None:
-            staged.added += 1
-        elif (old.hash, old.dtype, tuple(old.shape)) != (g.hash, g.dtype, tuple(g.shape)):
-            staged.modified += 1
-    staged.removed = sum(1 for name in head.groups if name not in meta.groups)
-    return staged
+    files = repo_status()
+    if as_json:
+        emit_json({"files": [f.to_json() for f in files]})
+        return
+    if not files:
+        print("no theta-tracked checkpoints in the index", file=sys.stderr)
+        return
+    names = {f.path: printable(f.path) for f in files}
+    width = max(len(n) for n in names.values())
+    for f in files:
+        if f.error:
+            print(f"{names[f.path]:<{width}}  metadata unreadable: {f.error}")
+            continue
+        blobs = f"blobs {f.blobs_local}/{f.blobs} local" + (f" ({f.blobs_missing} missing)" if f.blobs_missing
+                                                             else "")
+        staged = ""
+        if f.staged.new_file:
+            staged = "  staged: new file"
+        elif f.staged.any:
+            parts = [f"{n} {what}" for n, what in ((f.staged.modified, "modified"), (f.staged.added, "added"),
+                                                   (f.staged.removed, "removed")) if n]
+            staged = "  staged: " + ", ".join(parts) + " group(s)"
+        print(f"{names[f.path]:<{width}}  {f.state:<12} {f.format or '?':<11} {f.groups:>6} groups "
+              f"{human_bytes(f.size):>10}  {blobs}{staged}")
+    if any(f.state == PLACEHOLDER for f in files):
+        print("placeholders hold the metadata text, not the checkpoint: `git theta pull` (or "
+              "`git theta checkout PATH`) writes the checkpoints", file=sys.stderr)
+    if any(f.blobs_missing for f in files):
+        print("missing blobs are fetched by `git theta pull`, or by checking the file out", file=sys.stderr)

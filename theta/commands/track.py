@@ -9,9 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Optional
+
+import typer
 
 from theta.git import repo as gitutil
 from theta.base.errors import TrackError
+from zipslice.clistyle import QUIET_OPTION, note, say, set_quiet
 
 DRIVERS = ("filter", "diff", "merge")
 OURS = {d: "theta" for d in DRIVERS}
@@ -137,3 +141,31 @@ def tracked_patterns(cwd=None) -> list[str]:
         return []
     return [ln.pattern for ln in map(parse_line, path.read_text().splitlines())
             if ln.pattern and "filter=theta" in ln.attrs]
+
+
+# -- the verbs ------------------------------------------------------------------------------------
+
+def track_command(patterns: Optional[List[str]] = typer.Argument(None, metavar="PATTERN",
+                                                          help="gitattributes patterns, e.g. '*.pt'."),
+          quiet: bool = QUIET_OPTION) -> None:
+    """Mark paths as theta checkpoints in .gitattributes (filter=theta diff=theta merge=theta).
+
+    Without a pattern: list the patterns tracked now (like `git lfs track`)."""
+    set_quiet(quiet)
+    if not patterns:
+        listed = tracked_patterns()
+        note("Listing tracked patterns" if listed else "no patterns are tracked by theta")
+        for p in listed:
+            print(f"    {p}")
+        return
+    changed = set(track(patterns))
+    for p in patterns:
+        say(f"{'Tracking' if p in changed else 'Already tracking'} {p}")
+
+
+def untrack_command(patterns: List[str] = typer.Argument(..., help="Patterns to stop tracking, as listed by "
+                                                 "`git theta track`.")) -> None:
+    """Remove theta's filter/diff/merge from patterns in .gitattributes (committed history is unchanged)."""
+    changed = set(untrack(patterns))
+    for p in patterns:
+        print(f"{'Untracking' if p in changed else 'Not tracked by theta:'} {p}")
