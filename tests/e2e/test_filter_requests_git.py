@@ -99,7 +99,7 @@ def test_a_group_that_is_not_the_work_tree_files_in_an_add_is_refused_and_leaves
     """git's bytes of one group differ from the work-tree file's (the file was rewritten while git read it):
     only the group's hash was kept, so the clean refuses, naming the file and the group, and leaves no
     spool; the same bytes sent by `git hash-object` are compared byte by byte and spooled instead."""
-    from theta.commands.filter.process import Filter
+    from theta.commands.filter.session import Filter
     from theta.base.errors import ThetaError
     from zipslice import load
 

@@ -15,7 +15,7 @@ def _stdin_chunks(bufsize: int = 1 << 20):
 
 def clean(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file clean filter (fallback): checkpoint on stdin, metadata on stdout."""
-    from theta.commands.filter.process import Filter
+    from theta.commands.filter.session import Filter
 
     filt = Filter(os.getcwd())
     try:
@@ -28,7 +28,7 @@ def clean(path: str = typer.Argument("", metavar="PATH", help="The path git pass
 
 def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
     """Single-file smudge filter (fallback): metadata on stdin, checkpoint on stdout."""
-    from theta.commands.filter.process import Filter
+    from theta.commands.filter.session import Filter
 
     def send(f):
         while chunk := f.read(1 << 20):

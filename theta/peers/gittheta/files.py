@@ -263,6 +263,41 @@ def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
             os.unlink(tmp)
 
 
+# Git-Theta metadata is JSON of ~1 KB per group; larger "{"-content is a checkpoint, not metadata.
+MAX_TEXT = 256 << 20
+
+
+def metadata_text(file: "str | os.PathLike", head: bytes, size: int) -> bytes | None:
+    """The content of ``file`` when it is Git-Theta's metadata text (``head``: its first bytes), else None."""
+    if head[:1] != b"{" or size > MAX_TEXT:
+        return None
+    data = Path(file).read_bytes()
+    return data if is_git_theta(data) else None
+
+
+def committed(path: str, cwd: Path, store: LfsStore) -> "tuple[bytes, GitThetaFile] | None":
+    """``(text, GitThetaFile)`` when the index (else HEAD) holds Git-Theta metadata for ``path``, else None."""
+    for spec in (f":{path}", f"HEAD:{path}"):
+        data = gitutil.read_blob(spec, cwd)
+        if data is not None:
+            if not is_git_theta(data):
+                return None
+            return data, GitThetaFile(data, path, cwd, store, label=spec)
+    return None
+
+
+def previous_for_clean(found: "tuple[bytes, GitThetaFile]", file: "str | os.PathLike",
+                       spool_dir: "str | os.PathLike"):
+    """What a clean of ``file`` builds on when its committed version is Git-Theta's (``found``, from
+    :func:`committed`): ``(text, None)`` when ``file`` holds exactly the values that text checks out (the text
+    is then stored unchanged, so `git status` is clean), else ``(None, previous metadata in theta's format)``."""
+    text, gtf = found
+    gtf.fetch()
+    if gtf.matches(file):
+        return text, None
+    return None, to_theta_metadata(gtf, spool_dir)
+
+
 class GitThetaSide:
     """A version given as Git-Theta metadata, for :func:`theta.model.diff.diff_sides` (`git theta diff`, the
     diff driver). Values are rebuilt on demand; there is no theta LSH signature to estimate from."""
