@@ -89,7 +89,8 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.storage.metadata import dumps as dumps_metadata
     from theta.storage.metadata import loads as loads_metadata
     from theta.storage.store import BlobRef, LfsStore
-    from theta.updates import Encoded, UpdateType, reconstruct
+    from theta.updates import Encoded, UpdateType
+    from theta.updates.rebuild import reconstruct
     from theta.updates import get as get_update_type
     from theta.updates import names as update_types
 

@@ -16,7 +16,7 @@ from theta.merges import get as get_strategy
 from theta.settings.merge_rules import MergeConfig
 from theta.storage.metadata import CheckpointMeta, GroupMeta, dumps, loads
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct
+from theta.updates.rebuild import reconstruct
 from zipslice import dtypes
 
 F32 = np.float32

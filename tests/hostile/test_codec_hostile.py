@@ -15,7 +15,7 @@ from theta.base.errors import BlobCorruptError, ChainError, CodecError, Integrit
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct
+from theta.updates.rebuild import reconstruct
 
 from support.crafted import group_line, step, value_hash
 

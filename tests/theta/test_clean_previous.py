@@ -11,7 +11,7 @@ import theta.model.clean
 from theta.model.clean import CleanStats, clean_checkpoint
 from theta.storage import metadata
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct
+from theta.updates.rebuild import reconstruct
 
 
 def model(seed=0, groups=12):

@@ -110,7 +110,7 @@ def test_a_fine_tuned_group_is_stored_as_the_same_delta(tmp_path, passes):
     assert passes[0] == 3 + 2  # v1: three; v2: embed and half (wide is unchanged, not read)
     meta = out["frames"][3]
     store = LfsStore(tmp_path / "frames" / "objects")
-    from theta.updates import reconstruct
+    from theta.updates.rebuild import reconstruct
     for k in ("embed", "half"):
         assert reconstruct(meta.groups[k], store).tobytes() == v2[k].view(torch.uint8).numpy().tobytes()
 

@@ -14,7 +14,8 @@ from theta.merges.plan import Pending, MergePlan, execute
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, reconstruct, steps, stream
+from theta.updates import content_hash, get, steps, stream
+from theta.updates.rebuild import reconstruct
 from support.traced import traced_peak
 
 

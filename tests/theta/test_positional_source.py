@@ -16,7 +16,8 @@ from theta.merges.plan import MergePlan, Pending, execute
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, reconstruct, steps, stream
+from theta.updates import content_hash, get, steps, stream
+from theta.updates.rebuild import reconstruct
 from theta.updates.delta import combine, raw_words, to_planes
 from theta.updates.rows import encode_sources
 from theta.updates.sparse import residual

@@ -9,7 +9,8 @@ import pytest
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, reconstruct, steps
+from theta.updates import content_hash, get, steps
+from theta.updates.rebuild import reconstruct
 from support.traced import traced_peak
 
 

@@ -10,7 +10,8 @@ from theta.base.errors import ChainError, UpdateTypeError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, reconstruct, steps
+from theta.updates import content_hash, get, steps
+from theta.updates.rebuild import reconstruct
 from theta.updates.sparse import scatter_blobs
 from support.traced import traced_peak
 

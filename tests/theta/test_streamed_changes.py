@@ -16,7 +16,8 @@ from theta.base.errors import UpdateDataError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, reconstruct, steps
+from theta.updates import content_hash, get, steps
+from theta.updates.rebuild import reconstruct
 from theta.updates import auto, ia3
 from theta.peers.gittheta import update_files as sideload
 from theta.updates.auto import _change_of_grown, choose, resize_then_change

@@ -11,7 +11,8 @@ from theta.base.errors import StoreError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore, stage_chunks
-from theta.updates import content_hash, get, reconstruct, steps
+from theta.updates import content_hash, get, steps
+from theta.updates.rebuild import reconstruct
 from theta.updates.auto import choose, resize_then_change
 from theta.updates.delta import combine, changed_count, raw_words, to_planes
 from support.traced import traced_peak

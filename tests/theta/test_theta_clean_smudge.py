@@ -339,6 +339,7 @@ def test_property_random_checkpoints_round_trip(tmp_path):
 def test_update_registry_and_reconstruct_cache(tmp_path, store):
     from theta import updates
     from theta.base.errors import UpdateTypeError
+    from theta.updates import rebuild
     with pytest.raises(UpdateTypeError, match="unknown update type 'nope'.*dense"):
         updates.get("nope")
     assert "dense" in updates.names() and updates.get("dense").incremental is False
@@ -346,12 +347,12 @@ def test_update_registry_and_reconstruct_cache(tmp_path, store):
     meta = clean_checkpoint(tmp_path / "m.safetensors", store, None)
     g = meta.groups["w"]
     cache = {}
-    v = updates.reconstruct(g, store, cache)
+    v = rebuild.reconstruct(g, store, cache)
     assert updates.content_hash(v) == g.hash and cache[g.hash] is v
     store.path(g.steps[0].blob).unlink()
-    assert updates.reconstruct(g, store, cache) is v  # served from the cache, no blob needed
+    assert rebuild.reconstruct(g, store, cache) is v  # served from the cache, no blob needed
     with pytest.raises(BlobMissingError):
-        updates.reconstruct(g, store)
+        rebuild.reconstruct(g, store)
 
 
 RSS_SCRIPT = r"""

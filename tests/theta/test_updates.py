@@ -408,7 +408,7 @@ def test_squash_meta_makes_every_group_self_contained(tmp_path):
     from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.model.squash import squash_meta
     from theta.storage.store import LfsStore
-    from theta.updates import reconstruct
+    from theta.updates.rebuild import reconstruct
 
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(12)
@@ -444,7 +444,8 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
     from theta.storage.metadata import dumps, loads
     from theta.model.smudge import smudge_checkpoint
     from theta.storage.store import LfsStore
-    from theta.updates import reconstruct, step_layout
+    from theta.updates import step_layout
+    from theta.updates.rebuild import reconstruct
 
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(21)
@@ -550,7 +551,8 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
     for two steps the value is stored dense."""
     from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.storage.store import LfsStore
-    from theta.updates import reconstruct, step_layout
+    from theta.updates import step_layout
+    from theta.updates.rebuild import reconstruct
 
     store = LfsStore(tmp_path / "objects")
     path = tmp_path / "m.safetensors"

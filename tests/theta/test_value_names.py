@@ -16,7 +16,8 @@ from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
 from theta.base.errors import IntegrityError, MetadataError
 from theta.storage import metadata
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, reconstruct
+from theta.updates import content_hash
+from theta.updates.rebuild import reconstruct
 
 
 def b3(a: np.ndarray) -> str:

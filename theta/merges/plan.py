@@ -22,7 +22,8 @@ from theta.base.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct, stream
+from theta.updates import stream
+from theta.updates.rebuild import reconstruct
 from theta.updates.stream import side_by_side
 from theta.updates.steps import dense_group
 

@@ -38,8 +38,8 @@ from theta.base.errors import (BlobMissingError, CheckpointError, CleanStopped, 
                           MetadataError, NotCheckpointError, UpdateTypeError)
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
 from theta.storage.store import LfsStore
-from theta.updates import (bind_steps, content_hash, decode_proven_dense, fast_hash, fast_hash_pieces,
-                           reconstruct_proven)
+from theta.updates import content_hash, fast_hash, fast_hash_pieces
+from theta.updates.rebuild import bind_steps, decode_proven_dense, reconstruct_proven
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

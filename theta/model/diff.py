@@ -18,7 +18,8 @@ from zipslice.clistyle import natural_key
 from theta.base.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
-from theta.updates import content_hash, reconstruct
+from theta.updates import content_hash
+from theta.updates.rebuild import reconstruct
 
 CHUNK = 1 << 20  # elements per chunk of the statistics pass
 

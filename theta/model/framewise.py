@@ -37,7 +37,8 @@ from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, Met
 from theta.base.malloc import give_back_freed_memory
 from theta.storage import codec
 from theta.storage.store import Staged
-from theta.updates import Encoded, get, proven_dense_frames
+from theta.updates import Encoded, get
+from theta.updates.rebuild import proven_dense_frames
 from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import combine, raw_words
 
@@ -136,7 +137,7 @@ class _ArrayFrames:
 @contextmanager
 def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None]) -> Iterator:
     """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blob when it is one
-    proven dense blob cut into ``bounds`` (:func:`theta.updates.proven_dense_frames`), else ``rebuilt()``'s
+    proven dense blob cut into ``bounds`` (:func:`theta.updates.rebuild.proven_dense_frames`), else ``rebuilt()``'s
     value (None when there is none: not fetched, or broken -- ``rebuilt`` reports that)."""
     if prev is None:
         yield None

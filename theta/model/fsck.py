@@ -23,7 +23,8 @@ from theta.storage import retention
 from theta.storage.metadata import CheckpointMeta, GroupMeta
 from theta.storage.store import BlobRef, LfsStore, sha256_file
 from theta.storage.transfer import fetch_missing
-from theta.updates import content_hash, reconstruct
+from theta.updates import content_hash
+from theta.updates.rebuild import reconstruct
 
 MISSING, CORRUPT, CHAIN, METADATA = "missing", "corrupt", "chain", "metadata"
 

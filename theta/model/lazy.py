@@ -91,7 +91,7 @@ class ThetaCheckpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo) -> bytes:
         """The group's value as contiguous little-endian bytes, rebuilt and checked against its hash."""
-        from theta.updates import reconstruct
+        from theta.updates.rebuild import reconstruct
 
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")

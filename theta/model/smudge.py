@@ -25,7 +25,8 @@ from theta.base.parallel import READ_AHEAD_BYTES
 from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
-from theta.updates import bounds, content_hash, reconstruct
+from theta.updates import bounds, content_hash
+from theta.updates.rebuild import reconstruct
 from theta.model.views import view_of
 
 
@@ -462,7 +463,7 @@ _FRAMES_AHEAD = 2 * parallel.CODEC_THREADS + 1
 
 class _FrameStream:
     """The frames of the groups a checkout may trust without hashing them (a single dense step whose blob the
-    store has bound to the group's hash, every zstd frame checksummed: :func:`theta.updates.proven_dense_frames`),
+    store has bound to the group's hash, every zstd frame checksummed: :func:`theta.updates.rebuild.proven_dense_frames`),
     in the order the writer is expected to ask for them, decoded on the codec threads a few frames ahead --
     across group boundaries, so the writer never waits for a group's first frame, and never holds a whole group.
 
@@ -482,7 +483,7 @@ class _FrameStream:
         self._spare: list[np.ndarray] = []  # frame buffers the writer is done with, decoded into again
 
     def _items(self, start: int):
-        from theta.updates import proven_dense_frames
+        from theta.updates.rebuild import proven_dense_frames
 
         for name in self.names[start:]:
             stack = contextlib.ExitStack()
@@ -531,7 +532,7 @@ class _FrameStream:
         self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
 
     def _frames(self, name: str, count: int):
-        from theta.updates import bounds_located
+        from theta.updates.rebuild import bounds_located
 
         group = self.meta.groups[name]
         self._in_group = True
@@ -582,7 +583,7 @@ def _single_dense(group) -> bool:
 
 def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
     """The value of a single-dense-step group if its blob proves its own bytes, else None (hash it)."""
-    from theta.updates import decode_proven_dense
+    from theta.updates.rebuild import decode_proven_dense
 
     return decode_proven_dense(group, store, file)
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from theta.updates import get, reconstruct
+from theta.updates import get
+from theta.updates.rebuild import reconstruct
 from theta.updates.steps import store_dense
 
 

@@ -296,7 +296,8 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         from dataclasses import replace
 
         from theta.base.errors import BlobMissingError, IntegrityError, MetadataError
-        from theta.updates import reconstruct, relayout_steps
+        from theta.updates import relayout_steps
+        from theta.updates.rebuild import reconstruct
 
         try:
             base = reconstruct(reshaped_previous, store)

@@ -24,6 +24,7 @@ import math
 from zipslice import dtypes
 
 from theta.base.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
+from theta.updates import get, step_layout
 
 DEFAULT_MAX_OUTPUT = 1 << 40   # 1 TiB: more than any single checkpoint file of a released model
 WORK_FACTOR = 64               # values materialised by one chain, per byte of the group (= schema.MAX_STEPS)
@@ -34,8 +35,6 @@ PARTS_SLACK = 1 << 20
 
 def layout_bytes(step, group) -> int:
     """Bytes of the value ``step`` produces in ``group``'s chain (its recorded layout, else the group's)."""
-    from theta.updates import step_layout
-
     dtype_name, shape = step_layout(step, group)
     return math.prod(shape) * dtypes.get(dtype_name).itemsize
 
@@ -58,8 +57,6 @@ def where(file: str | None, group: str | None, step: int | None = None, oid: str
 
 def check_group(group, file: str | None = None) -> None:
     """Refuse a chain that is malformed or would cost more than the limits above (ChainError)."""
-    from theta.updates import get, step_layout
-
     steps = group.steps
     if not steps:
         raise ChainError(f"{where(file, group.name)}: the group has no steps", file=file, group=group.name)

@@ -360,7 +360,7 @@ def source(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> "G
     """A :class:`GroupSource` for ``group`` when its chain streams in one pass (checked from the metadata: a
     dense first step, then delta/sparse/ia3/low-rank steps and positional rows steps, all with the group's own
     dtype), else a :class:`PositionalSource` when it is read by position (rows moved, a change of dtype, old
-    ``planes`` deltas), else None (rebuild it whole: a chain :func:`theta.updates.reconstruct` reports)."""
+    ``planes`` deltas), else None (rebuild it whole: a chain :func:`theta.updates.rebuild.reconstruct` reports)."""
     bounds.check_group(group, file)
     steps = group.steps
     if not steps or steps[0].type != "dense" or any(s.type not in STREAMED_STEPS for s in steps[1:]):

@@ -20,7 +20,7 @@ def committed_values(rel: str, top: Path) -> Callable[[str], "np.ndarray | None"
     from theta.storage.metadata import is_metadata, loads
     from theta.storage.store import LfsStore
     from theta.storage.transfer import fetch_missing
-    from theta.updates import reconstruct
+    from theta.updates.rebuild import reconstruct
 
     store = LfsStore.for_repo(top)
     for spec in (f":{rel}", f"HEAD:{rel}"):
