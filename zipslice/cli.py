@@ -17,13 +17,12 @@ from typing import Any, Optional
 import numpy as np
 import typer
 
-from . import clistyle, dtypes
+from . import clistyle, dtypes, formats
 from .clistyle import JSON_OPTION, QUIET_OPTION, columns, emit_json, natural_key, note, one_of, set_quiet
 from .errors import ZipsliceError
 from .progress import Bar, human_bytes as human
 
 EXIT_ERROR = 2
-WRITE_FORMATS = ("torch", "safetensors", "hdf5", "sharded")
 CAST_DTYPES = ("bfloat16", "float16", "float32")
 SORT_ORDERS = ("file", "name", "size")
 
@@ -339,8 +338,8 @@ def convert_cmd(src: Path = typer.Argument(..., metavar="SRC", help="Checkpoint 
                                            help="File to write, replaced atomically; a sharded checkpoint is "
                                                 "written through its index, e.g. model.safetensors.index.json."),
                 to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
-                                                 help="Output format: torch, safetensors, hdf5 or sharded "
-                                                      "(default: from DST's name).", **one_of(WRITE_FORMATS, "format")),
+                                                 help="Output format: torch, safetensors, hdf5, sharded or a plugin's "
+                                                      "(default: from DST's name).", **one_of(formats.writable, "format")),
                 dtype: Optional[str] = typer.Option(None, "--dtype", metavar="DTYPE",
                                                     help="Cast floating tensors to bfloat16, float16 or float32.",
                                                     **one_of(CAST_DTYPES, "dtype to cast to")),
@@ -365,7 +364,7 @@ def convert_cmd(src: Path = typer.Argument(..., metavar="SRC", help="Checkpoint 
             fmt = zipslice.format_for_path(dst)
         except ValueError:
             raise typer.BadParameter(f"cannot tell the output format from the name {str(dst)!r}; "
-                                     f"pass --to {'|'.join(WRITE_FORMATS)}", param_hint="'DST'") from None
+                                     f"pass --to {'|'.join(formats.writable())}", param_hint="'DST'") from None
     max_shard = _parse_size(shard_size)
     if max_shard is not None and fmt != "sharded":
         raise typer.BadParameter("only for a sharded output (DST named *.index.json, or --to sharded)",

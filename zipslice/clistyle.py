@@ -92,18 +92,23 @@ def say(message: str) -> None:
         print(message)
 
 
-def one_of(choices: Sequence[str], what: str = "value") -> dict[str, Any]:
+def one_of(choices: "Sequence[str] | Callable[[], Sequence[str]]", what: str = "value") -> dict[str, Any]:
     """Keyword arguments for ``typer.Option`` that accept exactly ``choices`` (or None).
 
+    ``choices`` may be a function returning them (a registry asked when the option is used, e.g.
+    :func:`zipslice.formats.writable`, so plugins count and starting the CLI scans no entry points).
     The error is one line naming the flag and the choices; the shell completes the choices.
     """
+    def listed() -> Sequence[str]:
+        return choices() if callable(choices) else choices
+
     def check(value: str | None) -> str | None:
-        if value is not None and value not in choices:
-            raise typer.BadParameter(f"{value!r} is not a {what}; choose one of {', '.join(choices)}")
+        if value is not None and value not in listed():
+            raise typer.BadParameter(f"{value!r} is not a {what}; choose one of {', '.join(listed())}")
         return value
 
     def complete(incomplete: str) -> list[str]:
-        return [c for c in choices if c.startswith(incomplete)]
+        return [c for c in listed() if c.startswith(incomplete)]
 
     return {"callback": check, "autocompletion": complete}
 

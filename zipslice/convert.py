@@ -29,17 +29,19 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from . import dtypes, formats, structure as st
 from .errors import CorruptCheckpointError, ZipsliceError
+from .base import LazyCheckpoint
 from .info import TensorInfo, TensorSource
+from .opening import format_for_path, load
+from .sources import as_sources
 
 LAYOUT_KEY = "zipslice.layout"
 CAST_TARGETS = ("bfloat16", "float16", "float32")
-FORMATS = ("torch", "safetensors", "hdf5", "sharded")
 _CAST_CHUNK = 1 << 22  # elements converted at a time: bounds the float32 intermediate to 16 MiB
 
 
@@ -347,17 +349,15 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
     ``to="sharded"`` (or ``dst`` named ``*.index.json``) writes shards of at most ``max_shard_bytes``
     (default: :data:`zipslice.sharded.DEFAULT_MAX_SHARD_BYTES`) in the format named before ``.index.json``.
     """
-    import zipslice
-
     src, dst = os.fspath(src), os.fspath(dst)
-    fmt = to or zipslice.format_for_path(dst)
-    if fmt not in FORMATS:
-        raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    fmt = to or format_for_path(dst)
+    if fmt not in formats.writable():
+        raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(formats.writable())}")
     if dtype is not None and dtype not in CAST_TARGETS:
         raise ValueError(f"cannot cast to {dtype!r}; choose one of {', '.join(CAST_TARGETS)}")
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise ZipsliceError(dst, "source and destination are the same file")
-    with zipslice.load(src) as lsd:
+    with load(src) as lsd:
         plan = plan_write(lsd, fmt, dtype=dtype, keep_layout=keep_layout)
         written = plan.sources
         if progress is not None:
@@ -371,3 +371,29 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
     sources, n_cast = plan.sources, plan.cast
     return ConvertResult(src=src, dst=dst, format=fmt, tensors=len(sources), cast=n_cast,
                          nbytes=bytes_to_write(sources, shares_storage=fmt == "torch"))
+
+
+def save(path: str | os.PathLike, tensors: Iterable[tuple[str, Any]] | LazyCheckpoint, format: str | None = None,
+         **options) -> None:
+    """Write ``tensors`` to ``path`` one tensor at a time, published atomically.
+
+    ``tensors`` is a LazyCheckpoint or an iterable of (name, torch.Tensor | numpy.ndarray | TensorSource);
+    a lazy source streams through without being materialised whole. A LazyCheckpoint is written like
+    :func:`zipslice.convert.convert` writes it (:func:`zipslice.convert.plan_write`): its container
+    layout survives a round trip through safetensors or HDF5.
+    """
+    fmt = format or format_for_path(path)
+    writer = formats.get(fmt).writer_function()
+    if writer is None:
+        raise ValueError(f"cannot write format {fmt!r}; writable: "
+                         + ", ".join(n for n, f in formats.registry().items() if f.writer))
+    if isinstance(tensors, LazyCheckpoint):
+        # the same layout rules as zipslice.convert: a layout kept in a flat file's metadata is restored
+        # when writing torch, and a torch file's layout is kept in the metadata of a flat format
+        plan = plan_write(tensors, fmt)
+        options.setdefault("structure", plan.structure)
+        options.setdefault("metadata", plan.metadata or None)
+        srcs = plan.sources
+    else:
+        srcs = as_sources(tensors)
+    writer(path, srcs, **options)

@@ -31,6 +31,7 @@ class FormatSpec:
     detect: str | None = None         # "module:function" for formats zipslice's sniffing does not know
     mmap: bool = False                # the reader accepts mmap=True
     opens: str | None = None          # "module:function": name -> LazyCheckpoint | None, for names that are no file
+    several_files: bool = False       # written as an index and the files it lists (never one file on its own)
 
     def reader_class(self):
         return _resolve(self.reader)
@@ -46,7 +47,8 @@ SAFETENSORS = FormatSpec("safetensors", "zipslice.safetensors_format:Safetensors
                          "zipslice.safetensors_format:write", (".safetensors",))
 HDF5 = FormatSpec("hdf5", "zipslice.hdf5_format:HDF5Checkpoint", "zipslice.hdf5_format:write",
                   (".h5", ".hdf5", ".keras"))
-SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.sharded:write", (".index.json",))
+SHARDED = FormatSpec("sharded", "zipslice.sharded:ShardedCheckpoint", "zipslice.sharded:write", (".index.json",),
+                     several_files=True)
 
 
 # known without the entry points (a source checkout that was never pip-installed knows them too)
@@ -78,6 +80,25 @@ def get(name: str) -> FormatSpec:
     if spec is None:
         raise ValueError(f"unknown checkpoint format {name!r}; known: {', '.join(sorted(registry()))}")
     return spec
+
+
+def writable() -> list[str]:
+    """Every format a checkpoint can be written in, built-ins first: the one list the CLIs, convert, sharded
+    writing and theta's settings and views ask."""
+    return [name for name, spec in registry().items() if spec.writer]
+
+
+def one_file_writable() -> list[str]:
+    """The writable formats that are one file each (a shard's format, a theta-tracked file's format)."""
+    return [name for name, spec in registry().items() if spec.writer and not spec.several_files]
+
+
+def for_extension(extension: str) -> str | None:
+    """The one-file writable format that claims ``extension`` (``".safetensors"``), or None."""
+    for name in one_file_writable():
+        if extension.lower() in get(name).extensions:
+            return name
+    return None
 
 
 def detect_plugin(head: bytes) -> str | None:

@@ -11,7 +11,10 @@ import json
 import os
 from typing import Any, Iterator
 
+from . import formats
 from .base import LazyCheckpoint
+from .convert import LAYOUT_KEY
+from .fileio import atomic_output
 from .jsonutil import loads_strict
 from .errors import DuplicateKey, CorruptCheckpointError, ZipsliceError
 from .info import TensorInfo, TensorSource
@@ -167,9 +170,6 @@ class ShardedCheckpoint(LazyCheckpoint):
 # -- writing -------------------------------------------------------------------------------------------
 
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' save_pretrained default ("5GB")
-_SHARD_FORMATS = {".safetensors": "safetensors", ".bin": "torch", ".pt": "torch", ".pth": "torch",
-                  ".h5": "hdf5", ".hdf5": "hdf5"}
-
 
 def shard_format(path: str | os.PathLike) -> str:
     """The format of the shards an index named ``path`` lists: ``model.safetensors.index.json`` ->
@@ -178,10 +178,11 @@ def shard_format(path: str | os.PathLike) -> str:
     if not path.endswith(".index.json"):
         raise ValueError(f"{path!r}: a sharded checkpoint is written through its index, named *.index.json")
     ext = os.path.splitext(path[: -len(".index.json")])[1]
-    fmt = _SHARD_FORMATS.get(ext)
+    fmt = formats.for_extension(ext) if ext else None
     if fmt is None:
+        known = [e for name in formats.one_file_writable() for e in formats.get(name).extensions]
         raise ValueError(f"{path!r}: cannot tell the shard format from {ext or 'the name'!r}; name the index "
-                         f"NAME<ext>.index.json with <ext> one of {', '.join(_SHARD_FORMATS)} "
+                         f"NAME<ext>.index.json with <ext> one of {', '.join(known)} "
                          f"(e.g. model.safetensors.index.json)")
     return fmt
 
@@ -218,17 +219,12 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     ``metadata.total_size`` and a ``weight_map`` sorted by name. Shards of an earlier write with another
     shard count are left in place.
     """
-    from . import formats
-    from .fileio import atomic_output
-
     path = os.fspath(path)
     fmt = shard_format(path)
     stem, ext = os.path.splitext(path[: -len(".index.json")])
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
     writer = formats.get(fmt).writer_function()
-    from .convert import LAYOUT_KEY
-
     # the layout describes the whole checkpoint, not one shard: it goes into the index
     metadata = dict(metadata or {})
     layout = metadata.pop(LAYOUT_KEY, None)

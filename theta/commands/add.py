@@ -22,7 +22,7 @@ import typer
 
 from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
-from zipslice import clistyle
+from zipslice import clistyle, formats
 from zipslice.clistyle import note, say
 
 
@@ -109,7 +109,7 @@ def add(ctx: typer.Context,
         format: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
                                              help="Change the committed format to torch, safetensors or hdf5 "
                                                   "(whatever format the work-tree file has).",
-                                             **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+                                             **clistyle.one_of(formats.one_file_writable, "format")),
         source: Optional[Path] = typer.Option(None, "--from", metavar="SOURCE",
                                               help="Record the checkpoint at SOURCE (any format, e.g. a sharded "
                                                    "model.safetensors.index.json) as PATH's new version; PATH "
@@ -151,10 +151,6 @@ def add(ctx: typer.Context,
             raise typer.BadParameter(f"expected KEY=VALUE, got {kv!r}", param_hint="'--option'")
         env["GIT_THETA_" + key.upper().replace("-", "_")] = value
     if format is not None:
-        from theta.settings import FORMATS
-
-        if format not in FORMATS:
-            raise ThetaError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
         env["GIT_THETA_FORMAT"] = format
         # a tracked file whose stat matches the index would not be cleaned again by a plain `git add`
         status = gitutil.passthrough(["add", "--renormalize", *ctx.args, "--", *paths], env=env)

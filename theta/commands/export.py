@@ -10,7 +10,7 @@ import typer
 
 from theta.git import repo as gitutil
 from theta.base.errors import ThetaError
-from zipslice import clistyle
+from zipslice import clistyle, formats
 from zipslice.clistyle import QUIET_OPTION, note, set_quiet
 
 
@@ -81,7 +81,7 @@ def export_command(spec: str = typer.Argument(..., metavar="REV:PATH", help="A c
            out: Path = typer.Argument(..., metavar="OUT", help="Output file."),
            to: Optional[str] = typer.Option(None, "--to", metavar="FORMAT",
                                             help="torch, safetensors or hdf5 (default: as committed).",
-                                            **clistyle.one_of(("torch", "safetensors", "hdf5"), "format")),
+                                            **clistyle.one_of(formats.one_file_writable, "format")),
            max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE",
                                                         help="Largest shard of a sharded OUT (default 5GB)."),
            quiet: bool = QUIET_OPTION) -> None:

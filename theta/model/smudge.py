@@ -22,7 +22,7 @@ from zipslice.progress import Bar
 
 from theta.base import faults, parallel, scratch
 from theta.base.parallel import READ_AHEAD_BYTES
-from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError
+from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError, ViewError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash
@@ -64,6 +64,21 @@ def check_rebuildable(meta: CheckpointMeta, file: str, fmt: str | None = None,
     for g in meta.groups.values():
         bounds.check_group(g, file)
     return target
+
+
+def check_plugin_view(path: str, meta, fmt: str, file: str) -> None:
+    """A plugin format's file holds every group under its name, dtype and shape, or it is no view: its clean
+    would record other groups and `git status` would never be clean. theta knows what the built-in formats can
+    hold (:func:`theta.model.views.format_problem`); a plugin's file is read back instead (its index only)."""
+    want = [(n, meta.group_for(n).dtype, tuple(meta.group_for(n).shape)) for n in meta.order]
+    with zipslice.load(path) as lsd:
+        got = [(k, lsd.info(k).dtype, tuple(lsd.info(k).shape)) for k in lsd]
+    if got != want:
+        lost = next((w for w in want if w not in got), want[0] if want else None)
+        raise ViewError(f"{file}: format {fmt!r} cannot hold this checkpoint as it is committed (group "
+                        f"{lost[0]!r}, {lost[1]}{list(lost[2])}: the file it wrote holds "
+                        f"{', '.join(repr(g[0]) for g in got[:3]) or 'no tensor'}); check it out in its committed "
+                        f"format ({meta.format})")
 
 
 def free_bytes(directory: str | os.PathLike) -> int | None:
@@ -128,9 +143,11 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     if target == "torch":
         options["record_prefix"] = torch_writer.default_prefix(real_name or out_path)  # as torch.save names it
     try:
-        with _writer_errors(out_path, target):
+        with _writer_errors(name, target, tmp):
             zipslice.save(tmp, [(s.name, s) for s in job.sources], format=target, **options)
             job.checker.finish()
+            if target not in zipslice.formats.BUILTIN:
+                check_plugin_view(tmp, meta, target, name)
             os.replace(tmp, out_path)
     finally:
         job.close()
@@ -261,14 +278,20 @@ def smudge_to_stream(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name:
 
 
 @contextlib.contextmanager
-def _writer_errors(name: str, target: str):
-    """A writer's refusal as theta's errors: a bad checkpoint, or a value the format cannot hold."""
+def _writer_errors(name: str, target: str, written: str | None = None):
+    """A writer's refusal as theta's errors: a bad checkpoint, or a value the format cannot hold; the file it was
+    writing (``written``: a temp file) is called ``name`` in the message."""
     try:
         yield
     except ZipsliceError as e:
-        raise CheckpointError(f"cannot write {name}: {e}") from e
+        raise CheckpointError(f"cannot write {name}: {_renamed(e, written, name)}") from e
     except (ValueError, TypeError) as e:
-        raise ThetaError(f"cannot write {name} as {target}: {e}") from e
+        raise ThetaError(f"cannot write {name} as {target}: {_renamed(e, written, name)}") from e
+
+
+def _renamed(e: Exception, written: str | None, name: str) -> str:
+    text = str(e)
+    return text.replace(written, name) if written else text
 
 
 class _Job:

@@ -29,13 +29,12 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from zipslice import TensorSource, dtypes, structure as st
+from zipslice import TensorSource, dtypes, formats, structure as st
 from zipslice.errors import ZipsliceError
 
 from theta.base.errors import ViewError
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 
-FORMATS = ("torch", "safetensors", "hdf5")
 # formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
 WRITES_AS = {"torch-legacy": "torch"}
 
@@ -64,8 +63,8 @@ def view_of(meta: CheckpointMeta, fmt: str | None = None, file: str = "") -> Vie
     name it cannot spell. The committed format itself is never refused here (its writer decides).
     """
     target = written_as(fmt or meta.format)
-    if fmt is not None and fmt not in FORMATS and fmt not in WRITES_AS:
-        raise ViewError(f"{_at(file)}cannot check out as {fmt!r}; formats: {', '.join(FORMATS)}")
+    if fmt is not None and fmt not in formats.one_file_writable() and fmt not in WRITES_AS:
+        raise ViewError(f"{_at(file)}cannot check out as {fmt!r}; formats: {', '.join(formats.one_file_writable())}")
     if target != written_as(meta.format):
         problem = format_problem(target, [(n, meta.group_for(n).dtype) for n in meta.order])
         if problem is not None:
@@ -179,8 +178,8 @@ def as_committed(view: CheckpointMeta, committed: CheckpointMeta, file: str = ""
 
 def empty_checkpoint(fmt: str, metadata: dict[str, str] | None = None) -> CheckpointMeta:
     """A checkpoint of format ``fmt`` with no tensor: what :func:`as_committed` fills for a format change."""
-    if fmt not in FORMATS:
-        raise ViewError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if fmt not in formats.one_file_writable():
+        raise ViewError(f"unknown format {fmt!r}; formats: {', '.join(formats.one_file_writable())}")
     return CheckpointMeta(format=fmt, order=[], groups={}, structure={"dict": []} if fmt == "torch" else None,
                           metadata=dict(metadata or {}))
 
@@ -193,8 +192,8 @@ def committed_form(view: CheckpointMeta, committed: CheckpointMeta | None, fmt: 
     - ``fmt`` given and not the committed format: an explicit change of the committed format;
     - otherwise the committed format (a file in another format is a view of it).
     """
-    if fmt is not None and fmt not in FORMATS:
-        raise ViewError(f"{_at(file)}cannot record as {fmt!r}; formats: {', '.join(FORMATS)}")
+    if fmt is not None and fmt not in formats.one_file_writable():
+        raise ViewError(f"{_at(file)}cannot record as {fmt!r}; formats: {', '.join(formats.one_file_writable())}")
     if committed is not None and (fmt is None or committed.format == fmt):
         template = committed
     elif fmt is not None:

@@ -11,11 +11,12 @@ import re
 import sys
 from pathlib import Path
 
+from zipslice import formats
+
 from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
 
 ENV_PREFIX = "GIT_THETA_"
-FORMATS = ("torch", "safetensors", "hdf5")
 
 
 def parse_bool(value: str, where: str) -> bool:
@@ -108,8 +109,8 @@ def checkout_formats(paths: list[str], cwd=None) -> dict:
 
 def _format_answer(fmt: str | None, source: str):
     def answer() -> str | None:
-        if fmt is not None and fmt not in FORMATS:
-            raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(FORMATS)}")
+        if fmt is not None and fmt not in formats.one_file_writable():
+            raise ThetaError(f"{source} is {fmt!r}; expected one of {', '.join(formats.one_file_writable())}")
         return fmt
     return answer
 
@@ -124,8 +125,8 @@ def commit_format() -> str | None:
     fmt = env("FORMAT")
     if fmt is None or fmt == "":
         return None
-    if fmt not in FORMATS:
-        raise ThetaError(f"{ENV_PREFIX}FORMAT is {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt not in formats.one_file_writable():
+        raise ThetaError(f"{ENV_PREFIX}FORMAT is {fmt!r}; expected one of {', '.join(formats.one_file_writable())}")
     return fmt
 
 

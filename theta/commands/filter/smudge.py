@@ -102,6 +102,7 @@ class SmudgeRequests:
             os.close(fd)
             try:
                 smudge_checkpoint(meta, self.store, tmp, fmt=fmt, progress=settings.stderr_is_terminal(), verify=verify,
+                                  name=Path(path).name,
                                   max_output=limit)
                 with open(tmp, "rb") as f:
                     out(f)
