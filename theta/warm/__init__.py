@@ -54,17 +54,6 @@ def parent_pid() -> int:
     return _parent if _parent is not None else os.getppid()
 
 
-def leaving(code: int) -> None:
-    """The filter process ends now with ``code`` (called just before ``os._exit``): a warm child reports it to
-    its client; a cold filter leaves a server for the next one."""
-    if _on_exit is not None:
-        _on_exit(code)
-    elif enabled():
-        from theta.warm.client import spawn_server
-
-        spawn_server()
-
-
 def runtime_dir() -> str | None:
     """The user's private directory for servers' sockets (``GIT_THETA_WARM_DIR``, else
     ``$XDG_RUNTIME_DIR/git-theta``, else ``/tmp/git-theta-<uid>``), created 0700; None when it is not a

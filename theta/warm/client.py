@@ -128,3 +128,12 @@ def spawn_server() -> None:
                          start_new_session=True, close_fds=True)
     except OSError:
         pass
+
+
+def leaving(code: int) -> None:
+    """The filter process ends now with ``code`` (called just before ``os._exit``): a warm child reports it to
+    its client; a cold filter leaves a server for the next one."""
+    if warm._on_exit is not None:
+        warm._on_exit(code)
+    elif warm.enabled():
+        spawn_server()
