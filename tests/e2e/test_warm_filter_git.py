@@ -150,7 +150,7 @@ def test_a_server_whose_code_changed_refuses_and_exits(genv, tmp_path):
     save_pt(repo / "model.pt", v1)
     repo.commit("v1", ".gitattributes", "model.pt")
     [(_, old)] = wait_for_servers(genv)
-    source = code / "theta" / "clean.py"
+    source = code / "theta" / "model" / "clean.py"
     st = source.stat()
     os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     save_pt(repo / "model.pt", tuned(v1, 4))
