@@ -161,7 +161,6 @@ def test_safetensors_round_trip_and_metadata(repo):
 
 
 def test_hdf5_round_trip(repo):
-    pytest.importorskip("zipslice.hdf5_format", reason="HDF5 reader not landed yet")
     import h5py
 
     w = np.random.default_rng(1).standard_normal((20, 10)).astype(np.float32)
