@@ -1,5 +1,5 @@
 """User errors in the command line's own terms, one line (usage errors: plus a hint to -h), never a traceback;
-every case issue 14 listed, and the help, version and completion entry points. In-process where possible."""
+every case of a malformed command line, and the help, version and completion entry points. In-process where possible."""
 from __future__ import annotations
 
 import os
@@ -43,7 +43,7 @@ def _one_error(err: str, prefix: str) -> str:
     return lines[0]
 
 
-# -- issue 14's cases --------------------------------------------------------------------------------
+# -- malformed command lines --------------------------------------------------------------------------------
 
 def test_unknown_output_format_names_the_flag(capsys, pt, tmp_path):
     code, out, err = zipslice(capsys, "convert", pt, tmp_path / "x.npz")

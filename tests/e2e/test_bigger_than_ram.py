@@ -376,7 +376,7 @@ def test_disk_full_leaves_the_placeholder_and_no_temp_file(genv, small_disk):
 
 # -- several times the memory limit (slow) -------------------------------------------------------------------
 GROUP_MIB, N_GROUPS = 32, 48                     # a 1.5 GiB checkpoint of 32 MiB groups
-BIG_LIMIT = 2 * (GROUP_MIB << 20) + (300 << 20)  # issue #11: about 2 x the largest group + 300 MiB, for all
+BIG_LIMIT = 2 * (GROUP_MIB << 20) + (300 << 20)  # about 2 x the largest group + 300 MiB, for all
 
 
 def _group(version: int, i: int):

@@ -1,4 +1,4 @@
-"""Checking out in another format is a view (issue 18), with the real git and git-lfs.
+"""Checking out in another format is a view, with the real git and git-lfs.
 
 For every pair of formats: the checked-out file is read by the target format's own library with the committed
 tensors bit for bit, `git status` is clean, `git diff` is empty and `git add` leaves the index as it was; one

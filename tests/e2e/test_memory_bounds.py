@@ -1,4 +1,4 @@
-"""The memory bound of issue #17, measured by the committed benchmark (scripts/bench/git.py) at a reduced scale
+"""The memory bound of git add, checkout and merge, measured by the committed benchmark (scripts/bench/git.py) at a reduced scale
 with real git, git-lfs and theta: the peak RSS of every add+commit of the history (first version, 20% of groups
 changed, full fine-tune, vocabulary trim), of `git theta squash` of the trimmed fine-tune, and of the chain steps
 (an embedding grown back and fine-tuned in one commit, side-loaded IA3 and LoRA updates through `git theta add
@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ADDS = ("first version", "20% of groups changed", "full fine-tune", "vocabulary trim", "20%, embedding frozen")
 CHAIN_ADDS = ("grow + fine-tune", "ia3 side-load", "low-rank side-load", "chain of 8: add")
-# round 3: the cases that were not bounded before (inference, Git-Theta's original form, half-changed sparse steps)
+# the cases that are easy to leave unbounded (inference, Git-Theta's original form, half-changed sparse steps)
 ROUND3_ADDS = ("ia3 inferred", "low-rank inferred", "low-rank, original form", "50% pruned: add")
 ROUND3_GIT_WRITES = ("50% pruned: checkout", "merge, rows moved")
 
@@ -65,7 +65,7 @@ def test_every_step_of_the_history_stays_within_two_groups(tmp_path):
     # the chain's squash stored every group of the 8-step tip anew
     assert rows["chain of 8: squash"]["stored"] - rows["chain of 8: add"]["stored"] > (
         0.5 * rows["first version"]["stored"])
-    # round 3: each step did what it says (the inferred and side-loaded steps, a sparse step for the pruned
+    # each step did what it says (the inferred and side-loaded steps, a sparse step for the pruned
     # embedding, a rows step on both sides of the last merge: its rows moved, so the merge read it by position)
     kinds = figures["step_kinds"]
     assert kinds["ia3 inferred"][-1] == "ia3" and kinds["low-rank inferred"][-1] == "low-rank"

@@ -1,4 +1,4 @@
-"""Sharded checkpoints and views (issue 18), with real git, git-lfs and each format's own library.
+"""Sharded checkpoints and views, with real git, git-lfs and each format's own library.
 
 - A sharded checkpoint committed as shard files + index: each shard is a view in any other format, git status
   stays clean, an edit in one shard commits that shard only, in its committed format.

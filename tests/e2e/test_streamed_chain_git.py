@@ -1,4 +1,4 @@
-"""Issue #17's streamed paths through the real git, git-lfs and theta filter, on a small model: an embedding grown
+"""The streamed paths through the real git, git-lfs and theta filter, on a small model: an embedding grown
 and fine-tuned in one commit, side-loaded IA3 and LoRA updates on top, three fine-tunes (the embedding's chain is
 then 8 steps: dense, rows, delta, ia3, low-rank and deltas), a checkout of every commit and `git theta squash` of
 the tip. Every checkout gives the saved file's values bit for bit and leaves `git status` clean. Values only:

@@ -1,4 +1,4 @@
-"""Views through the bigger-than-RAM checkout path (issue 18), with real git and git-lfs.
+"""Views through the bigger-than-RAM checkout path, with real git and git-lfs.
 
 GIT_THETA_MATERIALIZE_ABOVE=0 sends every checkout through the placeholder path: git writes the metadata text,
 and the filter process materialises the checkpoint when git is done. With a view configured, every git verb

@@ -1,4 +1,4 @@
-"""The streamed paths of issue #17's memory bound, checked bit for bit against the whole-value computations they
+"""The streamed paths of the memory bound, checked bit for bit against the whole-value computations they
 replace (real blobs in a real store): a group grown and fine-tuned in one commit (its change encoded without
 building the grown value), rows' new rows gathered lazily, a chain that grows rebuilt in one buffer, IA3 applied
 and side-loaded block of rows by block of rows, low-rank applied in place, a chain of 8 mixed steps. Traced

@@ -1,4 +1,4 @@
-"""Streaming paths of the codec and the updates (issue #17): lazy arrays, byte planes for integer words, frame
+"""Streaming paths of the codec and the updates: lazy arrays, byte planes for integer words, frame
 by frame decoding, delta/sparse applied from the blob (in place), staged candidate blobs, bounded reconstruct
 of a chain of 8 -- every one bit for bit, and old-layout delta blobs still decode."""
 import os
@@ -109,7 +109,7 @@ def test_corrupt_frame_in_a_streamed_decode_fails_clearly():
 
 # ------------------------------------------------------------------------------------------------ delta
 def old_layout_delta_blob(new: np.ndarray, prev: np.ndarray, op: str = "zigzag") -> bytes:
-    """A delta blob as theta wrote it before issue #17: part "planes" (word bytes, n) uint8."""
+    """A delta blob in the older layout theta still reads: part "planes" (word bytes, n) uint8."""
     words = combine(raw_words(new), raw_words(prev), op)
     return codec.encode_parts({"planes": to_planes(words)})
 

@@ -32,8 +32,8 @@ def reuse_freed_memory() -> bool:
     And one heap for every thread (``M_ARENA_MAX`` 1): glibc gives each new thread an arena of its own, so a
     frame freed by the in-order thread was never reused by a codec thread, and each arena grew to its own
     high-water mark in fresh pages. The filter's threads allocate few, large blocks, so they do not queue
-    on the one arena's lock. A/B with ``scripts/bench/partial_add.py`` (docs/design/performance.md, round 9):
-    a full fine-tune's add 9% faster, peak RSS of every add 10-20% lower.
+    on the one arena's lock. Measured with ``scripts/bench/partial_add.py``
+    (docs/design/performance.md): a full fine-tune's add faster, and the peak RSS of every add lower by 10-20%.
     False where the C library has no ``mallopt`` (not glibc)."""
     mallopt = _glibc("mallopt")
     if mallopt is None:  # not glibc: its own defaults

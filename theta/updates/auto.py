@@ -37,9 +37,8 @@ from theta.updates import Encoded, get, steps
 from theta.updates.delta import changed_count, same_layout
 
 # dense is estimated from 16 slices of 16 Ki elements (1 MiB of fp32) against the delta blob encoded in full.
-# 64 Ki-element slices made the sample the whole group for every group up to 1 Mi elements (all attention
-# matrices of a BERT), so a full fine-tune encoded ~1 x the model three times instead of once (issue #17: -0.3
-# CPU s of 3.5 on 414 MiB); since round 6 only dense is sampled (delta was too: two sample encodes per group);
+# Larger slices would make the sample the whole group for every group up to 1 Mi elements (all attention
+# matrices of a BERT), encoding a full fine-tune several times instead of once; only dense is sampled, since
 # a delta of a fine-tune is ~0.6 x dense, far from the 10 % margin a smaller sample could misjudge
 SAMPLE_SLICES = 16
 SAMPLE_ELEMENTS = 1 << 14
@@ -163,8 +162,8 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
     group grew (``previous``'s rows, then ``new``'s rows beyond them), without building that value: the two
     differ only in the first ``m`` rows, so the change is counted and encoded from ``new[:m]`` and
     ``previous`` (the same blobs as from the built value, bit for bit); the rest of the delta's code words are
-    zeros and sparse has no index there. Memory: ``new``, ``previous`` and codec frames (issue #17: a group
-    grown and fine-tuned in one commit no longer holds a third copy). None when nothing changed."""
+    zeros and sparse has no index there. Memory: ``new``, ``previous`` and codec frames (a group grown and
+    fine-tuned in one commit holds no third copy). None when nothing changed."""
     from theta.updates.delta import OPS, combine, raw_words
     from theta.updates.sparse import index_dtype
 

@@ -209,7 +209,7 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
 
 
 def _room(steps: list, group: "GroupMeta") -> np.ndarray | None:
-    """A buffer for a chain whose value grows on the way (a ``rows`` step appending rows, issue #17): the
+    """A buffer for a chain whose value grows on the way (a ``rows`` step appending rows): the
     size of its largest value, so the first value is decoded into it and the rows step grows it in place
     instead of holding the value before and the grown one. None for any other chain."""
     if len(steps) < 2 or steps[0].type != "dense" or not any(s.type == "rows" for s in steps[1:]):

@@ -47,8 +47,8 @@ class _Cursor:
         _, shape = codec.array_info(blob)
         self.size = int(np.prod(shape, dtype=np.int64))
         # one frame decoded ahead per cursor: a merge reads a cursor per step of each of its three chains, and
-        # the codec's default (2 per thread) held ~5 frames of 4 MiB each per cursor (issue #17: a merge of
-        # 8-step chains went over the bound on frames alone); the cursors together keep the threads busy
+        # the codec's default (2 per thread) would hold ~5 frames per cursor, so a merge of 8-step chains would
+        # exceed its memory bound on frames alone; the cursors together keep the threads busy
         self._frames = codec.iter_decode_array(blob, ahead=1)
         self._frame = np.empty(0)
         self._at = 0
