@@ -28,6 +28,10 @@ app = clistyle.make_app(
     version=version)
 
 
+_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-commit", "merge-driver", "diff-driver",
+             "diff-textconv")
+
+
 def help_cmd(ctx: typer.Context,
              command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
                                                            help="The command to explain (default: all).")) -> None:
@@ -60,8 +64,6 @@ def filter_process() -> None:
 # Each verb family is one module of theta.commands; this table is the one list of what `git theta -h` shows, in
 # its order. Hidden commands are the ones git runs.
 
-_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-commit", "merge-driver", "diff-driver",
-             "diff-textconv")
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 VERBS = (

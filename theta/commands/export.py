@@ -14,6 +14,9 @@ from zipslice import clistyle, formats
 from zipslice.clistyle import QUIET_OPTION, note, set_quiet
 
 
+_SHARD_SUFFIX = {"safetensors": ".safetensors", "torch": ".bin", "hdf5": ".h5"}
+
+
 def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, progress: bool | None = None,
            max_shard_bytes: int | None = None) -> str:
     """Rebuild ``spec`` (``REV:PATH``, or ``:PATH`` for the index) into ``out``; returns the format written.
@@ -54,9 +57,6 @@ def export(spec: str, out: str | os.PathLike, fmt: str | None = None, cwd=None, 
     smudge_checkpoint(meta, store, os.fspath(out), fmt=fmt, progress=show)
     default_mode(out)
     return fmt or meta.format
-
-
-_SHARD_SUFFIX = {"safetensors": ".safetensors", "torch": ".bin", "hdf5": ".h5"}
 
 
 def _shard_format(index) -> str:

@@ -27,6 +27,9 @@ from theta.updates.rebuild import reconstruct
 from theta.updates.stream import side_by_side
 from theta.updates.steps import dense_group
 
+_CHECK_CHUNK = 1 << 20
+
+
 def _group_key(g: GroupMeta | None):
     return None if g is None else (g.dtype, tuple(g.shape), g.hash, g.is_parameter, g.requires_grad)
 
@@ -278,9 +281,6 @@ def new_non_finite(merged: np.ndarray, inputs: list) -> int:
             bad &= _finite(a)
         count += int(np.count_nonzero(bad))
     return count
-
-
-_CHECK_CHUNK = 1 << 20
 
 
 def _finite(a: np.ndarray) -> np.ndarray:

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from theta.model.git_bytes import GroupHashes
 
 
+_OPAQUE_CHUNK = 8 << 20
+
+
 @dataclass
 class CleanOptions:
     """How :func:`clean_checkpoint` decides and stores changes; the git filter fills it from
@@ -186,9 +189,6 @@ def store_opaque(path: str | os.PathLike, store: LfsStore) -> CheckpointMeta:
     except OSError as e:
         raise CheckpointError(f"cannot read {os.fspath(path)}: {e.strerror or e}") from e
     return CheckpointMeta(format=OPAQUE_FORMAT, order=[], groups={}, opaque=ref, version=OPAQUE_VERSION)
-
-
-_OPAQUE_CHUNK = 8 << 20
 
 
 def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, options: CleanOptions,

@@ -30,6 +30,23 @@ from theta.updates.rebuild import reconstruct
 from theta.model.views import view_of
 
 
+_COPY_CHUNK = 8 << 20
+
+# How smudge verifies each rebuilt group:
+#   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.base.valuehash; always
+#               for chains, low-rank, ...);
+#   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
+#               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
+#               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
+#               by zstd while decoding: every decoded byte is the byte that was encoded) and the decoded dtype
+#               and shape are the group's; the blob's size was checked against its oid's. Other groups are
+#               hashed (and a single dense one that checks out is bound for next time). So metadata whose hash
+#               disagrees with its blob (a forged repository) is always caught at checkout; what is not
+#               detected is a local store object replaced by another valid theta blob of the same size.
+#               `git theta`'s library calls default to "hash", the git filter to "frames".
+VERIFY = ("hash", "frames")
+
+
 def check_blobs(meta: CheckpointMeta, store: LfsStore, file: str | None = None) -> None:
     """Raise BlobMissingError (naming the group, the file and the oid) if any needed blob is not local."""
     missing = store.missing(meta.blob_refs())
@@ -227,9 +244,6 @@ def copy_opaque(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str)
     if h.hexdigest() != ref.oid:
         raise BlobCorruptError(f"{name}: blob {ref.oid} does not match its sha256 (corrupt object)", file=name,
                                oid=ref.oid)
-
-
-_COPY_CHUNK = 8 << 20
 
 
 @contextlib.contextmanager
@@ -583,21 +597,6 @@ class _FrameStream:
         for stack in self._maps.values():
             stack.close()
         self._maps.clear()
-
-
-# How smudge verifies each rebuilt group:
-#   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.base.valuehash; always
-#               for chains, low-rank, ...);
-#   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
-#               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
-#               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
-#               by zstd while decoding: every decoded byte is the byte that was encoded) and the decoded dtype
-#               and shape are the group's; the blob's size was checked against its oid's. Other groups are
-#               hashed (and a single dense one that checks out is bound for next time). So metadata whose hash
-#               disagrees with its blob (a forged repository) is always caught at checkout; what is not
-#               detected is a local store object replaced by another valid theta blob of the same size.
-#               `git theta`'s library calls default to "hash", the git filter to "frames".
-VERIFY = ("hash", "frames")
 
 
 def _single_dense(group) -> bool:

@@ -62,6 +62,9 @@ OPAQUE_KEYS = {"oid", "size"}
 LAYOUT_SHAPE, LAYOUT_DTYPE = "shape", "dtype"
 
 
+_DEPTH_CHUNK = 1 << 20
+
+
 @dataclass(frozen=True)
 class Where:
     """Where a value was found, for error messages: file, line number, group."""
@@ -187,9 +190,6 @@ def json_depth(text: str) -> int:
         in_string ^= int(quotes[-1] & 1)
         pending = int(n - 1 - last_other[-1]) + (pending if last_other[-1] < 0 else 0)
     return deepest
-
-
-_DEPTH_CHUNK = 1 << 20
 
 
 def _reject_constant(name: str) -> Any:

@@ -31,6 +31,10 @@ ROW_BLOCK_ELEMENTS = 1 << 15  # elements per row block while applying (256 KiB o
 VERIFY_BLOCK_ELEMENTS = 1 << 20  # elements per block when checking factors against a saved value (4 MiB fp32)
 
 
+GRAM_BYTES = 8 << 20  # a Gram matrix up to 1024 x 1024 float64 (eigh's work ~3 x that): exact and cheap
+CLOSE_CHUNK = 1 << 16  # elements compared at a time (float64 temporaries: a few MiB)
+
+
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int] | None:
     if len(shape) < 2:
         return None
@@ -196,9 +200,6 @@ class Difference:
         return S[:rank], lambda r: ((Q @ U[:, :r]) * S[:r], np.ascontiguousarray(Vt[:r]))
 
 
-GRAM_BYTES = 8 << 20  # a Gram matrix up to 1024 x 1024 float64 (eigh's work ~3 x that): exact and cheap
-
-
 def noise_level(previous: np.ndarray, rows: int, cols: int) -> float:
     """A bound on the singular values that rounding to the group's dtype adds to new - previous: rounding
     errors of size eps * |value| form a random matrix whose norm is about sigma * (sqrt(rows) + sqrt(cols))."""
@@ -222,9 +223,6 @@ def close_enough(result: np.ndarray, target: np.ndarray, rtol: float, atol: floa
         return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True))
     return all(np.allclose(a[s:s + CLOSE_CHUNK].astype(np.float64), b[s:s + CLOSE_CHUNK].astype(np.float64),
                            rtol=rtol, atol=atol, equal_nan=True) for s in range(0, a.size, CLOSE_CHUNK))
-
-
-CLOSE_CHUNK = 1 << 16  # elements compared at a time (float64 temporaries: a few MiB)
 
 
 def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str | None:

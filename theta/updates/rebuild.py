@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from theta.storage.store import LfsStore
 
 
+# incremental steps whose value is a pure function of the previous value and their decoded parts (bit for bit)
+TRUSTED_INCREMENTAL = ("delta", "sparse", "rows")
+
+
 @contextmanager
 def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None):
     """The value of a group whose chain is one dense step, as frames to decode one by one, when its blob
@@ -97,10 +101,6 @@ def bind_steps(steps: list, store: "LfsStore") -> None:
             store.bind(step.blob.oid, step.hash)
         elif step.type in TRUSTED_INCREMENTAL:
             store.bind(step.blob.oid, step_binding(steps[i - 1].hash, step.hash))
-
-
-# incremental steps whose value is a pure function of the previous value and their decoded parts (bit for bit)
-TRUSTED_INCREMENTAL = ("delta", "sparse", "rows")
 
 
 def _proven(step, base_hash: str | None, blob, store: "LfsStore") -> bool:

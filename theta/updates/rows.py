@@ -19,6 +19,9 @@ from theta.base.errors import UpdateTypeError
 from theta.updates import Encoded
 
 
+_MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)
+
+
 def row_bytes(arr: np.ndarray) -> np.ndarray:
     """(rows, bytes per row) uint8 view of a C-contiguous array."""
     arr = np.ascontiguousarray(arr)
@@ -199,6 +202,4 @@ def apply_grown(blobs: dict, params: dict, room: np.ndarray, previous: np.ndarra
     out[new_mask.nonzero()[0]] = extra.astype(previous.dtype, copy=False)
     return out
 
-
-_MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)
 

@@ -23,6 +23,9 @@ from theta.git import repo as gitutil
 from theta.git.pktline import PktReader, PktWriter, grow_pipe
 
 
+_PIPE_BYTES = 1 << 20
+
+
 def _grow_pipes(*streams: BinaryIO) -> None:
     """Ask for 1 MiB pipe buffers to and from git (Linux; default 64 KiB, one packet): git and the filter
     then block on each other ~16x less often while a checkpoint streams through. Best effort."""
@@ -33,9 +36,6 @@ def _grow_pipes(*streams: BinaryIO) -> None:
             grow_pipe(s.fileno(), _PIPE_BYTES)
         except (OSError, ValueError, AttributeError):
             pass  # no file descriptor (a test's stream)
-
-
-_PIPE_BYTES = 1 << 20
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> int:

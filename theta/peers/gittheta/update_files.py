@@ -41,6 +41,9 @@ PARTS: dict[str, tuple[str, ...]] = {
 }
 
 
+_AGREE_CHUNK = 1 << 16  # float64 temporaries of a chunk: ~3 MiB (1 << 20 cost ~50 MiB)
+
+
 @dataclass
 class Verified:
     encoded: Encoded | None     # None for "dense": the value itself is stored
@@ -280,9 +283,6 @@ def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: floa
         if not np.all(ok):
             return False
     return True
-
-
-_AGREE_CHUNK = 1 << 16  # float64 temporaries of a chunk: ~3 MiB (1 << 20 cost ~50 MiB)
 
 
 def open_for_clean(options, lsd, previous) -> UpdateData | None:
