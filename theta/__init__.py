@@ -54,7 +54,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "get_update_type": ("theta.updates", "get"),
     "UpdateType": ("theta.updates", "UpdateType"),
     "Encoded": ("theta.updates", "Encoded"),
-    "reconstruct": ("theta.updates", "reconstruct"),
+    "reconstruct": ("theta.updates.rebuild", "reconstruct"),
     "merge_strategies": ("theta.merges", "names"),
     "get_merge_strategy": ("theta.merges", "get"),
     "MergeStrategy": ("theta.merges", "MergeStrategy"),

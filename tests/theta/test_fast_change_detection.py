@@ -163,10 +163,11 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     assert [s.type for s in third.groups["w2"].steps] == ["dense", "delta", "delta"]
     shutil.rmtree(store.objects_dir.parent / "theta-verified")  # as if the blobs came from a remote
     hashed.clear()
-    import theta.updates
+    import theta.updates.rebuild
     rebuilt = []
-    real = theta.updates.content_hash
-    monkeypatch.setattr(theta.updates, "content_hash", lambda a, like=None: rebuilt.append(a.nbytes) or real(a, like))
+    real = theta.updates.rebuild.content_hash  # the chain's rebuild hashes through its own name for it
+    monkeypatch.setattr(theta.updates.rebuild, "content_hash",
+                        lambda a, like=None: rebuilt.append(a.nbytes) or real(a, like))
     again = clean_checkpoint(p, store, second)
     assert again.groups["w2"] == third.groups["w2"]
     # the new value, the previous value (on the hash thread) and the chain's intermediate value

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import TextIO
 
 from theta import settings
-from theta.commands.merge_menu import MANUAL, ask
 from theta.base.errors import MergeConflict, ThetaError
-from theta.merges import get as get_strategy, names as strategy_names
+from theta.commands.merge_menu import MANUAL, ask
+from theta.merges import get as get_strategy
+from theta.merges import names as strategy_names
 from theta.merges.plan import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, value_equal
 from theta.settings.merge_rules import RULES_FILE, MergeConfig
 from theta.storage.metadata import CheckpointMeta, dumps, is_metadata, loads
@@ -152,7 +153,6 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     theirs = read_meta(theirs_file, "their", path)
     if any(m is not None and m.is_opaque for m in (ancestor, ours, theirs)):
         return merge_opaque(ancestor, ours, theirs, path, ours_file, err)
-    from theta import settings
     from theta.updates.bounds import check_output
 
     limit = settings.max_checkout_bytes(repo_dir)

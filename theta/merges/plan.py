@@ -22,10 +22,11 @@ from theta.base.errors import MergeConflict
 from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
+from theta.storage.transfer import fetch_missing
 from theta.updates import stream
 from theta.updates.rebuild import reconstruct
-from theta.updates.stream import side_by_side
 from theta.updates.steps import dense_group
+from theta.updates.stream import side_by_side
 
 _CHECK_CHUNK = 1 << 20
 
@@ -259,8 +260,6 @@ def fetch_for(plan: MergePlan, store: LfsStore, repo_dir: str | os.PathLike) -> 
             if g is not None:
                 refs.extend(s.blob for s in g.steps)
     if store.missing(refs):
-        from theta.storage.transfer import fetch_missing
-
         fetch_missing(repo_dir, refs, store=store)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -27,19 +28,21 @@ from zipslice import dtypes
 from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.progress import Bar
 
-from theta.storage import codec
-from theta.model import framewise
-from theta.base import lsh
-from theta.base import numeric
-from theta.base import parallel
-from theta.base import valuehash
-from theta.base.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
+from theta.base import lsh, numeric, parallel, valuehash
 from theta.base.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
-                          MetadataError, NotCheckpointError, UpdateTypeError)
+                               MetadataError, NotCheckpointError, ThetaError, UpdateTypeError)
+from theta.base.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
+from theta.model import framewise
+from theta.peers.gittheta.update_files import open_for_clean
+from theta.storage import codec
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
+from theta.storage.schema import MAX_STEPS
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, fast_hash, fast_hash_pieces
+from theta.updates import get as update_type
+from theta.updates.auto import encode_change
 from theta.updates.rebuild import bind_steps, decode_proven_dense, reconstruct_proven
+from theta.updates.steps import chain, chain_full, store_staged
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -80,9 +83,6 @@ class CleanOptions:
     isolate_timeout: float = 60.0           # seconds the child may take to open the file
 
     def __post_init__(self) -> None:
-        from theta.base.errors import ThetaError
-        from theta.storage.schema import MAX_STEPS
-
         if not (isinstance(self.max_chain, int) and 1 <= self.max_chain <= MAX_STEPS):
             raise ThetaError(f"max_chain (theta.maxChain) must be an integer from 1 to {MAX_STEPS}, "
                              f"got {self.max_chain!r}")
@@ -127,8 +127,6 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
     ``reshaped_previous``: the previous version of a group whose dtype or shape changed (``previous`` is
     then None), a base for updates that change the shape (``rows``).
     """
-    from theta.updates.auto import encode_change
-
     return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data,
                          reshaped_previous=reshaped_previous)
 
@@ -199,9 +197,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     tie_owner: dict = {}
     same_lsh = previous is not None and previous.lsh == lsh.PARAMS
     update_data = None
-    if options.update_data is not None:  # (imported only then: every filter start pays for what it imports)
-        from theta.peers.gittheta.update_files import open_for_clean
-
+    if options.update_data is not None:
         update_data = open_for_clean(options, lsd, previous)  # checked up front: a bad file stores nothing
     bar = Bar(f"theta clean {Path(path).name}", sum(lsd.info(k).nbytes for k in order), options.progress)
     group_keys = []
@@ -511,11 +507,6 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
     """:func:`_clean_group`'s decisions for a group cleaned frame by frame (theta.model.framewise): its steps, or
     None when it is unchanged or close to its previous version (``got``'s digest, fast hash and signature are
     set either way). The stored bytes are counted in ``stats.new_blob_bytes`` here."""
-    from contextlib import ExitStack
-
-    from theta.updates import get as update_type
-    from theta.updates.steps import chain, chain_full, store_staged
-
     frames, prev = got.frames, got.prev
     delta_base = prev is not None and options.update_type == "auto" and not chain_full(prev, options.max_chain)
     before = store.written_bytes

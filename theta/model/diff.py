@@ -6,6 +6,7 @@ without reading data when both sides are metadata; a working-tree checkpoint mus
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -13,11 +14,16 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from theta.base import lsh, valuehash
+import zipslice
 from zipslice.clistyle import natural_key
+from zipslice.errors import NotACheckpointError, ZipsliceError
+from zipslice.structure import walk_leaves
+
+from theta.base import lsh, valuehash
 from theta.base.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
+from theta.storage.transfer import fetch_missing
 from theta.updates import content_hash
 from theta.updates.rebuild import reconstruct
 
@@ -81,7 +87,6 @@ class GroupInfo:
 class Side(Protocol):
     label: str
     format: str
-
     def names(self) -> list[str]: ...
     def aliases(self) -> set[str]: ...
     def info(self, name: str) -> GroupInfo: ...
@@ -130,8 +135,6 @@ class MetaSide:
     def prefetch(self, names: Iterable[str]) -> None:
         refs = self.refs(names)
         if refs and self.store.missing(refs):
-            from theta.storage.transfer import fetch_missing
-
             fetch_missing(self.repo_dir, refs, store=self.store)
 
     def array(self, name: str, cache: dict | None = None) -> np.ndarray:
@@ -148,8 +151,6 @@ class OpaqueSide:
 
     @classmethod
     def of_file(cls, path: str | os.PathLike, label: str) -> "OpaqueSide":
-        import hashlib
-
         h, size = hashlib.sha256(), 0
         with open(path, "rb") as f:
             while chunk := f.read(8 << 20):
@@ -166,8 +167,6 @@ class OpaqueSide:
 
 def checkpoint_or_opaque(path: str | os.PathLike, label: str) -> "CheckpointSide | OpaqueSide":
     """A working-tree file as a diff side: a checkpoint, or an opaque file when it is not one at all."""
-    from zipslice.errors import NotACheckpointError
-
     try:
         return CheckpointSide(path, label)
     except CheckpointError as e:
@@ -180,9 +179,6 @@ class CheckpointSide:
     """A checkpoint file (e.g. the working tree's), read lazily one group at a time."""
 
     def __init__(self, path: str | os.PathLike, label: str):
-        import zipslice
-        from zipslice.errors import ZipsliceError
-
         self.path, self.label = path, label
         try:
             self.ckpt = zipslice.load(path, isolate=True)  # a working-tree file may come from anywhere
@@ -265,7 +261,6 @@ def _plain_values(structure) -> dict[str, str]:
     """The non-tensor leaves of a structure tree (epoch counters, names, ...) by flattened path."""
     if not structure:
         return {}
-    from zipslice.structure import walk_leaves
 
     return {path or "(root)": repr(leaf) for path, leaf in walk_leaves(structure) if "tensor" not in leaf}
 

@@ -25,6 +25,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import zipslice
 from zipslice import dtypes, structure
 from zipslice.base import LazyCheckpoint
 from zipslice.errors import NotACheckpointError, ZipsliceError
@@ -34,6 +35,8 @@ from theta.base.errors import GitError, ThetaError
 from theta.git import repo as gitutil
 from theta.storage.metadata import MAGIC, CheckpointMeta, is_metadata, loads
 from theta.storage.store import LfsStore
+from theta.storage.transfer import fetch_missing
+from theta.updates.rebuild import reconstruct
 
 PLACEHOLDER_HINT = ("a git-theta placeholder: the metadata of a checkpoint versioned with git-theta, not the "
                     "checkpoint itself")
@@ -82,8 +85,6 @@ class ThetaCheckpoint(LazyCheckpoint):
 
     def fetch(self) -> int:
         """Download every blob this checkpoint needs that is not local, in one git-lfs run; how many."""
-        from theta.storage.transfer import fetch_missing
-
         try:
             return fetch_missing(self.repo, self.meta.blob_refs(), store=self.store)
         except ThetaError as e:
@@ -91,16 +92,12 @@ class ThetaCheckpoint(LazyCheckpoint):
 
     def _read_span(self, info: TensorInfo) -> bytes:
         """The group's value as contiguous little-endian bytes, rebuilt and checked against its hash."""
-        from theta.updates.rebuild import reconstruct
-
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")
         group = self.meta.group_for(info.name)
         try:
             refs = [s.blob for s in group.steps]
             if self.fetch_missing and self.store.missing(refs):
-                from theta.storage.transfer import fetch_missing
-
                 fetch_missing(self.repo, refs, store=self.store)
             value = reconstruct(group, self.store, file=os.path.basename(self.path), verify=True)
         except ThetaError as e:
@@ -142,8 +139,6 @@ def load(path: str | os.PathLike, rev: str | None = None, *, fetch: bool = True)
     version it stands for, read from the store. ``rev="HEAD~3"`` (any revision; ``":"`` for the index): that
     committed version, never written to disk. ``fetch``: download missing blobs on demand.
     """
-    import zipslice
-
     path = os.fspath(path)
     if rev is None:
         with open(path, "rb") as f:

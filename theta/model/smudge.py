@@ -7,6 +7,7 @@ source's tie key, so the torch writer stores them once and they load tied.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 from concurrent.futures import Future
@@ -16,19 +17,21 @@ from typing import BinaryIO
 import numpy as np
 
 import zipslice
-from zipslice import TensorSource, crc, dtypes, torch_writer
+from zipslice import TensorSource, crc, dtypes, sharded, torch_writer
 from zipslice.errors import ZipsliceError
 from zipslice.progress import Bar
+from zipslice.safetensors_format import library_order
+from zipslice.sharded import plan_shards
 
 from theta.base import faults, parallel, scratch
-from theta.base.parallel import READ_AHEAD_BYTES
 from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError, ViewError
+from theta.base.parallel import READ_AHEAD_BYTES
+from theta.model.views import view_of
+from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash
-from theta.updates.rebuild import reconstruct
-from theta.model.views import view_of
-
+from theta.updates.rebuild import bounds_located, decode_proven_dense, proven_dense_frames, reconstruct
 
 _COPY_CHUNK = 8 << 20
 
@@ -187,8 +190,6 @@ def smudge_sharded(meta: CheckpointMeta, store: LfsStore, index_path: str | os.P
     error nothing is left at the destination. Shards of an earlier export with another shard count are left
     in place (the new index does not name them).
     """
-    from zipslice import sharded
-
     index_path = os.fspath(index_path)
     name = name or Path(index_path).name
     if meta.is_opaque:
@@ -231,8 +232,6 @@ def streams(meta: CheckpointMeta, fmt: str | None = None, name: str = "") -> boo
 def copy_opaque(meta: CheckpointMeta, store: LfsStore, out: BinaryIO, name: str) -> None:
     """Write an opaque file's blob to ``out`` bit for bit, checking its sha256 on the way (BlobCorruptError
     at the end when it differs: the caller discards the output, as for a bad group)."""
-    import hashlib
-
     ref = meta.opaque
     h = hashlib.sha256()
     with store.mapped(ref, group=None, file=name) as view:
@@ -404,12 +403,8 @@ def _expected_read_order(sources: list[TensorSource], target: str, meta: Checkpo
                          max_shard_bytes: int | None = None) -> list[str]:
     """Group names in the order the writer will most likely read them (a wrong guess only costs CPU);
     ``max_shard_bytes``: written as shards of ``target`` (zipslice.sharded.write's plan)."""
-    from zipslice.safetensors_format import library_order  # that writer sorts like the library
-
     parts = [sources]
     if max_shard_bytes is not None:
-        from zipslice.sharded import plan_shards
-
         parts = plan_shards(sources, max_shard_bytes)
     ordered = [s for part in parts for s in (library_order(part) if target == "safetensors" else part)]
     return [meta.group_for(s.name).name for s in ordered]
@@ -520,8 +515,6 @@ class _FrameStream:
         self._spare: list[np.ndarray] = []  # frame buffers the writer is done with, decoded into again
 
     def _items(self, start: int):
-        from theta.updates.rebuild import proven_dense_frames
-
         for name in self.names[start:]:
             stack = contextlib.ExitStack()
             proven = stack.enter_context(proven_dense_frames(self.meta.groups[name], self.store, self.file))
@@ -536,8 +529,6 @@ class _FrameStream:
                 yield name, blob, plan, job
 
     def _decode(self, item):
-        from theta.storage import codec
-
         name, blob, plan, job = item
         if blob is None:
             return item
@@ -562,15 +553,11 @@ class _FrameStream:
         return self._frames(name, header[3])
 
     def _restart(self, name: str) -> None:
-        from theta.storage import codec
-
         self.close()
         self._items_gen = self._items(self.pos[name])
         self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
 
     def _frames(self, name: str, count: int):
-        from theta.updates.rebuild import bounds_located
-
         group = self.meta.groups[name]
         self._in_group = True
         try:
@@ -605,8 +592,6 @@ def _single_dense(group) -> bool:
 
 def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
     """The value of a single-dense-step group if its blob proves its own bytes, else None (hash it)."""
-    from theta.updates.rebuild import decode_proven_dense
-
     return decode_proven_dense(group, store, file)
 
 

@@ -29,10 +29,15 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from zipslice import TensorSource, dtypes, formats, structure as st
+import zipslice
+from zipslice import TensorSource, dtypes, formats
+from zipslice import structure as st
 from zipslice.errors import ZipsliceError
+from zipslice.hdf5_format import HDF5Checkpoint, name_problem
+from zipslice.safetensors_format import METADATA_KEY, library_order
 
 from theta.base.errors import ViewError
+from theta.model.clean import clean_checkpoint
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 
 # formats zipslice reads but does not write: a pre-1.6 torch file is checked out as a torch zip file
@@ -79,16 +84,12 @@ def format_problem(fmt: str, tensors: Iterable[tuple[str, str]]) -> tuple[str, s
     """(name, problem) for the first tensor (name, dtype) that format ``fmt`` cannot hold, else None."""
     tensors = list(tensors)
     if fmt == "safetensors":
-        from zipslice.safetensors_format import METADATA_KEY
-
         for name, dtype in tensors:
             if dtypes.get(dtype).safetensors is None:
                 return name, f"safetensors has no dtype {dtype}"
             if name == METADATA_KEY:
                 return name, f"safetensors reserves the name {METADATA_KEY} for the file's metadata"
     elif fmt == "hdf5":
-        from zipslice.hdf5_format import name_problem
-
         return name_problem(name for name, _ in tensors)
     return None
 
@@ -214,8 +215,6 @@ def clean_as_committed(path: str | os.PathLike, store, committed: CheckpointMeta
     groups are reused from; ``fmt`` an explicitly requested committed format; ``name`` names the file in
     errors (default: ``path``); ``stop`` and ``git_bytes`` as for :func:`theta.model.clean.clean_checkpoint`.
     """
-    from theta.model.clean import clean_checkpoint
-
     path = os.fspath(path)
     opener = _view_opener(path, committed, fmt)
     view = clean_checkpoint(path, store, committed, options, stats=stats, opener=opener, stop=stop,
@@ -229,15 +228,12 @@ def _view_opener(path: str, committed: CheckpointMeta | None, fmt: str | None) -
     target = fmt or (committed.format if committed is not None else None)
     if target is None or written_as(target) == "hdf5":
         return None
-    import zipslice
-    from zipslice.errors import ZipsliceError
 
     try:
         if zipslice.sniff(path) != "hdf5":
             return None
     except (ZipsliceError, OSError):
         return None  # clean_checkpoint reports it
-    from zipslice.hdf5_format import HDF5Checkpoint
 
     return lambda p: HDF5Checkpoint(p, keras_names=False)
 
@@ -295,8 +291,6 @@ def _describe(leaf: dict) -> str:
 
 def _library_order(names: list[str], dtype_of: Callable[[str], str]) -> list[str]:
     """The order the safetensors library (and zipslice's writer) stores ``names`` in."""
-    from zipslice.safetensors_format import library_order
-
     try:
         srcs = library_order(TensorSource(name=n, dtype=dtype_of(n), shape=(), read=None) for n in names)
     except ZipsliceError:  # a dtype safetensors lacks: format_problem reports it; keep the given order

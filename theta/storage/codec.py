@@ -20,6 +20,7 @@ Several arrays (an update with several parts) go in one blob::
 """
 from __future__ import annotations
 
+import bisect
 import math
 import mmap
 import struct
@@ -471,8 +472,6 @@ class ArrayReader:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Elements ``start:stop`` of the flattened array (fresh memory)."""
-        import bisect
-
         if not 0 <= start <= stop <= self.size:
             raise CodecError(f"theta array blob of {self.size} elements has no elements {start}:{stop}")
         out = np.empty(stop - start, self.dtype)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 
 from theta.git import repo as gitutil
+from theta.storage.metadata import is_metadata, loads
 
 
 def committed_text(rel: str, top: str | os.PathLike) -> bytes | None:
     """The metadata text of ``rel`` (relative to the work tree's top) in the index, else in HEAD; None for a
     new file or one theta did not store."""
-    from theta.storage.metadata import is_metadata
-
     for spec in (f":{rel}", f"HEAD:{rel}"):
         data = gitutil.read_blob(spec, top)
         if data is not None and is_metadata(data):
@@ -25,8 +24,6 @@ def committed_text(rel: str, top: str | os.PathLike) -> bytes | None:
 def committed_meta(rel: str, top: str | os.PathLike):
     """:func:`committed_text` read (``CheckpointMeta``), None also for an opaque file; a text that does not
     read raises ``MetadataError`` naming ``rel``."""
-    from theta.storage.metadata import loads
-
     data = committed_text(rel, top)
     if data is None:
         return None

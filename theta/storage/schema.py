@@ -10,17 +10,23 @@ enough that nothing derived from a metadata text can exhaust memory or time befo
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from zipslice import dtypes, torch_reader
+from zipslice.errors import DuplicateKey
+from zipslice.jsonutil import loads_strict
 
 from theta.base import valuehash
 from theta.base.errors import MetadataError
-from theta.storage.codec import ZSTD_MAX_RATIO, ZSTD_BLOCK_BYTES
+from theta.storage.codec import ZSTD_BLOCK_BYTES, ZSTD_MAX_RATIO
 
 MAX_TEXT_BYTES = 1 << 30          # a whole metadata text (10^6 groups at ~1 KB a line)
 MAX_GROUPS = 1_000_000            # groups + aliases of one file
@@ -166,7 +172,6 @@ def json_depth(text: str) -> int:
     opens = text.count("[") + text.count("{")
     if opens <= 1:
         return opens
-    import numpy as np
 
     depth = deepest = 0
     in_string, pending = 0, 0  # inside a string at the chunk's start; backslashes ending the previous chunk
@@ -198,13 +203,10 @@ def _reject_constant(name: str) -> Any:
 
 def parse_line(line: str, where: Where) -> Any:
     """One line's JSON value: nesting bounded before parsing, duplicate keys and NaN/Infinity refused."""
-    from zipslice.jsonutil import loads_strict
-
     if line.count("[") + line.count("{") > MAX_JSON_DEPTH:  # else it cannot nest deeper than the limit
         depth = json_depth(line)
         if depth > MAX_JSON_DEPTH:
             raise where.fail(None, f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
-    from zipslice.errors import DuplicateKey
 
     try:
         return loads_strict(line)
@@ -453,9 +455,6 @@ def _leaf(node: dict, where: Where, at: str) -> None:
         except (ValueError, OverflowError):
             raise where.fail(at, f"a float leaf holds a hex float string, not {_show(v)}") from None
     elif kind == "bytes":
-        import base64
-        import binascii
-
         try:
             if not isinstance(v, str):
                 raise ValueError

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from theta.base import faults, parallel, valuehash
+from theta.base import faults, parallel, scratch, valuehash
 from theta.base.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
 
@@ -329,8 +329,6 @@ class LfsStore:
 
     def _write(self, fill, ref_of) -> BlobRef:
         """Write a temp file with ``fill(f)``, then publish it under the oid ``ref_of()`` names."""
-        from theta.base import scratch
-
         tmp_dir = self.objects_dir.parent / "tmp"
         fd = name = None
         try:
@@ -493,8 +491,6 @@ class Staged:
 
     def publish(self, store: "LfsStore | None" = None) -> BlobRef:
         """Give the temp file its oid name in ``store`` (default: the store that staged it)."""
-        from theta.base import scratch
-
         store = store or self.store
         if store is None:
             raise StoreError("a blob staged outside a store needs a store to be published to")
@@ -528,8 +524,6 @@ class Staged:
 
 
 def _discard(fd: int, name: str | None) -> None:
-    from theta.base import scratch
-
     scratch.discard(fd, name)
 
 
@@ -539,8 +533,6 @@ _swept: set = set()  # the temp directories stage_chunks has swept in this proce
 def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "str | os.PathLike | None" = None,
                  store: LfsStore | None = None) -> Staged:
     """Stream ``chunks`` into a temp file under ``tmp_dir`` (default: the system's) with its sha256."""
-    from theta.base import scratch
-
     h = hashlib.sha256()
     size = 0
     fd = name = None

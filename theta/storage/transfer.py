@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+from zipslice.progress import Bar
+
 from theta.base.errors import TransferError
 from theta.git import lfs
+from theta.git import repo as gitutil
 from theta.storage.store import BlobRef, LfsStore, sha256_file
 
 VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
@@ -131,11 +135,6 @@ def _upload_watch(repo_dir, remote: str, refs: list[BlobRef], label: str | None)
     bytes sent so far of one object) and, for a remote git-lfs copies files to (file://, whose transfer
     logs no bytes), by what arrives there; yields the log's path to hand to git-lfs, or None when no bar
     shows."""
-    import tempfile
-
-    from theta.git import repo as gitutil
-    from zipslice.progress import Bar
-
     bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
     if not bar.active:
         yield None
@@ -175,8 +174,6 @@ def _upload_watch(repo_dir, remote: str, refs: list[BlobRef], label: str | None)
 def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[None]:
     """A progress bar fed by what arrives in the LFS store (git-lfs downloads into ``lfs/incomplete`` and
     renames each object into place when complete): bytes of complete objects plus partial downloads."""
-    from zipslice.progress import Bar
-
     bar = Bar(label or "", sum(r.size for r in refs), enabled=label is not None)
     if not bar.active:
         yield

@@ -7,7 +7,7 @@ plus small JSON-able ``params`` recorded in the metadata step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
@@ -132,8 +132,6 @@ def relayout_steps(base: "GroupMeta", dtype: str, shape: tuple[int, ...]) -> lis
     """``base``'s steps, for a chain continued by a group of ``dtype``/``shape``: every step records its own
     layout where it differs from that one (and drops a record equal to it), so the text stays canonical.
     Only params change: blobs and hashes (the content the chain refers to) are the same."""
-    from dataclasses import replace
-
     out = []
     for step in base.steps:
         d, s = step_layout(step, base)

@@ -25,16 +25,22 @@ The chosen type is recorded in the group's step, as for any explicitly requested
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from zipslice import dtypes
+from zipslice.dtypes import le_bytes
 
+from theta.base import valuehash
+from theta.base.errors import BlobMissingError, IntegrityError, MetadataError, UpdateDataError
 from theta.storage import codec
 from theta.storage.store import Staged, stage_chunks
-from theta.updates import Encoded, get, steps
-from theta.updates.delta import changed_count, same_layout
+from theta.updates import Encoded, content_hash, get, relayout_steps, steps
+from theta.updates.delta import OPS, changed_count, combine, raw_words, same_layout
+from theta.updates.rebuild import reconstruct
+from theta.updates.rows import encode_sources
+from theta.updates.sparse import index_dtype
 
 # dense is estimated from 16 slices of 16 Ki elements (1 MiB of fp32) against the delta blob encoded in full.
 # Larger slices would make the sample the whole group for every group up to 1 Mi elements (all attention
@@ -164,9 +170,6 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
     ``previous`` (the same blobs as from the built value, bit for bit); the rest of the delta's code words are
     zeros and sparse has no index there. Memory: ``new``, ``previous`` and codec frames (a group grown and
     fine-tuned in one commit holds no third copy). None when nothing changed."""
-    from theta.updates.delta import OPS, combine, raw_words
-    from theta.updates.sparse import index_dtype
-
     m = previous.shape[0]
     head = new[:m]
     k = changed_count(head, previous)
@@ -209,12 +212,6 @@ def resize_then_change(new: np.ndarray, previous: np.ndarray, level: int = codec
 
     Memory: ``new``, ``previous`` and codec frames: a trimmed value is a view of ``previous``; an extended
     one is never built (:func:`_change_of_grown` encodes the change from ``new`` and ``previous``)."""
-    from zipslice.dtypes import le_bytes
-
-    from theta.base import valuehash
-    from theta.updates import content_hash
-    from theta.updates.rows import encode_sources
-
     n, m = new.shape[0], previous.shape[0]
     k = min(n, m)
     if k == 0:
@@ -273,8 +270,6 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     if update_data is not None and name in update_data:
         prev_val = previous_value() if previous is not None else None
         if prev_val is None:
-            from theta.base.errors import UpdateDataError
-
             why = "its previous version's blobs are not in the local store (git lfs fetch)" if previous is not None \
                 else "it has no previous version of the same dtype and shape"
             raise UpdateDataError(f"update data {update_data.path}: group {name!r}: cannot apply the update, {why}")
@@ -292,12 +287,6 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
         base, base_meta = previous_value(), previous
     elif (reshaped_previous is not None and not steps.chain_full(reshaped_previous, options.max_chain)
           and wanted in ("auto", "rows") and rows_may_apply(reshaped_previous, new)):
-        from dataclasses import replace
-
-        from theta.base.errors import BlobMissingError, IntegrityError, MetadataError
-        from theta.updates import relayout_steps
-        from theta.updates.rebuild import reconstruct
-
         try:
             base = reconstruct(reshaped_previous, store)
         except (BlobMissingError, IntegrityError, MetadataError):

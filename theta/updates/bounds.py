@@ -24,6 +24,7 @@ import math
 from zipslice import dtypes
 
 from theta.base.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
+from theta.storage import codec
 from theta.updates import get, step_layout
 
 DEFAULT_MAX_OUTPUT = 1 << 40   # 1 TiB: more than any single checkpoint file of a released model
@@ -126,8 +127,6 @@ def check_parts_fit(blobs: dict, previous, kind: str, output_bytes: int | None =
     """Before decoding a step's part blobs straight from the store (``apply_blob``): their decoded size must
     be within :func:`parts_budget` of the value they apply to (a forged header cannot make theta allocate
     more). UpdateTypeError otherwise."""
-    from theta.storage import codec
-
     have = previous.nbytes if previous is not None else 0
     total = 0
     for name, blob in blobs.items():

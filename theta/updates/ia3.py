@@ -15,10 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from theta.base.errors import UpdateTypeError
+from theta.storage.codec import decode_parts_of
 from theta.updates import Encoded, row_blocks
-from theta.updates.delta import same_layout
+from theta.updates.bounds import check_parts_fit
+from theta.updates.delta import changed_mask, same_layout
 from theta.updates.low_rank import MAX_FIX_FRACTION, close_enough
-from theta.updates.sparse import apply_residual
+from theta.updates.sparse import FIX_PARTS, FixCollector, apply_fix_blobs, apply_residual
 
 
 def compute_dtype(group_dtype: np.dtype) -> np.dtype:
@@ -92,9 +94,6 @@ def fixes_within(previous: np.ndarray, new: np.ndarray, vec: np.ndarray, rtol: f
     """(fix parts, count) that make previous * vec give ``new`` bit for bit (:func:`sparse.residual` of the
     whole product, as lazy parts: :class:`theta.updates.sparse.FixCollector`), block of rows by block of rows;
     None as soon as a block is not within rtol/atol of ``new`` or more than ``max_fixes`` elements need a fix."""
-    from theta.updates.delta import changed_mask
-    from theta.updates.sparse import FixCollector
-
     flat_new = np.ascontiguousarray(new).reshape(-1)
     per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
     fixes = FixCollector(new.size, new.dtype)
@@ -148,10 +147,6 @@ class IA3Update:
         """:meth:`apply` from the step's part blobs: the vector decoded, the fixes applied frame by frame
         (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the previous value is scaled itself,
         block of rows by block of rows (no second value)."""
-        from theta.storage.codec import decode_parts_of
-        from theta.updates.bounds import check_parts_fit
-        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
-
         check_parts_fit(blobs, previous, "ia3")
         parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
         if previous is None or "ia3" not in parts:

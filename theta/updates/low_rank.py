@@ -20,9 +20,11 @@ import numpy as np
 
 from theta.base import parallel
 from theta.base.errors import UpdateTypeError
-from theta.updates import Encoded
-from theta.updates.delta import same_layout
-from theta.updates.sparse import apply_residual
+from theta.storage.codec import decode_parts_of
+from theta.updates import Encoded, row_blocks
+from theta.updates.bounds import check_parts_fit
+from theta.updates.delta import changed_mask, same_layout
+from theta.updates.sparse import FIX_PARTS, FixCollector, apply_fix_blobs, apply_residual
 
 MAX_INFERRED_RANK = 64
 MAX_FIX_FRACTION = 1 / 4      # an inferred step is refused when more elements need an exact fix
@@ -120,8 +122,6 @@ class Difference:
 
     def blocks(self):
         """(row slice, the difference's rows in float64) for consecutive blocks of rows."""
-        from theta.updates import row_blocks
-
         for rows in row_blocks((self.rows, self.cols), PASS_BLOCK_ELEMENTS):
             yield rows, self.new[rows].astype(np.float64) - self.previous[rows].astype(np.float64)
 
@@ -250,9 +250,6 @@ def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray,
     tolerance check). None as soon as more than ``max_fixes`` elements need a fix (when given). ``lazy``: the
     fix parts are :class:`theta.storage.codec.LazyArray` s read from the blocks' pieces (held once, never
     concatenated; for storing), else arrays."""
-    from theta.updates.sparse import FixCollector
-    from theta.updates.delta import changed_mask
-
     rows, cols = matrix_shape(previous.shape)
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
     new2 = np.ascontiguousarray(new).reshape(rows, cols)
@@ -330,10 +327,6 @@ class LowRankUpdate:
         """:meth:`apply` from the step's part blobs: the factors decoded, the fixes applied frame by frame
         (:func:`theta.updates.sparse.apply_fix_blobs`); with ``in_place`` the sum is written over the previous
         value, block of rows by block of rows."""
-        from theta.storage.codec import decode_parts_of
-        from theta.updates.bounds import check_parts_fit
-        from theta.updates.sparse import FIX_PARTS, apply_fix_blobs
-
         check_parts_fit(blobs, previous, "low-rank")
         parts = decode_parts_of({k: b for k, b in blobs.items() if k not in FIX_PARTS})
         if previous is None or "R" not in parts or "C" not in parts:

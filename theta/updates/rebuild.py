@@ -14,8 +14,11 @@ import numpy as np
 from zipslice import dtypes
 
 from theta.base.errors import ChainError, IntegrityError, MetadataError, UpdateTypeError
+from theta.storage import codec
 from theta.storage.codec import decode_parts, part_blobs
 from theta.updates import bounds, content_hash, get, step_layout
+from theta.updates.bounds import where
+from theta.updates.rows import apply_grown
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
@@ -34,8 +37,6 @@ def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None 
     frame is decoded: :func:`theta.storage.codec.decode_frame`), the blob holds exactly one part, ``values``,
     of the group's dtype and shape. Yields ``(values blob, codec.FramePlan)`` while the blob is mapped, or None
     (the caller rebuilds and hashes the value). Structural errors raise, located."""
-    from theta.storage import codec
-
     if len(group.steps) != 1 or group.steps[0].type != "dense":
         yield None
         return
@@ -71,8 +72,6 @@ def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None 
     bound the blob to the group's hash -- :meth:`LfsStore.bind`: theta encoded, or hashed, that value on this
     machine), decoded whole. None otherwise (the caller rebuilds and hashes the value). Bad frames raise,
     located."""
-    from theta.storage import codec
-
     with proven_dense_frames(group, store, file) as proven:
         if proven is None:
             return None
@@ -105,8 +104,6 @@ def bind_steps(steps: list, store: "LfsStore") -> None:
 
 def _proven(step, base_hash: str | None, blob, store: "LfsStore") -> bool:
     """True when this store bound ``step``'s blob to its value (and base) and every frame has a checksum."""
-    from theta.storage import codec
-
     key = step.hash if base_hash is None else (step_binding(base_hash, step.hash)
                                               if step.type in TRUSTED_INCREMENTAL else None)
     return key is not None and store.bound(step.blob.oid, key) and codec.frames_checksummed(blob)
@@ -224,8 +221,6 @@ def _in_room(room: np.ndarray, value: np.ndarray | None, blob, step, group: "Gro
     if value is None:
         return _decode_dense_into(room, blob, step, group)
     if step.type == "rows" and _prefix_of(value, room):
-        from theta.updates.rows import apply_grown
-
         return apply_grown(part_blobs(blob), step.params, room, value)
     return None
 
@@ -239,8 +234,6 @@ def _prefix_of(value: np.ndarray, room: np.ndarray) -> bool:
 def _decode_dense_into(room: np.ndarray, blob, step, group: "GroupMeta") -> np.ndarray | None:
     """The value of a dense step decoded frame by frame into the start of ``room``; None when the blob is not
     one ``values`` array of the step's layout (the caller decodes it as usual and reports what is wrong)."""
-    from theta.storage import codec
-
     blobs = part_blobs(blob)
     dtype_name, shape = step_layout(step, group)
     want = dtypes.get(dtype_name).to_numpy()
@@ -261,8 +254,6 @@ def _decode_dense_into(room: np.ndarray, blob, step, group: "GroupMeta") -> np.n
 def _coerce(value: np.ndarray, want: np.dtype, shape: tuple, group: "GroupMeta", file: str | None = None,
             step: int | None = None, oid: str | None = None) -> np.ndarray:
     if value.size != int(np.prod(shape, dtype=np.int64)):
-        from theta.updates.bounds import where
-
         raise ChainError(f"{where(file, group.name, step, oid)}: rebuilt {value.size} values, expected shape "
                          f"{list(shape)}", file=file, group=group.name, oid=oid)
     if value.dtype != want:

@@ -16,8 +16,9 @@ import hashlib
 import numpy as np
 
 from theta.base.errors import UpdateTypeError
+from theta.storage.codec import LazyArray, decode_parts_of
 from theta.updates import Encoded
-
+from theta.updates.bounds import check_parts_fit
 
 _MOVE_ROWS = 4096  # rows moved per block (a copy of them is the only temporary)
 
@@ -86,8 +87,6 @@ def encode_sources(sources: np.ndarray) -> np.ndarray:
 
 def _gathered_rows(new: np.ndarray, picked: np.ndarray):
     """``new[picked]`` (rows) as a :class:`theta.storage.codec.LazyArray` read frame by frame."""
-    from theta.storage.codec import LazyArray
-
     per_row = int(np.prod(new.shape[1:], dtype=np.int64))
     rows2 = new.reshape(new.shape[0], per_row)
 
@@ -143,8 +142,6 @@ class RowsUpdate:
         """:meth:`apply` from the step's part blobs. When ``in_place`` and no row moves backwards (each kept
         row comes from the same or a later row, in order, and the value does not grow: a trim, rows deleted),
         the rows are moved within ``previous`` and the result is a view of its first rows: no second value."""
-        from theta.storage.codec import decode_parts_of
-
         parts = decode_parts_of(blobs)
         if not (in_place and previous is not None and previous.ndim >= 1 and previous.flags.writeable
                 and previous.flags.c_contiguous and "source_gaps" in parts and "extra" in parts):
@@ -175,9 +172,6 @@ def apply_grown(blobs: dict, params: dict, room: np.ndarray, previous: np.ndarra
     order and none moves to an earlier position (rows appended or inserted: the positional step of a group
     grown and fine-tuned in one commit). None when the step does not grow the value, does not fit ``room`` or
     moves rows otherwise (the caller applies it as usual)."""
-    from theta.storage.codec import decode_parts_of
-    from theta.updates.bounds import check_parts_fit
-
     check_parts_fit(blobs, previous, "rows", room.nbytes)
     parts = decode_parts_of(blobs)
     if "source_gaps" not in parts or "extra" not in parts or previous.ndim < 1:

@@ -14,6 +14,7 @@ import numpy as np
 
 from theta.base.errors import UpdateTypeError
 from theta.storage import codec
+from theta.storage.codec import array_info, iter_decode_array
 from theta.updates import Encoded
 from theta.updates.delta import CHUNK, changed_mask, same_layout
 
@@ -83,8 +84,6 @@ def scatter_blobs(gaps_blob, values_blob, out: np.ndarray, what: str) -> None:
     frame (memory: a frame of each, whatever the number of changes). Checked before anything is written
     (as many indices as values, integer gaps) and per frame (indices in range, never decreasing); a value
     already updated by earlier frames is the caller's to discard when a later frame is refused."""
-    from theta.storage.codec import array_info, iter_decode_array
-
     gdt, gshape = array_info(gaps_blob)
     vdt, vshape = array_info(values_blob)
     count = int(np.prod(gshape, dtype=np.int64))

@@ -19,6 +19,7 @@ in memory.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterator
@@ -31,7 +32,9 @@ from theta.base import valuehash
 from theta.base.errors import ChainError, IntegrityError, MergeError, MetadataError, UpdateTypeError
 from theta.storage import codec
 from theta.updates import DTYPE_KEY, bounds, step_layout
-from theta.updates.delta import OPS, _uncombine, raw_words
+from theta.updates.delta import OPS, _uncombine, from_planes, raw_words
+from theta.updates.ia3 import check_vector, compute_dtype
+from theta.updates.low_rank import add_low_rank, check_factors, matrix_shape
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
@@ -166,8 +169,6 @@ class _IA3:
     """new = previous * ia3 (broadcast), block by block: the vector's elements at the block's positions."""
 
     def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
-        from theta.updates.ia3 import check_vector, compute_dtype
-
         vec = _small_part(blobs, "ia3", max(1, int(np.prod(shape, dtype=np.int64))))
         problem = check_vector(shape, vec)
         if problem:
@@ -198,8 +199,6 @@ class _LowRank:
     """new = previous + R @ C, block by block: the rows the block covers (low_rank.add_low_rank's arithmetic)."""
 
     def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
-        from theta.updates.low_rank import check_factors, matrix_shape
-
         shape2 = matrix_shape(shape)
         if shape2 is None:
             raise UpdateTypeError(f"a group of shape {list(shape)} has no low-rank form")
@@ -212,8 +211,6 @@ class _LowRank:
         self.fixes = _Fixes(blobs, dtype, size)
 
     def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
-        from theta.updates.low_rank import add_low_rank
-
         end, cols = start + block.size, self.cols
         r0, r1 = start // cols, -(-end // cols)
         rows = np.zeros((r1 - r0, cols), self.dtype)  # each element's sum depends on its own previous value only
@@ -464,8 +461,6 @@ class _SparseByPosition:
         return self._cached[1]
 
     def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
-        import bisect
-
         end = start + block.size
         f = max(0, bisect.bisect_right(self.firsts, start) - 1)
         while f < len(self.firsts) and self.firsts[f] < end:
@@ -561,7 +556,6 @@ class _ElementwiseLevel(_Level):
         if self.planes:
             n = self.size * self.per
             planes = np.stack([self.codes.read(p * n + a, p * n + b) for p in range(self.word.itemsize)])
-            from theta.updates.delta import from_planes
 
             codes = from_planes(planes, self.word)
         else:

@@ -10,18 +10,17 @@ from typing import Callable
 import numpy as np
 
 from theta.git import repo as gitutil
+from theta.peers.gittheta.files import GitThetaFile, is_git_theta
 from theta.peers.gittheta.update_files import PARTS, UpdateData, WorktreeForm, apply_to_worktree
+from theta.storage.metadata import is_metadata, loads
+from theta.storage.store import LfsStore
+from theta.storage.transfer import fetch_missing
+from theta.updates.rebuild import reconstruct
 
 
 def committed_values(rel: str, top: Path) -> Callable[[str], "np.ndarray | None"]:
     """``value(group)`` of ``rel``'s version in the index, else HEAD, in theta's or Git-Theta's format
     (None for a group that version lacks, or no version at all). Blobs are fetched on first use."""
-    from theta.peers.gittheta.files import GitThetaFile, is_git_theta
-    from theta.storage.metadata import is_metadata, loads
-    from theta.storage.store import LfsStore
-    from theta.storage.transfer import fetch_missing
-    from theta.updates.rebuild import reconstruct
-
     store = LfsStore.for_repo(top)
     for spec in (f":{rel}", f"HEAD:{rel}"):
         data = gitutil.read_blob(spec, top)

@@ -27,12 +27,16 @@ from typing import Iterator
 
 import numpy as np
 
-from zipslice import TensorSource, dtypes
+import zipslice
+from zipslice import TensorSource, dtypes, torch_writer
 
-from theta.base.errors import GitThetaFormatError, ThetaError
+from theta.base.errors import BlobMissingError, GitThetaFormatError, ThetaError
 from theta.git import repo as gitutil
+from theta.model.clean import clean_checkpoint
+from theta.model.diff import GroupInfo, hashed_once
 from theta.peers.gittheta import format as gt
 from theta.storage.store import BlobRef, LfsStore
+from theta.storage.transfer import fetch_missing
 
 
 def group_names(meta: "gt.FileMetadata") -> dict[str, tuple[str, ...]]:
@@ -137,8 +141,6 @@ class GitThetaFile:
 
     def fetch(self) -> int:
         """Download whatever LFS objects the chains need and the store lacks (one git-lfs run)."""
-        from theta.storage.transfer import fetch_missing
-
         return fetch_missing(self.repo_dir, self.blob_refs(), store=self.store)
 
     def dtype(self, name: str) -> np.dtype:
@@ -150,8 +152,6 @@ class GitThetaFile:
             for g, gfile in reversed(chain[:-1]):
                 blob = self._read_object(self.repo_dir, gt.LfsObject(g.lfs.oid, g.lfs.size, g.lfs.pointer_text()))
                 if blob is None:
-                    from theta.base.errors import BlobMissingError
-
                     raise BlobMissingError(g.lfs.oid, group=g.name, file=gfile, size=g.lfs.size)
                 dt = gt.result_dtype(g.theta.update_type, gt.part_dtypes(blob, file=gfile, group=g.name), dt)
             self._dtypes[group.key] = dt
@@ -190,9 +190,6 @@ class GitThetaFile:
 
     def write(self, out_path: "str | os.PathLike", fmt: str | None = None) -> None:
         """Write the checkout to ``out_path`` (torch unless ``fmt``), atomically (temp file + rename)."""
-        import zipslice
-        from zipslice import torch_writer
-
         out_path = os.fspath(out_path)
         fmt = fmt or "torch"
         fd, tmp = tempfile.mkstemp(prefix=f".{Path(out_path).name}.", suffix=".theta-tmp",
@@ -210,8 +207,6 @@ class GitThetaFile:
 
     def write_to(self, out, name: str) -> None:
         """Stream the torch checkout to ``out`` (nothing seeks): the filter's pipe to git."""
-        from zipslice import torch_writer
-
         torch_writer.write_to(out, self.sources(), record_prefix=torch_writer.default_prefix(name), path=name,
                               structure=self.structure)
 
@@ -220,8 +215,6 @@ class GitThetaFile:
         """True when the checkpoint at ``checkpoint_path`` holds exactly the groups this metadata checks out:
         the same names (nested the same way, for a format that nests), dtypes and shapes, every value bit for
         bit. One group in memory at a time."""
-        import zipslice
-
         try:
             ckpt = zipslice.load(checkpoint_path)
         except zipslice.ZipsliceError:
@@ -251,8 +244,6 @@ def to_theta_metadata(gtf: GitThetaFile, spool_dir: "str | os.PathLike"):
     """The file in theta's own format: its checkout written to a temporary file under ``spool_dir`` and
     cleaned as a new file with default options (every group one dense step, stored in ``gtf.store``).
     Returns the CheckpointMeta; blobs must be local (:meth:`GitThetaFile.fetch`)."""
-    from theta.model.clean import clean_checkpoint
-
     fd, tmp = tempfile.mkstemp(prefix="gittheta-", suffix=".pt", dir=spool_dir)
     os.close(fd)
     try:
@@ -319,8 +310,6 @@ class GitThetaSide:
         return set()
 
     def info(self, name: str):
-        from theta.model.diff import GroupInfo
-
         self.prefetch(())
         return GroupInfo(dtypes.from_numpy(self.gtf.dtype(name)).name, self.gtf.shape(name),
                          self.gtf.update_type(name), len(self.gtf.chain(name)))
@@ -328,8 +317,6 @@ class GitThetaSide:
     computes_hashes = True
 
     def hash(self, name: str, like: str | None = None) -> str:
-        from theta.model.diff import hashed_once
-
         return hashed_once(self._hashes, name, like, self.array)
 
     def signature(self, name: str) -> list[int] | None:

@@ -28,11 +28,17 @@ from typing import Mapping
 
 import numpy as np
 
-from theta.base.errors import UpdateDataError
+import zipslice
+from zipslice import dtypes, torch_writer
+from zipslice.convert import plan_write
+
+from theta.base.errors import GitThetaFormatError, UpdateDataError
+from theta.peers.gittheta.format import apply_update, result_dtype
 from theta.updates import Encoded, row_blocks
+from theta.updates.delta import changed_mask
 from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, compute_dtype, scaled_blocks
 from theta.updates.low_rank import check_factors, exact_encoding_by_rows
-from theta.updates.sparse import SparseUpdate
+from theta.updates.sparse import SparseUpdate, encode_indices
 
 PARTS: dict[str, tuple[str, ...]] = {
     "low-rank": ("R", "C"),
@@ -61,8 +67,6 @@ class UpdateData:
     @classmethod
     def open(cls, path: str | os.PathLike, update_type: str) -> "UpdateData":
         """Open FILE lazily and check its key names (no tensor data is read)."""
-        import zipslice
-
         path = Path(path)
         if update_type not in PARTS:
             raise UpdateDataError(f"update data {path}: update type {update_type!r} takes no side-loaded data "
@@ -247,9 +251,6 @@ def _ia3_fixes(new: np.ndarray, previous: np.ndarray, vec: np.ndarray, rtol: flo
     when a block that needs fixes is not within tolerance. No fixes: the update gives the file exactly;
     otherwise the check is for a wrong base or vector (errors the size of the update), not for rounding: a
     few ulps of the operands pass."""
-    from theta.updates.delta import changed_mask
-    from theta.updates.sparse import encode_indices
-
     flat_new = np.ascontiguousarray(new).reshape(-1)
     per_row = int(np.prod(new.shape[1:], dtype=np.int64)) if new.ndim else 1
     found, values, worst = [], [], None
@@ -323,9 +324,6 @@ def git_theta_apply(update_type: str, parts: dict[str, np.ndarray], previous: np
                     path: "str | os.PathLike") -> np.ndarray:
     """previous (+ or *) update, with Git-Theta 0.2.0's own arithmetic and numpy's dtype promotion, as
     Git-Theta checks it out: float64 factors on a float32 group give float64 (:func:`promoted_dtype`)."""
-    from theta.base.errors import GitThetaFormatError
-    from theta.peers.gittheta.format import apply_update
-
     try:
         return apply_update(update_type, parts, previous, file=os.fspath(path), group=group)
     except GitThetaFormatError as e:
@@ -337,7 +335,6 @@ def promoted_dtype(update_type: str, parts: Mapping[str, np.ndarray], previous: 
     bfloat16 and the float8 types)."""
     import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy's promotion)
 
-    from theta.peers.gittheta.format import result_dtype
 
     return result_dtype(update_type, {k: np.asarray(v).dtype for k, v in parts.items()}, np.dtype(previous))
 
@@ -402,8 +399,6 @@ def _applied_blocks(update_type: str, parts: dict[str, np.ndarray], previous: np
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
     """Same bytes, compared chunk by chunk (no copy of either)."""
-    from zipslice import dtypes
-
     x, y = dtypes.le_bytes(a), dtypes.le_bytes(b)
     if len(x) != len(y):
         return False
@@ -421,10 +416,6 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
     previous-with-update (Git-Theta's arithmetic) and the file is rewritten atomically, one group in memory
     at a time, in its own format and layout; afterwards it holds what the commit records, so `git status`
     stays clean. Nothing is written when a group is refused."""
-    import zipslice
-    from zipslice import dtypes
-    from zipslice.convert import plan_write
-
     path = os.fspath(path)
     form = WorktreeForm([], [])
     promoted: dict[str, np.dtype] = {}
@@ -467,8 +458,6 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
                 src.dtype, src.tie = dtypes.from_numpy(promoted[src.name]).name, None
         options = {"structure": plan.structure, "metadata": plan.metadata or None}
         if ckpt.format == "torch":
-            from zipslice import torch_writer
-
             options["record_prefix"] = torch_writer.default_prefix(path)
         options = {k: v for k, v in options.items() if v is not None}
         # zipslice.save writes beside the file and renames: the original is intact until the new one is whole
