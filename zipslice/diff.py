@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import zipslice
+
 from . import dtypes
 from .base import LazyCheckpoint
 from .fileio import pread_exact
@@ -186,8 +188,6 @@ def diff(a: str | os.PathLike | LazyCheckpoint, b: str | os.PathLike | LazyCheck
 
     ``progress(nbytes, total)`` is called after each tensor present in both is compared.
     """
-    import zipslice
-
     la = a if isinstance(a, LazyCheckpoint) else zipslice.load(a)
     try:
         lb = b if isinstance(b, LazyCheckpoint) else zipslice.load(b)

@@ -6,7 +6,9 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, BinaryIO
+from typing import BinaryIO, Iterator
+
+import numpy as np
 
 from .errors import CorruptCheckpointError
 
@@ -52,8 +54,6 @@ def pread_array(fd: int, nbytes: int, offset: int, path: str, entry: str | None 
     fewer page faults than a bytearray's 4 KiB pages: about 2x faster per tensor read on a 2-core VM
     (scripts/bench/safetensors_read.py).
     """
-    import numpy as np
-
     _check_span(fd, nbytes, offset, path, entry)
     buf = np.empty(nbytes, dtype=np.uint8)
     _fill(fd, buf, offset, path, entry)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from . import errors
 from .base import LazyCheckpoint
@@ -164,7 +165,6 @@ class IsolatedHDF5Checkpoint(LazyCheckpoint):
             raise ZipsliceError(self.path, "checkpoint is closed")
         if info.numel == 0:
             return b""
-        import numpy as np
 
         with self._lock:
             self._send({"read": info.name})

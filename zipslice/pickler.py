@@ -9,6 +9,7 @@ Only globals that ``torch.load(weights_only=True)`` accepts are ever written.
 """
 from __future__ import annotations
 
+import base64
 import io
 import struct
 from dataclasses import dataclass
@@ -206,8 +207,6 @@ class PickleWriter:
         elif "float" in node:
             self.float_(float.fromhex(node["float"]))
         elif "bytes" in node:
-            import base64
-
             self.value(base64.b64decode(node["bytes"]))
         elif "torch" in node:
             kind, v = node["torch"], node["value"]

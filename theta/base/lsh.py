@@ -30,6 +30,8 @@ import numpy as np
 
 from zipslice import dtypes
 
+from theta.base.usercache import cached_array
+
 K = 16
 POOL = 1 << 16
 SEED = 20240917
@@ -45,8 +47,6 @@ _drawing = threading.Lock()  # one thread draws the directions; one asking meanw
 
 @lru_cache(maxsize=1)
 def _drawn() -> np.ndarray:
-    from theta.base.usercache import cached_array
-
     def draw() -> np.ndarray:
         return np.random.RandomState(SEED).standard_normal((POOL, K))
 

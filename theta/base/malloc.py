@@ -9,6 +9,7 @@ Both are no-ops (False) where the C library is not glibc.
 """
 from __future__ import annotations
 
+import ctypes
 from functools import lru_cache
 
 
@@ -16,8 +17,6 @@ from functools import lru_cache
 def _glibc(name: str):
     """glibc's function ``name``, or None where the C library has none by that name (not glibc)."""
     try:
-        import ctypes
-
         return getattr(ctypes.CDLL(None), name, None)
     except OSError:
         return None

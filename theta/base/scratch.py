@@ -15,6 +15,7 @@ them where it can, and otherwise makes their owner recognisable so the next run 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import re
@@ -150,8 +151,6 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     if _renameat2 is None:
         _renameat2 = False
         if sys.platform.startswith("linux"):
-            import ctypes
-
             fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
             if fn is not None:
                 fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
@@ -161,7 +160,6 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
     if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
-    import ctypes
 
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):

@@ -18,15 +18,19 @@ from typing import Iterator, Sequence, TextIO
 from rich.console import Console
 from rich.markup import escape
 
+from zipslice.clistyle import jsonable
+
 from theta import settings
 from theta.base import valuehash
+from theta.base.errors import MetadataError, ThetaError
 from theta.git import repo as gitutil
 from theta.model.diff import (CheckpointSide, FileDiff, GroupDiff, GroupInfo, MetaSide, OpaqueSide, Side,
-                        checkpoint_or_opaque, diff_sides)
-from theta.base.errors import ThetaError
+                              checkpoint_or_opaque, diff_sides)
+from theta.peers.gittheta.files import GitThetaFile, GitThetaSide, is_git_theta
+from theta.storage.committed import committed_meta
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.store import LfsStore
-from zipslice.clistyle import jsonable
+from theta.updates.bounds import check_output
 
 STYLE = {"added": "green", "removed": "red", "modified": "yellow", "reshaped": "magenta", "retyped": "magenta"}
 
@@ -122,8 +126,6 @@ def side_from_file(file: str, label: str, repo_dir: str | os.PathLike) -> Side |
 def meta_side(meta, label: str, repo_dir) -> Side:
     """A side for committed metadata: a checkpoint's, or one opaque blob's. Metadata declaring more than
     theta.maxCheckoutBytes is refused before any value is rebuilt (it came with a clone: untrusted)."""
-    from theta.updates.bounds import check_output
-
     if meta.is_opaque:
         return OpaqueSide(meta.opaque, label)
     check_output(meta, label, settings.max_checkout_bytes(repo_dir))
@@ -165,8 +167,6 @@ def _meta_at(spec: str, repo: Path, label: str) -> Side | None:
     if data is None:
         return None
     if not is_metadata(data[:64]):
-        from theta.peers.gittheta.files import GitThetaFile, GitThetaSide, is_git_theta
-
         if is_git_theta(data):  # committed by Git-Theta: its values, rebuilt as Git-Theta checks them out
             path = spec.split(":", 1)[1]
             return GitThetaSide(GitThetaFile(data, path, repo, LfsStore.for_repo(repo), label=spec), label)
@@ -286,9 +286,6 @@ def textconv_lines(file: str) -> list[str]:
 def _committed_names(file: str) -> dict[str, str]:
     """The value names the index (else HEAD) records for ``file`` when it is a tracked file of the work tree
     git runs us in (the side of `git diff` that is not a blob git wrote to a temp file), else {}."""
-    from theta.base.errors import MetadataError
-    from theta.storage.committed import committed_meta
-
     try:
         top = os.path.realpath(gitutil.toplevel("."))
     except ThetaError:

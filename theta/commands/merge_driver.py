@@ -24,14 +24,20 @@ from pathlib import Path
 from typing import TextIO
 
 from theta import settings
-from theta.base.errors import MergeConflict, ThetaError
+from theta.base import scratch
+from theta.base.errors import MergeConflict, MergeError, ThetaError
 from theta.commands.merge_menu import MANUAL, ask
+from theta.git import repo as gitutil
+from theta.merges import applicable
 from theta.merges import get as get_strategy
 from theta.merges import names as strategy_names
-from theta.merges.plan import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, value_equal
+from theta.merges.plan import MergePlan, Pending, _describe, execute, fetch_for, plan_merge, three_way, value_equal
+from theta.model.smudge import smudge_checkpoint
 from theta.settings.merge_rules import RULES_FILE, MergeConfig
 from theta.storage.metadata import CheckpointMeta, dumps, is_metadata, loads
 from theta.storage.store import LfsStore
+from theta.storage.transfer import fetch_missing
+from theta.updates.bounds import check_output
 
 NO_STRATEGY_HINT = (
     "no merge strategy is configured for groups changed on both sides. Choose one, e.g. "
@@ -93,8 +99,6 @@ def choose_strategies(plan: MergePlan, config: MergeConfig, stdin: TextIO | None
 
 def check_params(strategy, params: dict) -> str | None:
     """What is wrong with a strategy's parameters (any source), before any tensor is read; None if fine."""
-    from theta.base.errors import MergeError
-
     bad = [f"{k}={v!r}" for k, v in params.items() if not (isinstance(v, (int, float)) and math.isfinite(v))]
     if bad:
         return f"merge parameter {', '.join(bad)} is not a finite number"
@@ -108,8 +112,6 @@ def check_params(strategy, params: dict) -> str | None:
 
 
 def _applicable(p: Pending) -> list[str]:
-    from theta.merges import applicable
-
     return applicable(p.ours.dtype, p.ancestor is not None)
 
 
@@ -126,8 +128,6 @@ def read_meta(path: str | os.PathLike, role: str, checkpoint: str, optional: boo
 def write_atomically(path: str | os.PathLike, text: str) -> None:
     """Replace ``path`` with ``text`` in one rename; the temp file has no name until then (a kill leaves
     nothing behind, see theta.base.scratch)."""
-    from theta.base import scratch
-
     path = Path(path)
     fd, tmp = scratch.anonymous(path.parent)
     try:
@@ -153,7 +153,6 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
     theirs = read_meta(theirs_file, "their", path)
     if any(m is not None and m.is_opaque for m in (ancestor, ours, theirs)):
         return merge_opaque(ancestor, ours, theirs, path, ours_file, err)
-    from theta.updates.bounds import check_output
 
     limit = settings.max_checkout_bytes(repo_dir)
     for role, m in (("ancestor", ancestor), ("ours", ours), ("theirs", theirs)):
@@ -165,8 +164,6 @@ def merge_files(ancestor_file: str, ours_file: str, theirs_file: str, path: str,
 
     def fetch(refs: list) -> None:
         if store.missing(refs):
-            from theta.storage.transfer import fetch_missing
-
             fetch_missing(repo_dir, refs, store=store)
 
     plan = plan_merge(ancestor, ours, theirs, path, values=config.values,
@@ -188,8 +185,6 @@ def merge_opaque(ancestor: CheckpointMeta | None, ours: CheckpointMeta, theirs: 
                  ours_file: str, err: TextIO) -> CheckpointMeta:
     """A file stored as one opaque blob (on any side) merges like a binary file: the side that changed wins,
     a change on both sides is a conflict."""
-    from theta.merges.plan import three_way
-
     def key(m: CheckpointMeta | None):
         return None if m is None else (m.opaque if m.is_opaque else dumps(m))
 
@@ -226,9 +221,6 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
     Groups changed on one side only follow git's rules as in the merge driver; ``strategy`` merges the groups
     changed on both sides. Shape/dtype and delete/modify conflicts still refuse (MergeConflict).
     """
-    from theta.git import repo as gitutil
-    from theta.model.smudge import smudge_checkpoint
-
     repo = gitutil.toplevel(cwd)
     listed = gitutil.run_text(["ls-files", "--full-name", "--", str(path)], cwd).splitlines()
     if not listed:

@@ -1,13 +1,16 @@
 """Running git: one place for subprocess calls, config reads, attributes and object reads."""
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from theta.base import scratch
 from theta.base.errors import GitError
 
 
@@ -86,8 +89,6 @@ def object_format(cwd=None) -> str:
 
 def blob_id(data: bytes, hash_name: str = "sha1") -> str:
     """The id git gives a blob of these bytes (what `git hash-object` prints, without running git)."""
-    import hashlib
-
     h = hashlib.new(hash_name)
     h.update(b"blob %d\0" % len(data))
     h.update(data)
@@ -172,8 +173,6 @@ def theta_dir(cwd=None) -> Path:
 def scratch_dir(cwd=None, pid: int | None = None) -> Path:
     """This process's own temp directory (or process ``pid``'s), ``<git-common-dir>/theta/tmp/<pid>-<start
     time>``, after removing what killed theta processes left there (:mod:`theta.base.scratch`)."""
-    from theta.base import scratch
-
     parent = theta_dir(cwd) / "tmp"
     parent.mkdir(exist_ok=True)
     scratch.sweep(parent)
@@ -217,8 +216,6 @@ class _Remembered:
         return values[-1] if values else None  # as `git config --get`: the last value wins
 
     def get_regexp(self, pattern: str) -> dict[str, str]:
-        import re
-
         rx = re.compile(pattern)
         return {k: v[-1] for k, v in self.config.items() if rx.search(k)}
 

@@ -35,6 +35,10 @@ from theta.base.errors import IndexBusyError, IndexUnsupportedError, MetadataErr
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
 
+# The numpy-dependent layers are imported inside the functions that use them: `git theta checkout` and the
+# hooks import this module on every checkout, and numpy's import (~0.3 s) is only worth paying when there is a
+# placeholder to write (tests/cli/test_startup_imports.py).
+
 HEADER = b"theta-metadata "
 MAX_PLACEHOLDER_BYTES = 256 << 20  # a work-tree file larger than this is never a placeholder: not read whole
 
