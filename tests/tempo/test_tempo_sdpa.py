@@ -236,3 +236,25 @@ def test_implementation_switched_after_patching_is_followed():
         model.set_attn_implementation("tempo-test-counting")
     assert torch.equal(_step(stock, batch)[0], _step(patched, batch)[0])
     assert len(calls) == 4
+
+
+def test_bert_decoder_with_cross_attention_bit_identical_to_patched_eager():
+    """A causal BERT self-attention (sdpa gets no mask: eager's causal one is built) and cross-attention
+    with a padded encoder mask."""
+    def build(implementation):
+        torch.manual_seed(0)
+        config = transformers.BertConfig(**SMALL, is_decoder=True, add_cross_attention=True,
+                                         attn_implementation=implementation)
+        return transformers.BertLMHeadModel(config).train()
+
+    gen = torch.Generator().manual_seed(1)
+    ids, encoded = torch.randint(3, 101, (3, 12), generator=gen), torch.randn(3, 9, 64, generator=gen)
+    encoder_mask = torch.ones(3, 9, dtype=torch.long)
+    encoder_mask[1, 6:] = 0
+    batch = {"input_ids": ids, "encoder_hidden_states": encoded, "encoder_attention_mask": encoder_mask,
+             "labels": ids, "use_cache": False}
+    eager, sdpa = build("eager"), build("sdpa")
+    tempo.patch(eager)
+    report = tempo.patch(sdpa)
+    assert report.counts()["attention"] == 8 and report.left == []  # 2 self, 2 cross, 4 projections
+    _assert_bit_identical(_step(eager, batch), _step(sdpa, batch))
