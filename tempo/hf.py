@@ -209,7 +209,7 @@ class AttentionRule:
         implementation = _real_config(module)._attn_implementation
         if implementation not in EAGER_IMPLEMENTATIONS + (hf_sdpa.SDPA,):
             return (f"attention implementation {implementation!r}: tempo takes over eager and sdpa attention "
-                    "only (its kernels keep no S x S tensor)")
+                    "only (flash and flex kernels keep no S x S tensor)")
         if getattr(module, "reorder_and_upcast_attn", False):
             return "reorder_and_upcast_attn=True (its own upcast attention path): left as is"
         if implementation == hf_sdpa.SDPA:

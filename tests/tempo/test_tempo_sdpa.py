@@ -213,7 +213,7 @@ def test_other_implementations_are_left_with_the_reason():
     assert _attention_swaps(report) == []
     assert {m.reason for m in report.left if m.type_name == "BertSelfAttention"} == {
         "attention implementation 'tempo-test-own': tempo takes over eager and sdpa attention only "
-        "(its kernels keep no S x S tensor)"}
+        "(flash and flex kernels keep no S x S tensor)"}
 
 
 def test_implementation_switched_after_patching_is_followed():
