@@ -9,9 +9,13 @@ implies it), so tempo never imports transformers itself otherwise.
   `config._attn_implementation` through transformers' AttentionInterface. The patched subclass sees a
   per-module view of its config whose `_attn_implementation` is "tempo" (registered below); every other
   attribute reads and writes through to the shared config, which is never modified. The "tempo" function
-  runs the model's own eager attention unless the module is training with dropout, and then the same
-  ops with softmax -> dropout -> matmul fused by tempo.attention (bit-identical forward, same RNG use).
-  Only eager attention is taken over: sdpa/flash implementations are left (reported by tempo.patch).
+  reads the shared config's implementation at each call:
+  eager: the model's own eager attention unless the module is training with dropout, and then the same
+  ops with softmax -> dropout -> matmul fused (tempo.attend: bit-identical forward, same RNG use);
+  sdpa: tempo.attend where tempo keeps less than SDPA (on CPU in training with dropout; measured, see
+  tempo.hf_sdpa), with eager's mask: the eager model's forward and gradients; SDPA itself otherwise;
+  any other implementation (flash, flex, a user's own): that implementation, untouched.
+  tempo.patch leaves, with the reason, sdpa modules where SDPA keeps less, and every other implementation.
 - The projection after a patched attention (BERT/RoBERTa `attention.output.dense`, GPT-2 `attn.c_proj`)
   gets tempo.context's subclass: it rebuilds the attention context in backward from what the attention
   keeps, instead of keeping it (technique "attention" too).
@@ -31,20 +35,21 @@ from transformers import activations as hf_activations
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
-from .attention import softmax_dropout_matmul_kept
-from .context import TempoContextLinear, mark_context, project_context
+from . import hf_sdpa
+from .attend import attend
+from .context import TempoContextLinear, project_context
 from .gelu import gelu_from_output
 
 TEMPO_ATTENTION = "tempo"
 EAGER_IMPLEMENTATIONS = (None, "eager")
 
-# (module, class, GPT-2-style cast of the probabilities to V's dtype before dropout)
+# (module, class, GPT-2-style cast of the probabilities to V's dtype before dropout, its attention dropout)
 _ATTENTION_CLASSES = (
-    ("transformers.models.bert.modeling_bert", "BertSelfAttention", False),
-    ("transformers.models.bert.modeling_bert", "BertCrossAttention", False),
-    ("transformers.models.roberta.modeling_roberta", "RobertaSelfAttention", False),
-    ("transformers.models.roberta.modeling_roberta", "RobertaCrossAttention", False),
-    ("transformers.models.gpt2.modeling_gpt2", "GPT2Attention", True),
+    ("transformers.models.bert.modeling_bert", "BertSelfAttention", False, "dropout"),
+    ("transformers.models.bert.modeling_bert", "BertCrossAttention", False, "dropout"),
+    ("transformers.models.roberta.modeling_roberta", "RobertaSelfAttention", False, "dropout"),
+    ("transformers.models.roberta.modeling_roberta", "RobertaCrossAttention", False, "dropout"),
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Attention", True, "attn_dropout"),
 )
 _GELU_CLASSES = (
     ("GELUActivation", "erf"),
@@ -89,25 +94,31 @@ def _set_config(module: nn.Module, config: Any) -> None:
 
 
 def tempo_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The "tempo" AttentionInterface entry: eager attention with softmax -> dropout -> matmul fused."""
+    """The "tempo" AttentionInterface entry: eager or sdpa attention with softmax -> dropout -> matmul fused
+    where that keeps less; the model's own implementation otherwise."""
     cls = type(module)
     eager = cls._tempo_eager
     implementation = _real_config(module)._attn_implementation
-    if implementation not in EAGER_IMPLEMENTATIONS:  # switched after patching: honour it
+    if implementation == hf_sdpa.SDPA:
+        plan = hf_sdpa.plan(module, query, key, value, attention_mask, dropout, kwargs)
+        if plan is not None:
+            context, _, _ = attend(query, key, value, plan.mask, _scaling(scaling, query), dropout,
+                                   value.dtype if cls._tempo_cast_probs else None)
+            return context, None  # as SDPA: no attention weights
+    if implementation not in EAGER_IMPLEMENTATIONS:  # sdpa left to SDPA, or another implementation
         fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager)
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     same_heads = query.shape[:-2] == key.shape[:-2] == value.shape[:-2]
     if not (module.training and dropout > 0.0 and torch.is_grad_enabled() and same_heads):
         return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if scaling is None:
-        scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
     probs_dtype = value.dtype if cls._tempo_cast_probs else None
-    output, weights, kept = softmax_dropout_matmul_kept(scores, value, dropout, True, probs_dtype)
-    # the output projection rebuilds this context from `kept` in backward instead of keeping it
-    return mark_context(output.transpose(1, 2).contiguous(), kept), weights
+    # the output projection rebuilds the context from what attend keeps, in backward, instead of keeping it
+    context, weights, _ = attend(query, key, value, attention_mask, _scaling(scaling, query), dropout, probs_dtype)
+    return context, weights
+
+
+def _scaling(scaling: float | None, query: torch.Tensor) -> float:
+    return query.size(-1) ** -0.5 if scaling is None else scaling
 
 
 AttentionInterface.register(TEMPO_ATTENTION, tempo_attention_forward)
@@ -120,7 +131,7 @@ def _register(cls: type) -> type:
     return cls
 
 
-def _attention_subclass(base: type, cast_probs: bool) -> type:
+def _attention_subclass(base: type, cast_probs: bool, dropout_attribute: str) -> type:
     eager = sys.modules[base.__module__].eager_attention_forward
     return _register(type(f"Tempo{base.__name__}", (base,), {
         "config": property(_config_view, _set_config),
@@ -128,6 +139,7 @@ def _attention_subclass(base: type, cast_probs: bool) -> type:
         "_tempo_technique": "attention",
         "_tempo_eager": staticmethod(eager),
         "_tempo_cast_probs": cast_probs,
+        "_tempo_dropout": dropout_attribute,
     }))
 
 
@@ -190,17 +202,19 @@ class AttentionRule:
     technique = "attention"
     swaps: dict
 
-    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | str | None:
+    def classify(self, module: nn.Module, parent_of=lambda _m: None) -> type | tuple[type, str] | str | None:
         new_cls = self.swaps.get(type(module))
         if new_cls is None:
             return None
         implementation = _real_config(module)._attn_implementation
-        if implementation not in EAGER_IMPLEMENTATIONS:
-            return (f"attention implementation {implementation!r}: tempo takes over eager attention only "
-                    "(call model.set_attn_implementation('eager') before patching; on CPU, sdpa with dropout "
-                    "keeps the same tensors as eager, on CUDA its fused kernels keep less than tempo)")
+        if implementation not in EAGER_IMPLEMENTATIONS + (hf_sdpa.SDPA,):
+            return (f"attention implementation {implementation!r}: tempo takes over eager and sdpa attention "
+                    "only (flash and flex kernels keep no S x S tensor)")
         if getattr(module, "reorder_and_upcast_attn", False):
             return "reorder_and_upcast_attn=True (its own upcast attention path): left as is"
+        if implementation == hf_sdpa.SDPA:
+            takes_over, why = hf_sdpa.verdict(module, new_cls._tempo_dropout)
+            return (new_cls, why) if takes_over else why
         return new_cls
 
 
@@ -215,12 +229,12 @@ class GeluRule:
 
 def _build_rules() -> list:
     attention = {}
-    for module_name, class_name, cast in _ATTENTION_CLASSES:
+    for module_name, class_name, cast, dropout in _ATTENTION_CLASSES:
         try:
             base = getattr(importlib.import_module(module_name), class_name)
         except (ImportError, AttributeError):  # absent from this transformers version
             continue
-        attention[base] = _attention_subclass(base, cast)
+        attention[base] = _attention_subclass(base, cast, dropout)
     gelus = {}
     for class_name, kind in _GELU_CLASSES:
         base = getattr(hf_activations, class_name, None)

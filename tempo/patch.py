@@ -9,11 +9,15 @@ pretrained gamma/beta and eps).
 Techniques (each can be switched off):
   gelu       nn.GELU; HF GELUActivation, NewGELUActivation, GELUTanh, FastGELUActivation
   layernorm  nn.LayerNorm
-  attention  HF BERT / RoBERTa / GPT-2 eager self- and cross-attention, and the projection after it,
-             which then rebuilds the attention context in backward instead of keeping it (tempo.hf)
+  attention  HF BERT / RoBERTa / GPT-2 eager self- and cross-attention, and sdpa where tempo keeps less
+             (measured: on CPU in training with dropout), and the projection after it, which then rebuilds
+             the attention context in backward instead of keeping it (tempo.hf, tempo.hf_sdpa)
   dropout    nn.Dropout (not in-place): 1-bit masks
 Modules that look related but have no rule (other GELUs, norms, attention, dropouts) are reported as left,
 with the reason.
+
+A rule's `classify(module, parent_of)` answers None (not its module), a str (left: why), the tempo class to
+swap in, or (class, note): swapped, with a note for the report (when the swapped module runs tempo's path).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class Swapped:
     before: str
     after: str
     technique: str
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class PatchReport:
     def __str__(self) -> str:
         lines = [f"swapped {len(self.swapped)} modules: "
                  + (", ".join(f"{n} {t}" for t, n in self.counts().items()) or "none")]
-        lines += [f"  {s.path}: {s.before} -> {s.after}" for s in self.swapped]
+        lines += [f"  {s.path}: {s.before} -> {s.after}" + (f" ({s.note})" if s.note else "") for s in self.swapped]
         if self.left:
             lines.append(f"left {len(self.left)} modules:")
             lines += [f"  {m.path}: {m.type_name}: {m.reason}" for m in self.left]
@@ -156,6 +161,7 @@ def patch(
             if result is None:
                 continue
             handled.append(path)
+            result, note = result if isinstance(result, tuple) else (result, "")
             if isinstance(result, str):
                 report.left.append(Left(path or "(root)", type_name, result))
             elif not enabled[rule.technique]:
@@ -164,7 +170,7 @@ def patch(
                 module.__class__ = result
                 if rule.technique == "layernorm":
                     module.tempo_ratio = layernorm_ratio
-                report.swapped.append(Swapped(path or "(root)", type_name, result.__name__, rule.technique))
+                report.swapped.append(Swapped(path or "(root)", type_name, result.__name__, rule.technique, note))
             break
         else:
             if _RELATED.search(type_name):

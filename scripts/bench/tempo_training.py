@@ -34,6 +34,18 @@ model   Whole BERT-base (BertForSequenceClassification) from its config, B=8, S=
         malloc as it comes and with MALLOC_MMAP_THRESHOLD_=65536 (--malloc): glibc's default keeps freed
         activations in its heap, so RSS follows the heap's high-water mark.
 
+sdpa    Hugging Face's default attention: BertModel from BertConfig(num_hidden_layers=2), i.e. BERT-base
+        sizes with attn_implementation="sdpa" (the default), B=8, S=128, dropout 0.1, CPU. Bytes kept for
+        backward, stock vs tempo (and the same model with eager attention, for reference), and what
+        tempo.patch says of the attention modules. Then training steps (forward, backward, AdamW) of
+        BertForSequenceClassification with those 2 layers at each of --sdpa-batches, stock and tempo, each
+        in its own child process, --rounds rounds alternating which goes first (A/B, interleaved). Per child,
+        after a warm-up step that allocates AdamW's state, --sdpa-steps steps, the kernel's peak RSS reset
+        before each (/proc/self/clear_refs): peak RSS of the process (weights, gradients, AdamW state
+        included), the peak above the RSS the step started from, after the forward (the activations) and
+        after the whole step (AdamW's temporaries included), and wall and CPU time per step; medians over
+        rounds with the spread, and the median of the per-round tempo/stock ratios.
+
 Targets (issue #15): saved bytes <= 0.62x stock-with-boolean-masks per layer; time <= 1.25x stock;
 gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at every step.
 
@@ -42,6 +54,7 @@ gradient error <= 3x stock's for every parameter; loss within 1e-4 relative at e
     python3 scripts/bench/tempo_training.py --only layer,grads --reps 20
     python3 scripts/bench/tempo_training.py --only layer --threads 1   # timing without OpenMP (steadier when busy)
     python3 scripts/bench/tempo_training.py --only model --threads 1 --malloc default   # one glibc setting
+    python3 scripts/bench/tempo_training.py --only sdpa --malloc mmap --rounds 6    # sdpa model: bytes, A/B steps
 """
 from __future__ import annotations
 
@@ -304,7 +317,80 @@ def child_step(args) -> dict:
     return {"step_seconds": times, "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-CHILDREN = {"layer": child_layer, "grads": child_grads, "train": child_train, "model-saved": child_model_saved,
+def _sdpa_model(variant: str, implementation: str = "sdpa", head: bool = False):
+    """BERT-base sizes, 2 layers, from BertConfig (sdpa: the default attention), dropout 0.1, training mode."""
+    import torch
+    import transformers
+
+    config = transformers.BertConfig(num_hidden_layers=2, attn_implementation=implementation, num_labels=2)
+    torch.manual_seed(0)
+    model = (transformers.BertForSequenceClassification if head else transformers.BertModel)(config).train()
+    report = None
+    if variant == "tempo":
+        import tempo
+
+        report = tempo.patch(model)
+    return model, report
+
+
+def child_sdpa_saved(args) -> dict:
+    import torch
+
+    import tempo
+
+    ids = torch.randint(1000, 30000, (args.batch, args.seq), generator=torch.Generator().manual_seed(8))
+    saved, attention, lines = {}, {}, []
+    for implementation in ("sdpa", "eager"):
+        for variant in ("stock", "tempo"):
+            model, report = _sdpa_model(variant, implementation)
+            torch.manual_seed(2)
+            measured = tempo.measure(model, {"input_ids": ids})
+            saved[f"{variant}-{implementation}"] = measured.total_bytes
+            attention[f"{variant}-{implementation}"] = measured.by_path()["encoder.layer.0.attention.self"]
+            if report is not None and implementation == "sdpa":
+                lines = [f"{s.path}: {s.before} -> {s.after} ({s.note})" for s in report.swapped if s.note]
+                lines += [f"{m.path}: left: {m.reason}" for m in report.left]
+    return {"saved": saved, "attention": attention, "report": lines}
+
+
+def _vm(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def child_sdpa_step(args) -> dict:
+    """One warm-up training step (AdamW state allocated), then --sdpa-steps measured ones, the kernel's peak
+    RSS reset before each (writing 5 to /proc/self/clear_refs) and read after the forward and after the step."""
+    import torch
+
+    model, _ = _sdpa_model(args.variant, head=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    gen = torch.Generator().manual_seed(args.batch)
+    batch = {"input_ids": torch.randint(1000, 30000, (args.batch, args.seq), generator=gen),
+             "labels": torch.randint(0, 2, (args.batch,), generator=gen)}
+    torch.manual_seed(3)
+    runs = []
+    for _ in range(1 + args.sdpa_steps):
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        base = _vm("VmRSS")
+        w0, c0 = time.perf_counter(), time.process_time()
+        loss = model(**batch).loss
+        forward = _vm("VmHWM") - base
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        runs.append({"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0, "forward": forward,
+                     "above": _vm("VmHWM") - base, "peak": _vm("VmHWM")})
+    measured = runs[1:]  # the first allocated AdamW's state
+    return {key: statistics.median(r[key] for r in measured) for key in measured[0]} | {
+        "peak": max(r["peak"] for r in measured)}
+
+
+CHILDREN = {"sdpa-saved": child_sdpa_saved, "sdpa-step": child_sdpa_step, "layer": child_layer, "grads": child_grads, "train": child_train, "model-saved": child_model_saved,
             "step": child_step}
 
 
@@ -506,9 +592,61 @@ def section_model(args) -> dict:
     return out
 
 
+def _spread(values: list[float], scale: float, unit: str) -> str:
+    return (f"{statistics.median(values) / scale:.0f} {unit} "
+            f"({min(values) / scale:.0f}-{max(values) / scale:.0f})")
+
+
+def _sdpa_steps(args, label: str, env: dict, batch: int, out: dict, key: str) -> None:
+    print(f"\n{label}: training step of BertForSequenceClassification (those 2 layers), B={batch} S={args.seq}, "
+          f"AdamW; {args.rounds} rounds, each a child per variant, the order alternating; {args.sdpa_steps} "
+          f"measured steps per child (medians); the machine is shared: load average {os.getloadavg()[0]:.1f} now")
+    rows = {"stock": [], "tempo": []}
+    for rnd in range(args.rounds):
+        for variant in ("stock", "tempo") if rnd % 2 == 0 else ("tempo", "stock"):
+            step, _ = run_child("sdpa-step", env=env, variant=variant, batch=batch, seq=args.seq,
+                                threads=args.threads, sdpa_steps=args.sdpa_steps)
+            rows[variant].append(step)
+    columns = (("peak", "peak RSS", MiB, "MiB"), ("forward", "forward: peak above start", MiB, "MiB"),
+               ("above", "step: peak above start", MiB, "MiB"), ("wall", "step wall", 1e-3, "ms"),
+               ("cpu", "step CPU", 1e-3, "ms"))
+    print("  " + " " * 7 + "".join(f"{title:>28}" for _, title, _, _ in columns))
+    for variant, runs in rows.items():
+        print(f"  {variant:<7}" + "".join(f"{_spread([r[k] for r in runs], scale, unit):>28}"
+                                         for k, _, scale, unit in columns))
+    paired = {k: statistics.median(t[k] / s[k] for s, t in zip(rows["stock"], rows["tempo"])) for k, *_ in columns}
+    print("  tempo / stock, median of per-round ratios: " + ", ".join(f"{title} {paired[k]:.3f}x"
+                                                                      for k, title, _, _ in columns)
+          + f" (load average {os.getloadavg()[0]:.1f} at the end)")
+    out[f"sdpa_cpu_paired_{key}_{batch}"] = paired["cpu"]
+
+
+def section_sdpa(args) -> dict:
+    result, _ = run_child("sdpa-saved", batch=args.batch, seq=args.seq, threads=args.threads)
+    saved, attention = result["saved"], result["attention"]
+    print(f"\n## BertModel from BertConfig(num_hidden_layers=2): BERT-base sizes, 2 layers, B={args.batch} "
+          f"S={args.seq}, dropout 0.1, CPU float32\n")
+    print("bytes kept for backward (tempo.measure), whole model, and one layer's attention.self")
+    print(f"{'attention':<10}{'stock':>12}{'tempo':>12}{'x stock':>9}{'attention.self stock / tempo':>34}")
+    for implementation in ("sdpa", "eager"):
+        stock, ours = saved[f"stock-{implementation}"], saved[f"tempo-{implementation}"]
+        print(f"{implementation:<10}{stock / MiB:>8.2f} MiB{ours / MiB:>8.2f} MiB{ratio(ours, stock):>9}"
+              f"{attention[f'stock-{implementation}'] / MiB:>20.2f} / {attention[f'tempo-{implementation}'] / MiB:.2f} MiB")
+    print("tempo.patch on the sdpa model, attention modules:")
+    for line in result["report"]:
+        print(f"  {line}")
+    out = {"sdpa_vs_eager": saved["tempo-sdpa"] / saved["tempo-eager"]}
+    for key, label, env in MALLOC_SETTINGS:
+        if key not in args.malloc.split(","):
+            continue
+        for batch in map(int, args.sdpa_batches.split(",")):
+            _sdpa_steps(args, label, env, batch, out, key)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="layer,grads,train,model", help="sections, comma-separated")
+    ap.add_argument("--only", default="layer,grads,train,model,sdpa", help="sections, comma-separated")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--reps", type=int, default=10, help="timed steps per variant")
@@ -518,6 +656,9 @@ def main() -> None:
     ap.add_argument("--malloc", default="default,mmap",
                     help="model section: glibc settings to run, comma-separated (default: as it comes; mmap: "
                          "MALLOC_MMAP_THRESHOLD_=65536)")
+    ap.add_argument("--rounds", type=int, default=6, help="sdpa section: A/B rounds of training-step children")
+    ap.add_argument("--sdpa-steps", type=int, default=2, help="sdpa section: measured steps per child")
+    ap.add_argument("--sdpa-batches", default="8,32", help="sdpa section: batch sizes of the training steps")
     ap.add_argument("--quick", action="store_true", help="--reps 3, no budget search")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="stock", help=argparse.SUPPRESS)
@@ -539,7 +680,8 @@ def main() -> None:
     if args.quick:
         args.reps = min(args.reps, 3)
     sys.path.insert(1, str(HERE))  # the shared harness
-    sections = {"layer": section_layer, "grads": section_grads, "train": section_train, "model": section_model}
+    sections = {"layer": section_layer, "grads": section_grads, "train": section_train, "model": section_model,
+                "sdpa": section_sdpa}
     print(f"# tempo benchmark  (load average {os.getloadavg()[0]:.1f} at start, {os.cpu_count()} CPUs)")
     results = {}
     for name in args.only.split(","):
@@ -549,6 +691,7 @@ def main() -> None:
         ("saved_stack_ratio", "bytes kept per layer (in a stack) vs stock with boolean masks", 0.62),
         ("saved_isolated_ratio", "bytes kept, isolated layer, vs stock with boolean masks", 0.62),
         ("model_ratio", "bytes kept, whole BERT-base, vs stock with boolean masks", 0.62),
+        ("sdpa_vs_eager", "bytes kept by tempo, sdpa model vs the same model with eager attention", 1.0),
         ("wall_ratio", "forward + backward wall time vs stock (best of --reps)", 1.25),
         ("cpu_ratio", "forward + backward CPU time vs stock (best of --reps)", 1.25),
         ("wall_paired", "forward + backward wall time vs stock (median of paired ratios)", 1.25),
