@@ -83,6 +83,20 @@ class ThetaCheckpoint(LazyCheckpoint):
         at = f" rev={self.rev!r}" if self.rev else ""
         return f"<ThetaCheckpoint {self.path!r}{at} format={self.format} tensors={len(self)}>"
 
+    def __reduce_ex__(self, protocol):
+        """Pickled (``torch.save(lsd, f)``, ``copy.deepcopy``) as the checkpoint itself, every group read: the
+        object torch.load would return for its file, its root an OrderedDict (the mapping type torch.load's
+        weights-only unpickler accepts; a state dict is one anyway)."""
+        from collections import OrderedDict
+        from collections.abc import Mapping
+
+        obj = structure.build(self.meta.structure, self.tensor) if self.meta.structure is not None else None
+        if not isinstance(obj, Mapping):
+            obj = OrderedDict((k, self.tensor(k)) for k in self)
+        elif type(obj) is not OrderedDict:
+            obj = OrderedDict(obj)
+        return obj.__reduce_ex__(protocol)
+
     def fetch(self) -> int:
         """Download every blob this checkpoint needs that is not local, in one git-lfs run; how many."""
         try:
