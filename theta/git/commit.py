@@ -10,6 +10,7 @@ matches the new HEAD for them. No hook runs (as for every plumbing commit); ``co
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,8 +114,6 @@ def attribute_with(top: str | os.PathLike, rel: str, attr: str, entries: dict[st
                    scratch: str | os.PathLike) -> str | None:
     """The value of ``attr`` for ``rel`` were ``entries`` (e.g. a new ``.gitattributes``) in the index: asked of
     `git check-attr --cached` on a copy of the user's index, so no work-tree file is touched."""
-    import shutil
-
     index = Path(scratch) / "attributes-index"
     user_index = gitutil.git_path("index", top)
     try:

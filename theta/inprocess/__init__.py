@@ -28,17 +28,32 @@ the format cannot hold.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zipslice
+from zipslice.base import LazyCheckpoint
+
 from theta import settings
-from theta.clean import CleanStats
-from theta.errors import (CheckpointError, GitError, NotARepositoryError, StagedChangesError, ThetaError,
-                          TrackError)
+from theta.clean import CleanStats, clean_checkpoint
+from theta.commands.hooks import ensure_installed_quietly
+from theta.commands.materialize import MAX_PLACEHOLDER_BYTES, Placeholder, materialize
+from theta.commands.track import parse_line, track_lines
+from theta.errors import (CheckpointError, GitError, IndexBusyError, IndexUnsupportedError, NotARepositoryError,
+                          StagedChangesError, ThetaError, TrackError)
 from theta.git import commit as gitcommit
+from theta.git import index as gitindex
 from theta.git import repo as gitutil
+from theta.gittheta_files import GitThetaFile, is_git_theta, to_theta_metadata
+from theta.lazy import load
+from theta.statedict import StateDictCheckpoint
+from theta.storage.committed import committed_meta, committed_text
+from theta.storage.metadata import dumps, same_content
+from theta.storage.store import LfsStore
+from theta.views import committed_form
 
 # Git-Theta's checkpoint types (its plugin names) and theta's format names -> the format recorded
 CHECKPOINT_TYPES = {"pytorch": "torch", "pickled-dict": "torch", "torch": "torch",
@@ -90,8 +105,6 @@ def load_from_git(sha_or_tag, path: str, checkpoint_type: str | None = None, che
     (the tensors are the same whatever the committed format). ``checkout``: also check out that revision
     (``git checkout REV``, as Git-Theta does).
     """
-    from theta.lazy import load
-
     rev = str(getattr(sha_or_tag, "hexsha", sha_or_tag))
     if checkpoint_type is not None:
         _format_of(checkpoint_type)
@@ -107,16 +120,6 @@ def commit_checkpoint(state_dict, path: str | os.PathLike, message: str, *, tag:
                       progress: bool | None = None) -> Saved:
     """:func:`save_to_git` with its details: ``fmt`` as ``checkpoint_type``; ``cwd`` the directory ``path`` is
     relative to (default: the current one); ``progress`` a bar on stderr (default: when it is a terminal)."""
-    import zipslice
-    from zipslice.base import LazyCheckpoint
-
-    from theta.clean import clean_checkpoint
-    from theta.commands.hooks import ensure_installed_quietly
-    from theta.statedict import StateDictCheckpoint
-    from theta.storage.metadata import dumps, same_content
-    from theta.storage.store import LfsStore
-    from theta.views import committed_form
-
     if not isinstance(message, str):
         raise ThetaError(f"the commit message must be a str, got {type(message).__name__}")
     top, rel, full = _locate(path, cwd)
@@ -137,13 +140,13 @@ def commit_checkpoint(state_dict, path: str | os.PathLike, message: str, *, tag:
                          f"move them first")
 
     store = LfsStore.for_repo(top)
-    scratch = gitutil.scratch_dir(top)
-    try:
+    # (a directory of this call's own: two threads may save at once; the second then finds HEAD moved)
+    with tempfile.TemporaryDirectory(prefix="save-", dir=gitutil.scratch_dir(top)) as scratch:
         attributes = _attributes_edit(top, rel, head, scratch) if _filter_of(top, rel) != "theta" else None
         previous_text, previous = _previous(top, rel, store, scratch)
         target = explicit
         if target is None and previous is None:
-            target = _format_of_extension(rel, zipslice) or (own if own in CHECKPOINT_TYPES.values() else "torch")
+            target = _format_of_extension(rel) or (own if own in CHECKPOINT_TYPES.values() else "torch")
         options = settings.clean_options(top, progress=settings.stderr_is_terminal() if progress is None else progress)
         stats = CleanStats()
         view = clean_checkpoint(rel, store, previous, options, stats=stats, opener=lambda _: source)
@@ -166,14 +169,13 @@ def commit_checkpoint(state_dict, path: str | os.PathLike, message: str, *, tag:
         if attributes is not None:
             attributes.publish(top)
         if tag is not None:
-            gitcommit.create_tag(top, tag, commit)
+            try:
+                gitcommit.create_tag(top, tag, commit)
+            except GitError as e:
+                raise GitError(f"committed {rel} as {commit}, but could not tag it {tag!r}: {e}") from None
         saved.worktree = _update_work_tree(top, rel, full, previous_text, text, entries[rel][1], meta, store,
                                            checkout, progress)
         return saved
-    finally:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def preflight(path: str | os.PathLike, cwd: str | os.PathLike | None = None) -> str:
@@ -182,13 +184,8 @@ def preflight(path: str | os.PathLike, cwd: str | os.PathLike | None = None) -> 
     top, rel, _ = _locate(path, cwd)
     head, _ = _check_state(top, rel)
     if _filter_of(top, rel) != "theta":
-        scratch = gitutil.scratch_dir(top)
-        try:
-            _attributes_edit(top, rel, head, scratch)
-        finally:
-            import shutil
-
-            shutil.rmtree(scratch, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="preflight-", dir=gitutil.scratch_dir(top)) as scratch:
+            _attributes_edit(top, rel, head, Path(scratch))
     return rel
 
 
@@ -224,9 +221,8 @@ def _work_tree(path: str | os.PathLike) -> Path:
 
 
 def _relative(full: Path, top: Path, given) -> str:
-    try:
-        rel = full.resolve().relative_to(top).as_posix() if full.parent.exists() else \
-            Path(os.path.realpath(full)).relative_to(top).as_posix()
+    try:  # (the directories resolved, not the file: a symlink in the work tree is a path of its own to git)
+        rel = (Path(os.path.realpath(full.parent)) / full.name).relative_to(top).as_posix()
     except ValueError:
         raise ThetaError(f"{os.fspath(given)}: outside the work tree at {top}") from None
     if rel in ("", ".") or rel == ".git" or rel.startswith(".git/") or full.is_dir():
@@ -242,7 +238,7 @@ def _format_of(name: str) -> str:
                          f"{', '.join(sorted(CHECKPOINT_TYPES))}") from None
 
 
-def _format_of_extension(rel: str, zipslice) -> str | None:
+def _format_of_extension(rel: str) -> str | None:
     try:
         fmt = zipslice.format_for_path(rel)
     except ValueError:
@@ -296,9 +292,6 @@ class _AttributesEdit:
 
     def publish(self, top: Path) -> None:
         """Write the new text to the work tree and record its stat data, so ``git status`` is clean for it."""
-        from theta.errors import IndexBusyError, IndexUnsupportedError
-        from theta.git import index as gitindex
-
         tmp = self.path.with_name(".gitattributes.theta.tmp")
         tmp.write_bytes(self.text)
         tmp.replace(self.path)
@@ -312,8 +305,6 @@ class _AttributesEdit:
 def _attributes_edit(top: Path, rel: str, head: str | None, scratch: Path) -> _AttributesEdit:
     """How to track ``rel``: refused when ``.gitattributes`` has changes of the user's (staged or not), when
     ``rel`` cannot be written as a pattern of itself alone, or when another attributes file would override it."""
-    from theta.commands.track import parse_line, track_lines
-
     if any(c in _GLOB for c in rel) or rel.startswith("/"):
         raise TrackError(f"{rel} is not tracked by theta, and its name is not a plain pattern; run "
                          f"`git theta track PATTERN` with a pattern matching it first")
@@ -337,9 +328,6 @@ def _attributes_edit(top: Path, rel: str, head: str | None, scratch: Path) -> _A
 def _previous(top: Path, rel: str, store, scratch: Path):
     """``(text, CheckpointMeta | None)``: PATH's committed metadata text (theta's, or Git-Theta's made theta's
     as the filter does), or ``(None, None)`` for a new path."""
-    from theta.gittheta_files import GitThetaFile, is_git_theta, to_theta_metadata
-    from theta.storage.committed import committed_meta, committed_text
-
     text = committed_text(rel, top)
     if text is not None:
         return text, committed_meta(rel, top)
@@ -354,9 +342,6 @@ def _previous(top: Path, rel: str, store, scratch: Path):
 # -- the work tree ----------------------------------------------------------------------------------------------
 def _placeholder_of_previous(full: Path, top: Path, rel: str) -> bool:
     """Whether the work-tree file holds exactly the committed metadata text (a placeholder of that version)."""
-    from theta.commands.materialize import MAX_PLACEHOLDER_BYTES
-    from theta.storage.committed import committed_text
-
     try:
         size = full.stat().st_size
     except OSError:
@@ -379,8 +364,6 @@ def _update_work_tree(top: Path, rel: str, full: Path, previous_text: bytes | No
         pass
     if not (placeholder or checkout):
         return "left"
-    from theta.commands.materialize import Placeholder, materialize
-
     _write_placeholder(top, rel, full, text, oid)
     if not checkout:
         return "placeholder"
@@ -393,9 +376,6 @@ def _update_work_tree(top: Path, rel: str, full: Path, previous_text: bytes | No
 
 def _write_placeholder(top: Path, rel: str, full: Path, text: bytes, oid: str) -> None:
     """The metadata text at ``full`` (atomically), its stat data recorded in the index: a clean placeholder."""
-    from theta.errors import IndexBusyError, IndexUnsupportedError
-    from theta.git import index as gitindex
-
     full.parent.mkdir(parents=True, exist_ok=True)
     tmp = full.with_name(f".{full.name}.theta.tmp")
     tmp.write_bytes(text)
