@@ -101,10 +101,19 @@ def test_on_save_commits_the_weights_save_pretrained_wrote(repo, tmp_path):
             zipslice.load(tmp_path / "run" / "checkpoint-20" / "model.safetensors") as want:
         assert list(got) == list(want)
         assert all(bytes(got.read_bytes(k)) == bytes(want.read_bytes(k)) for k in want)
-    # a process other than the world's first commits nothing
-    state.is_world_process_zero, state.global_step = False, 30
+    # a sharded save (an index and its shards) is committed as the one tracked file
+    state.global_step = 30
+    model.save_pretrained(tmp_path / "run" / "checkpoint-30", max_shard_size="20KB")
     callback.on_save(args, state, transformers.TrainerControl())
-    assert len(callback.committed) == 2
+    assert callback.committed[-1].source.endswith("model.safetensors.index.json")
+    with theta.load_from_git("s30", repo / "model.safetensors") as got, \
+            zipslice.load(tmp_path / "run" / "checkpoint-30" / "model.safetensors.index.json") as want:
+        assert sorted(got) == sorted(want) and got.format == "safetensors"
+        assert all(bytes(got.read_bytes(k)) == bytes(want.read_bytes(k)) for k in want)
+    # a process other than the world's first commits nothing
+    state.is_world_process_zero, state.global_step = False, 40
+    callback.on_save(args, state, transformers.TrainerControl())
+    assert len(callback.committed) == 3
 
 
 def test_a_repository_that_cannot_take_the_commits_fails_before_training(repo, tmp_path):
