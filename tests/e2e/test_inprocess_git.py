@@ -13,8 +13,8 @@ import theta
 import zipslice
 from support.checkpoints import make_state
 from support.gitrepo import GitEnv, Repo, clone_bundle
-from theta import framewise
-from theta.errors import CheckpointError, GitError, NotARepositoryError, StagedChangesError, ThetaError, TrackError
+from theta.model import framewise
+from theta.base.errors import CheckpointError, GitError, NotARepositoryError, StagedChangesError, ThetaError, TrackError
 from theta.inprocess import commit_checkpoint
 from theta.storage.metadata import loads
 
@@ -214,7 +214,7 @@ def test_flat_formats_from_the_extension(repo, name):
 
 
 def test_a_group_bigger_than_the_frame_threshold_streams(repo, monkeypatch):
-    """A group above theta.framewise.STREAM_BYTES (lowered here to 1 MiB) is cleaned frame by frame from the
+    """A group above theta.model.framewise.STREAM_BYTES (lowered here to 1 MiB) is cleaned frame by frame from the
     caller's tensor, and records exactly what the whole-group path records."""
     g = torch.Generator().manual_seed(3)
     sd = OrderedDict(big=torch.randn(1 << 19, generator=g), small=torch.randn(10, generator=g))  # 2 MiB, 40 B

@@ -8,7 +8,7 @@ import torch
 import theta
 import zipslice
 from support.gitrepo import GitEnv
-from theta.errors import StagedChangesError
+from theta.base.errors import StagedChangesError
 from theta.storage.metadata import loads
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""theta.statedict: a state dict in memory read as the checkpoint torch.save would write, without copying it."""
+"""theta.model.statedict: a state dict in memory read as the checkpoint torch.save would write, without copying it."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import zipslice
-from theta.errors import CheckpointError
-from theta.statedict import StateDictCheckpoint
+from theta.base.errors import CheckpointError
+from theta.model.statedict import StateDictCheckpoint
 
 
 def _as_file(obj, tmp_path):

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from theta.errors import GitError
+from theta.base.errors import GitError
 from theta.git import repo as gitutil
 
 REGULAR = "100644"

@@ -4,10 +4,10 @@
     weights = theta.load_from_git("epoch-3", "model.pt")       # a lazy mapping: theta.load(path, rev=...)
 
 :func:`save_to_git` records a state dict as the new version of a tracked path and commits it, group by group,
-exactly as ``git add`` + ``git commit`` would record the file ``torch.save`` writes (:mod:`theta.statedict`):
+exactly as ``git add`` + ``git commit`` would record the file ``torch.save`` writes (:mod:`theta.model.statedict`):
 the same change detection against the committed version, the same update policy (``theta.updateType`` and
 the other clean settings), blobs into the same store, memory bounded as a clean is (a group above
-:data:`theta.framewise.STREAM_BYTES` is read frame by frame). Only the metadata text becomes a git object.
+:data:`theta.model.framewise.STREAM_BYTES` is read frame by frame). Only the metadata text becomes a git object.
 
 What it does to the repository (see docs/reference/theta-api.md):
 
@@ -20,7 +20,7 @@ What it does to the repository (see docs/reference/theta-api.md):
   ``git theta checkout PATH`` / ``git checkout -- PATH`` later, writes it. A work-tree file that was a
   placeholder of the previous version (its metadata text) is replaced by the new version's placeholder.
 
-Refused, before anything is stored (each a :class:`~theta.errors.ThetaError` naming the path): a path outside a
+Refused, before anything is stored (each a :class:`~theta.base.errors.ThetaError` naming the path): a path outside a
 git work tree, a path another filter tracks or that git already holds untracked by theta, a path with staged
 changes or a merge conflict, a merge/rebase/cherry-pick in progress, an existing or invalid tag, a state dict
 the format cannot hold.
@@ -38,22 +38,22 @@ import zipslice
 from zipslice.base import LazyCheckpoint
 
 from theta import settings
-from theta.clean import CleanStats, clean_checkpoint
+from theta.model.clean import CleanStats, clean_checkpoint
 from theta.commands.hooks import ensure_installed_quietly
-from theta.commands.materialize import MAX_PLACEHOLDER_BYTES, Placeholder, materialize
+from theta.commands.filter.materialize import MAX_PLACEHOLDER_BYTES, Placeholder, materialize
 from theta.commands.track import parse_line, track_lines
-from theta.errors import (CheckpointError, GitError, IndexBusyError, IndexUnsupportedError, NotARepositoryError,
+from theta.base.errors import (CheckpointError, GitError, IndexBusyError, IndexUnsupportedError, NotARepositoryError,
                           StagedChangesError, ThetaError, TrackError)
 from theta.git import commit as gitcommit
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
-from theta.gittheta_files import GitThetaFile, is_git_theta, to_theta_metadata
-from theta.lazy import load
-from theta.statedict import StateDictCheckpoint
+from theta.peers.gittheta.files import committed as git_theta_committed, to_theta_metadata
+from theta.model.lazy import load
+from theta.model.statedict import StateDictCheckpoint
 from theta.storage.committed import committed_meta, committed_text
 from theta.storage.metadata import dumps, same_content
 from theta.storage.store import LfsStore
-from theta.views import committed_form
+from theta.model.views import committed_form
 
 # Git-Theta's checkpoint types (its plugin names) and theta's format names -> the format recorded
 CHECKPOINT_TYPES = {"pytorch": "torch", "pickled-dict": "torch", "torch": "torch",
@@ -331,9 +331,9 @@ def _previous(top: Path, rel: str, store, scratch: Path):
     text = committed_text(rel, top)
     if text is not None:
         return text, committed_meta(rel, top)
-    data = gitutil.read_blob(f":{rel}", top)
-    if is_git_theta(data):
-        gtf = GitThetaFile(data, rel, top, store, label=f":{rel}")
+    found = git_theta_committed(rel, top, store)
+    if found is not None:
+        _, gtf = found
         gtf.fetch()
         return None, to_theta_metadata(gtf, scratch)
     return None, None

@@ -28,7 +28,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from theta.errors import ThetaError
+from theta.base.errors import ThetaError
 from theta.inprocess import commit_checkpoint, preflight
 
 # what the Trainer writes for the model, in the order looked for (single file, then sharded, then PEFT adapters)
