@@ -198,15 +198,32 @@ def replay(files: list[Path], work: Path, env: dict, rounds_note: bool = True) -
 
 # -- memory ---------------------------------------------------------------------------------------------------
 MEMORY_CHILD = r"""
-import json, os, sys, time
+import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import torch
 import theta
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
 def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "VmHWM")):
-            yield int(line.split()[1]) * 1024
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+class Peak:
+    # RSS sampled every 5 ms on a thread while a save runs (VmHWM cannot be reset on every kernel)
+    def __enter__(self):
+        self.peak, self.done = rss(), threading.Event()
+        def poll():
+            while not self.done.is_set():
+                self.peak = max(self.peak, rss())
+                self.done.wait(0.005)
+        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread.start()
+        return self
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.peak = max(self.peak, rss())
 
 big = int(sys.argv[2])
 g = torch.Generator().manual_seed(0)
@@ -214,20 +231,17 @@ sd = {"embed.weight": torch.randn(big // 4, generator=g).reshape(-1, 1024)}
 for i in range(4):
     sd[f"layer.{i}.weight"] = torch.randn(256, 256, generator=g)
 theta.save_to_git({"warm": torch.ones(4)}, "warm.pt", "imports and pools")  # every module loaded before measuring
-out = []
 for v in range(3):
     if v:
         with torch.no_grad():
             for t in sd.values():
                 t.add_(1e-3)
-    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-    before, _ = rss()
+    before = rss()
     t0 = time.perf_counter()
-    theta.save_to_git(sd, "model.pt", f"v{v + 1}")
-    seconds = time.perf_counter() - t0
-    _, peak = rss()
-    out.append({"version": v + 1, "before": before, "peak": peak, "seconds": seconds})
-print(json.dumps(out))
+    with Peak() as p:
+        theta.save_to_git(sd, "model.pt", f"v{v + 1}")
+    print(json.dumps({"version": v + 1, "before": before, "peak": p.peak, "seconds": time.perf_counter() - t0}),
+          flush=True)
 """
 
 
@@ -239,14 +253,15 @@ def memory(args, work: Path, env: dict) -> dict:
         repo = new_repo(work, f"memory-{name}", env, tool=None)
         p = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(ROOT), str(big)], cwd=repo, env=env,
                            capture_output=True, text=True, preexec_fn=cgroup.join if cgroup else None)
+        saves = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
         if p.returncode != 0:
-            return {"failed": p.returncode, "stderr": p.stderr[-2000:]}
-        return {"saves": json.loads(p.stdout.strip().splitlines()[-1])}
+            return {"saves": saves, "failed": p.returncode, "stderr": p.stderr[-2000:]}
+        return {"saves": saves}
 
     print(f"\n== memory: a state dict with a {args.big_mib} MiB float32 group, saved three times (small steps)")
     got = run("free")
     results["free"] = got
-    if "saves" not in got:
+    if "failed" in got:
         print(f"failed: {got}")
         return results
     for s in got["saves"]:
@@ -264,11 +279,11 @@ def memory(args, work: Path, env: dict) -> dict:
     finally:
         cg.remove(wait=5, kill=True)
     c = results["cgroup"]
-    done = len(c.get("saves", []))
+    done = [s["version"] for s in c.get("saves", [])]
+    ended = "" if len(done) == 3 else f"; then killed (OOM kills: {c['oom_kills']})"
     print(f"in a memory cgroup of {limit / 2**20:.0f} MiB (the process before a save + half the big group; "
-          f"page cache counted): {'all three saves completed' if done == 3 else 'killed'}"
-          f"{'' if done == 3 else ' (OOM kills: %d)' % c['oom_kills']}; the kernel's peak "
-          f"{c['peak'] / 2**20:.0f} MiB")
+          f"page cache counted): saves {', '.join(f'v{v}' for v in done) or 'none'} completed{ended}; the "
+          f"kernel's peak {c['peak'] / 2**20:.0f} MiB")
     return results
 
 
