@@ -272,13 +272,30 @@ def test_load_from_git_pickles_as_the_state_dict_and_takes_git_theta_arguments(r
 
 
 @pytest.mark.slow  # a clone of the Git-Theta fixture with its LFS objects: ~10 s on a loaded 2-core machine
-def test_building_on_a_version_git_theta_committed(tmp_path, monkeypatch):
+def test_versions_git_theta_committed_load_and_take_a_save_on_top(tmp_path, monkeypatch):
+    import hashlib
+    import json
     from pathlib import Path
 
-    clone = clone_bundle(tmp_path, Path(__file__).resolve().parents[2] / "fixtures" / "git_theta")
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
+    expected = [c for c in json.loads((fixture / "expected.json").read_text())["commits"] if c["files"]]
+    clone = clone_bundle(tmp_path, fixture)
     for k, v in clone.env.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(clone.path)
+    # every version Git-Theta committed (dense, sparse, low-rank and ia3 chains) loads as Git-Theta checked it out
+    for commit in expected:
+        for f, groups in commit["files"].items():
+            with theta.load_from_git(commit["sha"], f) as lsd:
+                assert sorted(lsd) == sorted(groups), (commit["subject"], f)
+                for name, want in groups.items():
+                    got = lsd.numpy(name)
+                    assert str(got.dtype) == want["dtype"] and list(got.shape) == want["shape"]
+                    assert hashlib.sha256(bytes(lsd.read_bytes(name))).hexdigest() == want["sha256"], name
+    first = expected[0]
+    lsd = theta.load_from_git(first["sha"], "model.pt")
+    torch.save(lsd, tmp_path / "first.pt")
+    assert sorted(torch.load(tmp_path / "first.pt", weights_only=True)) == sorted(first["files"]["model.pt"])
     sd = torch.load(clone / "model.pt", weights_only=True)
     sd["fc1.bias"] = sd["fc1.bias"] + 1
     theta.save_to_git(sd, "model.pt", "on top of Git-Theta, from Python")

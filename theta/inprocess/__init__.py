@@ -47,7 +47,9 @@ from theta.base.errors import (CheckpointError, GitError, IndexBusyError, IndexU
 from theta.git import commit as gitcommit
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
-from theta.peers.gittheta.files import committed as git_theta_committed, to_theta_metadata
+from theta.peers.gittheta.files import committed as git_theta_committed
+from theta.peers.gittheta.files import is_git_theta, to_theta_metadata
+from theta.peers.gittheta.lazy import open_version as open_git_theta_version
 from theta.model.lazy import load
 from theta.model.statedict import StateDictCheckpoint
 from theta.storage.committed import committed_meta, committed_text
@@ -101,17 +103,23 @@ def save_to_git(state_dict, path: str, commit_msg: str, tag: str | None = None,
 def load_from_git(sha_or_tag, path: str, checkpoint_type: str | None = None, checkout: bool = False):
     """The version of ``path`` committed at ``sha_or_tag`` (any revision; a Git-Theta commit object works), as a
     lazy mapping of names to torch tensors (:func:`theta.load`): each group is rebuilt when it is read, and
-    ``torch.save(result, f)`` saves the state dict itself. ``checkpoint_type`` is checked but changes nothing
+    ``torch.save(result, f)`` saves the state dict itself. A version Git-Theta committed is read as Git-Theta
+    checks it out. ``checkpoint_type`` is checked but changes nothing
     (the tensors are the same whatever the committed format). ``checkout``: also check out that revision
     (``git checkout REV``, as Git-Theta does).
     """
     rev = str(getattr(sha_or_tag, "hexsha", sha_or_tag))
     if checkpoint_type is not None:
         _format_of(checkpoint_type)
-    where = _work_tree(path)
-    lsd = load(path, rev=rev)
+    top, rel, _ = _locate(path, None)
+    spec = f"{rev}:{rel}"
+    data = gitutil.read_blob(spec, top)
+    if is_git_theta(data):  # a version Git-Theta committed: read as Git-Theta checks it out
+        lsd = open_git_theta_version(data, spec, rel, top, LfsStore.for_repo(top))
+    else:
+        lsd = load(path, rev=rev)
     if checkout:
-        gitutil.run(["checkout", "--quiet", rev], where)
+        gitutil.run(["checkout", "--quiet", rev], top)
     return lsd
 
 
