@@ -104,9 +104,8 @@ def load_from_git(sha_or_tag, path: str, checkpoint_type: str | None = None, che
     """The version of ``path`` committed at ``sha_or_tag`` (any revision; a Git-Theta commit object works), as a
     lazy mapping of names to torch tensors (:func:`theta.load`): each group is rebuilt when it is read, and
     ``torch.save(result, f)`` saves the state dict itself. A version Git-Theta committed is read as Git-Theta
-    checks it out. ``checkpoint_type`` is checked but changes nothing
-    (the tensors are the same whatever the committed format). ``checkout``: also check out that revision
-    (``git checkout REV``, as Git-Theta does).
+    checks it out. ``checkpoint_type`` is checked but changes nothing (the tensors are the same whatever the
+    committed format). ``checkout``: also check out that revision (``git checkout REV``, as Git-Theta does).
     """
     rev = str(getattr(sha_or_tag, "hexsha", sha_or_tag))
     if checkpoint_type is not None:
