@@ -11,6 +11,9 @@ clean a checkpoint into metadata, rebuild it, diff and merge versions, and find 
     text = theta.dumps_metadata(meta)                     # the text git stores in place of the checkpoint
     theta.smudge_checkpoint(theta.loads_metadata(text), store, "copy.pt")
 
+    sha = theta.save_to_git(model.state_dict(), "model.pt", "epoch 3")   # a commit, no file written
+    weights = theta.load_from_git(sha, "model.pt")        # that version, lazily
+
 This module is the package's public face only: it imports nothing from the layers below until a name is
 first used, so ``git theta`` commands that need none of them start fast. Everything else under ``theta.``
 is internal and may change between versions.
@@ -27,6 +30,10 @@ TYPE_CHECKING = False
 _EXPORTS: dict[str, tuple[str, str]] = {
     # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.model.lazy)
     "load": ("theta.model.lazy", "load"),
+    # commits from Python without writing the checkpoint (Git-Theta's names), and from a Trainer (transformers)
+    "save_to_git": ("theta.inprocess", "save_to_git"),
+    "load_from_git": ("theta.inprocess", "load_from_git"),
+    "ThetaTrainerCallback": ("theta.inprocess.trainer", "ThetaTrainerCallback"),
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
     "clean_checkpoint": ("theta.model.clean", "clean_checkpoint"),
     "CleanOptions": ("theta.model.clean", "CleanOptions"),
@@ -65,6 +72,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 __all__ = [
     "__version__",
     "load",
+    "save_to_git", "load_from_git", "ThetaTrainerCallback",
     "clean_checkpoint", "CleanOptions", "CleanStats", "smudge_checkpoint",
     "LfsStore", "BlobRef", "CheckpointMeta", "GroupMeta", "loads_metadata", "dumps_metadata", "is_metadata",
     "diff_sides", "MetaSide", "CheckpointSide", "FileDiff",
@@ -79,6 +87,8 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.model.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
     from theta.base.errors import ThetaError
     from theta.model.lazy import load
+    from theta.inprocess import load_from_git, save_to_git
+    from theta.inprocess.trainer import ThetaTrainerCallback
     from theta.merges import MergeStrategy
     from theta.merges import get as get_merge_strategy
     from theta.merges import names as merge_strategies

@@ -19,6 +19,8 @@ LAYERS = {
     "theta.settings": 5,
     "theta.model": 4, "theta.merges": 4, "theta.peers": 4,
     "theta.updates": 3,
+    # commits from Python (save_to_git, the Trainer callback): entry points, like the commands
+    "theta.inprocess": 6,
     "theta.storage": 2,
     "theta.git": 1,
     "theta.base": 0,

@@ -175,3 +175,11 @@ class IndexUnsupportedError(GitError):
 
 class PlaceholderError(ThetaError):
     """A work-tree file is a placeholder (the checkpoint's theta metadata), not the checkpoint itself."""
+
+
+class NotARepositoryError(GitError):
+    """A path that must be inside a git work tree is not (no repository, or a bare one)."""
+
+
+class StagedChangesError(ThetaError):
+    """A path has staged changes (or an unresolved conflict) that a commit of it from Python would take or lose."""

@@ -83,6 +83,9 @@ class ThetaCheckpoint(LazyCheckpoint):
         at = f" rev={self.rev!r}" if self.rev else ""
         return f"<ThetaCheckpoint {self.path!r}{at} format={self.format} tensors={len(self)}>"
 
+    def __reduce_ex__(self, protocol):
+        return reduce_as_checkpoint(self, self.meta.structure, protocol)
+
     def fetch(self) -> int:
         """Download every blob this checkpoint needs that is not local, in one git-lfs run; how many."""
         try:
@@ -109,6 +112,22 @@ class ThetaCheckpoint(LazyCheckpoint):
 
     def dropping_behind(self) -> bool:
         return False  # nothing of a file is read: blobs are mapped, decoded and let go one group at a time
+
+
+def reduce_as_checkpoint(lsd: LazyCheckpoint, tree: dict | None, protocol: int):
+    """How a lazy checkpoint pickles (``torch.save(lsd, f)``, ``copy.deepcopy``): as the checkpoint itself,
+    every group read -- the object torch.load would return for its file (``tree``: its container structure, None
+    for a flat one), the root an OrderedDict (the mapping type torch.load's weights-only unpickler accepts; a
+    state dict is one anyway)."""
+    from collections import OrderedDict
+    from collections.abc import Mapping
+
+    obj = structure.build(tree, lsd.tensor) if tree is not None else None
+    if not isinstance(obj, Mapping):
+        obj = OrderedDict((k, lsd.tensor(k)) for k in lsd)
+    elif type(obj) is not OrderedDict:
+        obj = OrderedDict(obj)
+    return obj.__reduce_ex__(protocol)
 
 
 # -- opening ------------------------------------------------------------------------------------------------
