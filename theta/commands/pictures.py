@@ -41,12 +41,13 @@ def split_revs_paths(args: list[str], argv: list[str] | None = None) -> tuple[li
 
 
 def outputs(out: Path, paths: list[str], suffix: str) -> dict[str, Path]:
-    """Where each checkpoint's picture goes: ``out`` itself for one, ``out/<path>.<suffix>`` for several."""
+    """Where each checkpoint's picture goes: ``out`` itself for one, ``out/<path><suffix>`` for several (``out``
+    a directory then, never a file named like a picture)."""
     if len(paths) == 1 and not out.is_dir():
         return {paths[0]: out}
-    if out.exists() and not out.is_dir():
+    if (out.exists() and not out.is_dir()) or (not out.exists() and out.suffix.lower() == suffix):
         raise ThetaError(f"{out}: {len(paths)} checkpoints changed, one picture each: name a directory "
-                         f"(or pick one checkpoint with -- PATH)")
+                         f"(or one checkpoint: -- PATH)")
     return {p: out / (p.replace("/", "__") + suffix) for p in paths}
 
 

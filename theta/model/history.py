@@ -297,16 +297,16 @@ def _refs(meta: CheckpointMeta | None) -> dict[str, int]:
 
 def _model_order(metas: Iterable[CheckpointMeta | None]) -> list[str]:
     """Every group name of the versions, newest first: the newest version's order, each older version's names
-    that are gone inserted after the name they followed there. A file whose names are sorted as strings (a
-    safetensors file sorts them) says nothing of the model's order: its names are taken in natural order
-    (``layers.2`` before ``layers.10``)."""
+    that are gone inserted after the name they followed there. A file whose order says nothing of the model's
+    (safetensors sorts by dtype, then name; any file whose names are sorted as strings) is taken in natural
+    order of names (``layers.2`` before ``layers.10``)."""
     order: list[str] = []
     seen: set[str] = set()
     for meta in metas:
         if meta is None:
             continue
         names = [n for n in meta.order if n in meta.groups]
-        if names == sorted(names):
+        if meta.format == "safetensors" or names == sorted(names):
             names.sort(key=natural_key)
         for k, name in enumerate(names):
             if name in seen:
