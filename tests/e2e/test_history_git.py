@@ -128,8 +128,8 @@ def logged(hrepo) -> dict:
 
 def log_doc(repo, *args) -> dict:
     """The same in this process (``args``: revisions)."""
-    from theta.commands.log import history_json
-    from theta.history import file_history
+    from theta.commands.pictures import history_json
+    from theta.model.history import file_history
 
     with in_repo(repo):
         return json.loads(json.dumps(history_json(file_history(PATH, list(args), repo.path, exact=False))))
@@ -192,8 +192,8 @@ def test_log_figures_are_those_of_git_theta_diff(hrepo, logged):
 
 
 def test_log_exact_reads_what_is_not_recorded_bit_for_bit(hrepo):
-    from theta.commands.log import history_json
-    from theta.history import file_history
+    from theta.commands.pictures import history_json
+    from theta.model.history import file_history
 
     with in_repo(hrepo):
         doc = json.loads(json.dumps(history_json(file_history(PATH, ["HEAD~5"], hrepo.path, exact=True,
@@ -227,7 +227,7 @@ def test_log_stored_types_bytes_and_totals(hrepo, logged):
         stored = sum(cell["stored_bytes"] for cell in c["cells"].values())
         assert c["totals"]["stored"] == stored if c["subject"] != "base model" else 0 < c["totals"]["stored"] < stored
         # a fresh clone of the commit fetches what `git theta ls-files` counts as stored for the file
-        from theta.commands.lsfiles import list_tracked
+        from theta.storage.tracked import list_tracked
 
         with in_repo(hrepo):
             files = list_tracked(c["id"], cwd=hrepo.path)

@@ -15,7 +15,7 @@ from pathlib import Path
 from theta.model import heatmap, history
 from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
-from theta.settings.merge import MergeConfig
+from theta.settings.merge_rules import MergeConfig
 from zipslice import clistyle
 from zipslice.clistyle import emit_json, note, say
 from zipslice.progress import human_bytes
