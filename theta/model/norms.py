@@ -6,15 +6,16 @@ at hand (it compared or encoded against it), the norm of the change from it and 
 ``‖new − old‖ / ‖old‖`` without reading any tensor.
 
 How they are computed (:func:`measure`): values are taken as float32 (bfloat16, float16 and float8 widen
-exactly; float64 stays float64), in chunks of :data:`CHUNK` elements; each chunk's squares are summed by
-numpy's pairwise sum in float32 (float64 for float64 values), and the chunks' sums are added in float64, in
-order. A difference
+exactly; float64 stays float64), in chunks of :data:`CHUNK` elements; each chunk's sum of squares is a float32
+dot product (float64 for float64 values), and the chunks' sums are added in float64, in order. A difference
 ``new − old`` of two bfloat16 or float16 values is exact in float32. A frame of the codec is a whole number of
 chunks, so a group measured frame by frame (:mod:`theta.model.framewise`) gets the bits it gets measured whole.
-Against the float64 statistics of ``git theta diff`` (theta.model.diff.change_stats), a sum of squares differs by
-about 1e-8 relatively (at most ~1e-7); the recorded figures are rounded to :data:`DIGITS` significant digits (the text states
-no more than is known, and a sum that a machine with other SIMD rounds a little differently almost always
-writes the same text).
+Against the float64 statistics of ``git theta diff`` (theta.model.diff.change_stats), a norm differs by about
+1e-7 relatively (a few 1e-6 for a value whose elements are all alike); the recorded figures are rounded to
+:data:`DIGITS` significant digits. The cost is one pass over both values while they are at hand anyway (the
+previous value is the base of the encoding): about a tenth of what compressing the change costs. Another
+machine's BLAS may round a dot product differently: two texts that differ only in norms describe the same
+values (:func:`theta.storage.metadata.same_content`).
 """
 from __future__ import annotations
 
@@ -68,10 +69,9 @@ def _widen(chunk: np.ndarray, buf: np.ndarray) -> np.ndarray:
     return out
 
 
-def _squares(x: np.ndarray, out: np.ndarray) -> float:
-    # numpy's own pairwise sum (not BLAS: no thread pool, the same bits on every run; ~1e-8 relative error)
-    np.multiply(x, x, out=out)
-    return float(np.add.reduce(out))
+def _squares(x: np.ndarray) -> float:
+    # a float32 dot of one chunk (~1e-7 relative error at this length; a pairwise sum costs 4x more)
+    return float(np.dot(x, x))
 
 
 def measure(new: np.ndarray, old: np.ndarray | None = None, count: bool = True) -> Sums:
@@ -93,13 +93,13 @@ def measure(new: np.ndarray, old: np.ndarray | None = None, count: bool = True) 
     with np.errstate(over="ignore", invalid="ignore"):
         for s in range(0, a.size, CHUNK):
             x = _widen(a[s:s + CHUNK], bufs[0])
-            sq = scratch[:x.size]
-            out.value += _squares(x, sq)
+            out.value += _squares(x)
             if b is None:
                 continue
             y = _widen(b[s:s + CHUNK], bufs[1])
-            np.subtract(x, y, out=sq)
-            out.change += _squares(sq, sq)
+            d = scratch[:x.size]
+            np.subtract(x, y, out=d)
+            out.change += _squares(d)
             if not count:
                 continue
             if bits is not None:
