@@ -75,22 +75,34 @@ def add_ab(repo: Path, tuned: Path, previous: dict, rounds: int, nbytes: int) ->
     def off(new, old=None, count=True):
         return norms.Sums()
 
+    spent = [0.0]  # CPU seconds inside norms.measure (on whichever thread called it)
+
+    def timed(new, old=None, count=True):
+        t = time.thread_time()
+        try:
+            return measure(new, old, count)
+        finally:
+            spent[0] += time.thread_time() - t
+
     runs: dict[str, list[tuple[float, float]]] = {"norms": [], "no norms": []}
+    inside: dict[str, list[float]] = {}
     t0 = time.perf_counter()
     for s in SHARDS:
         clean_checkpoint(tuned / s, store, previous[s], CleanOptions())
     print(f"  (a first clean, not counted: {time.perf_counter() - t0:.1f} s)", flush=True)
     for r in range(rounds):
         for variant in ("norms", "no norms") if r % 2 == 0 else ("no norms", "norms"):
-            norms.measure = measure if variant == "norms" else off
+            norms.measure = timed if variant == "norms" else off
+            spent[0] = 0.0
             t0, c0 = time.perf_counter(), cpu_now()
             recorded = 0
             for s in SHARDS:
                 meta = clean_checkpoint(tuned / s, store, previous[s], CleanOptions(), stats=CleanStats())
                 recorded += sum(1 for g in meta.groups.values() if g.norms is not None and g.norms.source)
             runs[variant].append((time.perf_counter() - t0, cpu_now() - c0))
+            inside.setdefault(variant, []).append(spent[0])
             print(f"  round {r + 1} {variant:9s}: {runs[variant][-1][0]:6.2f} s wall, {runs[variant][-1][1]:6.2f} s "
-                  f"CPU ({recorded} groups with a recorded change)", flush=True)
+                  f"CPU, {spent[0]:.2f} s of it measuring norms ({recorded} groups with a recorded change)", flush=True)
     norms.measure = measure
     print(f"\nadd (theta's clean of finetune against base, {nbytes / 1e9:.2f} GB, every group changed), "
           f"{rounds} interleaved rounds each, this process (all threads), shared machine:")
@@ -100,7 +112,10 @@ def add_ab(repo: Path, tuned: Path, previous: dict, rounds: int, nbytes: int) ->
               f"  CPU median {statistics.median(cpus):6.2f} s [{min(cpus):.2f}..{max(cpus):.2f}]")
     a = statistics.median(c for _, c in runs["norms"])
     b = statistics.median(c for _, c in runs["no norms"])
-    print(f"  norms cost {100 * (a / b - 1):+.1f}% CPU ({a - b:+.2f} s) on this add\n", flush=True)
+    m = statistics.median(inside["norms"])
+    print(f"  norms cost {100 * (a / b - 1):+.1f}% CPU ({a - b:+.2f} s) on this add (difference of medians); "
+          f"measured inside: {m:.2f} s CPU in theta.model.norms.measure, {100 * m / b:.1f}% of the clean without "
+          f"norms\n", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------- log
@@ -226,10 +241,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="A/B rounds of the add (each variant)")
     ap.add_argument("--commits", type=int, default=50)
     ap.add_argument("--limit", default="512M", help="memory cgroup of the log commands (default 512M)")
+    ap.add_argument("--stream-mib", type=float, default=None,
+                    help="clean groups of this many MiB or more frame by frame (theta.model.framewise.STREAM_BYTES; "
+                         "default 32): at a small --scale, a low value takes the path the real shapes take")
     ap.add_argument("--keep", action="store_true", help="keep --work and the versions made in --data afterwards "
                                                         "(default: each version is deleted once the next is made)")
     a = ap.parse_args()
     dims = LLAMA3_8B_4L if a.scale == 1 else LLAMA3_8B_4L.scaled(a.scale)
+    if a.stream_mib is not None:
+        from theta.model import framewise
+
+        framewise.STREAM_BYTES = int(a.stream_mib * MiB)
+        print(f"groups of {a.stream_mib} MiB or more cleaned frame by frame (in this process: the add A/B)")
     a.work.mkdir(parents=True, exist_ok=True)
     print(f"model: {dims} ({dims.nbytes() / 1e9:.2f} GB); {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     try:

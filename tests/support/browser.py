@@ -177,6 +177,7 @@ class Page:
         params: dict = {"format": "png", "captureBeyondViewport": True}
         if selector is not None:
             r = self.eval(f"(function(){{var r=document.querySelector({json.dumps(selector)})"
-                          f".getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height];}})()")
+                          f".getBoundingClientRect();"
+                          f"return [r.left + scrollX, r.top + scrollY, r.width, r.height];}})()")
             params["clip"] = {"x": r[0], "y": r[1], "width": r[2], "height": r[3], "scale": 1}
         return base64.b64decode(self.send("Page.captureScreenshot", params)["data"])

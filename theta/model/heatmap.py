@@ -2,11 +2,13 @@
 
 The page is one self-contained file: an HTML table (a row per group, folded by layer; a column per commit), its
 colours computed here, a style sheet, and a short script of its own that folds and unfolds layers (no network,
-no library). Each cell carries its figures in ``data-`` attributes (full precision) and a ``title`` shown on
-hover (rounded). Colour: ``log10(‖Δ‖/‖old‖)`` on the viridis scale between the decades that hold the
-history's smallest and largest change; unchanged groups are light grey; added, removed, reshaped and retyped
-groups are white with a mark (``+``, ``−``, ``↔``, ``T``); a change whose size is unknown (no norms, no
-signatures) shows ``?``.
+no library; ``page.html#unfold=model.layers.3,model.layers.7`` opens with those layers unfolded). Each cell
+carries its figures in ``data-`` attributes (full precision) and a ``title`` shown on hover (rounded).
+
+Colour: ``log10(‖Δ‖/‖old‖)`` on the viridis scale between the decades that hold the history's smallest and
+largest change; unchanged groups are light grey; added, removed, reshaped and retyped groups are white with a
+mark (``+``, ``−``, ``↔``, ``T``; a layer's mark over its colour when some of its groups also changed in place);
+a change whose size is unknown (no norms, no signatures) shows ``?``.
 
 The PNG (:func:`write_png`) draws the same folded rows with matplotlib, imported only then (the ``plot``
 extra).
@@ -18,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from theta.model.history import STRUCTURAL, Cell, FoldedCell, History, Row
+from theta.model.history import STRUCTURAL, Cell, FoldedCell, History
 
 # matplotlib's viridis at 0, 0.1, ..., 1 (the PNG uses matplotlib's own table: the same colours)
 VIRIDIS = ("#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70", "#7ad151",
@@ -106,6 +108,16 @@ def cell_look(status: str, rel: float | None, scale: Scale) -> tuple[str, str]:
     return scale.colour(rel), ""
 
 
+def folded_look(f: FoldedCell, scale: Scale) -> tuple[str, str, str]:
+    """(status, background colour, mark) of a layer: the mark of a structural change, over the colour of its
+    groups' change when some of them changed in place too."""
+    st = folded_status(f)
+    colour, mark = cell_look(st, f.relative, scale)
+    if st in STRUCTURAL and f.statuses.get("modified") and f.relative is not None:
+        colour = cell_look("modified", f.relative, scale)[0]
+    return st, colour, mark
+
+
 def folded_status(f: FoldedCell) -> str:
     """One status for a layer: the structural change of any of its groups, else modified/unchanged/absent."""
     for s in STRUCTURAL:
@@ -159,11 +171,11 @@ table.heat th{font-weight:normal;text-align:left;white-space:nowrap;padding:0 6p
  font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 table.heat thead th.commit{vertical-align:bottom;padding:0;width:26px;max-width:26px}
 table.heat thead th.commit div{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;
- max-height:230px;overflow:hidden;text-overflow:ellipsis;padding:2px 0;font-family:inherit}
+ max-height:330px;overflow:hidden;text-overflow:ellipsis;padding:2px 0;font-family:inherit}
 table.heat thead th.commit .id{font-weight:bold}
 td.cell{width:26px;min-width:26px;height:16px;padding:0;text-align:center;font-size:11px;font-weight:bold;
  color:#333;border:1px solid transparent;cursor:default}
-td.cell.marked{border-color:#999}
+td.cell.marked{border-color:#999;text-shadow:0 0 2px #fff,0 0 2px #fff}
 tr.layer th{cursor:pointer;font-weight:600}
 tr.layer th .toggle{display:inline-block;width:1em;color:#666}
 tr.group.child th{padding-left:20px;color:#444}
@@ -199,7 +211,8 @@ _SCRIPT = """
   var u=document.getElementById('unfold'), f=document.getElementById('fold');
   if(u) u.addEventListener('click', function(){all(true);});
   if(f) f.addEventListener('click', function(){all(false);});
-  window.thetaToggle=toggle;
+  var m=/^#unfold=(.+)$/.exec(location.hash);
+  if(m) decodeURIComponent(m[1]).split(',').forEach(function(k){toggle(k, true);});
 })();
 """
 
@@ -264,8 +277,7 @@ def log_page(h: History, title: str | None = None) -> str:
                         f'<span class="n">({len(row.members)})</span></th>')
             for k, c in enumerate(h.commits):
                 f = h.folded(row, k)
-                st = folded_status(f)
-                colour, mark = cell_look(st, f.relative, scale)
+                st, colour, mark = folded_look(f, scale)
                 attrs = {"commit": k, "status": st, "changed-groups": f.changed_groups, "bytes": f.stored_bytes,
                          "rel": _num(f.relative)}
                 body.append(_td(colour, mark, layer_title(row.name, c.id[:7], f, len(row.members)), attrs))
@@ -336,8 +348,7 @@ def diff_page(h: History, old_label: str, merge: dict[str, MergeRow] | None = No
     for row in h.rows():
         if row.layer:
             f = h.folded(row, 0)
-            st = folded_status(f)
-            colour, mark = cell_look(st, f.relative, scale)
+            st, colour, mark = folded_look(f, scale)
             out.append(f'<tr class="layer" data-layer="{html.escape(row.name, quote=True)}" aria-expanded="false" '
                        f'data-status="{st}" data-rel="{_num(f.relative)}" '
                        f'title="{html.escape(layer_title(row.name, c.id[:7], f, len(row.members)), quote=True)}">'
@@ -385,7 +396,7 @@ def diff_page(h: History, old_label: str, merge: dict[str, MergeRow] | None = No
 
 # ------------------------------------------------------------------------------------------------- PNG
 
-def write_png(h: History, path: str | Path, dpi: int = 110) -> None:
+def write_png(h: History, path: str | Path, dpi: int = 120) -> None:
     """The heat map of ``h``, layers folded, as a PNG (matplotlib: the ``plot`` extra)."""
     import matplotlib  # imported here: only --png needs it, and it is an optional extra
 
@@ -401,17 +412,15 @@ def write_png(h: History, path: str | Path, dpi: int = 110) -> None:
     for r, row in enumerate(rows):
         for k in range(n):
             if row.layer:
-                f = h.folded(row, k)
-                st, rel = folded_status(f), f.relative
+                _, colour, mark = folded_look(h.folded(row, k), scale)
             else:
                 c = h.cells[k][row.members[0]]
-                st, rel = c.status, c.relative
-            colour, mark = cell_look(st, rel, scale)
+                colour, mark = cell_look(c.status, c.relative, scale)
             grid[r][k] = to_rgba(colour)
             if mark:
                 marks.append((k, r, mark))
-    width = min(40.0, 3.2 + 0.26 * n)
-    height = min(60.0, 1.6 + 0.2 * len(rows))
+    width = min(40.0, max(7.0, 3.2 + 0.3 * n))
+    height = min(60.0, max(3.5, 2.0 + 0.22 * len(rows)))
     fig, ax = plt.subplots(figsize=(width, height))
     ax.imshow(grid, aspect="auto", interpolation="nearest")
     for x, y, m in marks:

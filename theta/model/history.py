@@ -10,7 +10,7 @@
 - **how much it changed**: ``‖new − old‖₂ / ‖old‖₂``. Clean records both norms where it had the previous value
   at hand (:class:`theta.storage.metadata.Norms`): then no tensor is read (``how = "recorded"``). Otherwise
   (history committed before theta recorded norms, a group stored densely without looking at its previous
-  value) the norms are estimated from the groups' LSH signatures (``"estimated"``: about ±18 % for one
+  value) the norms are estimated from the groups' LSH signatures (``"estimated"``: roughly ±25 % for one
   group, :mod:`theta.base.lsh`), or, with ``exact``, computed by reading both values block by block
   (``"computed"``: the statistics of `git theta diff`, bit for bit; blobs fetched when missing).
 
