@@ -300,7 +300,8 @@ def _model_order(metas: Iterable[CheckpointMeta | None]) -> list[str]:
     that are gone inserted after the name they followed there. A file whose order says nothing of the model's
     (safetensors sorts by dtype, then name; any file whose names are sorted as strings) is taken in natural
     order of names (``layers.2`` before ``layers.10``)."""
-    order: list[str] = []
+    base: list[str] | None = None
+    after: dict[str | None, list[str]] = {}  # names placed right after a name (None: before all)
     seen: set[str] = set()
     for meta in metas:
         if meta is None:
@@ -308,12 +309,22 @@ def _model_order(metas: Iterable[CheckpointMeta | None]) -> list[str]:
         names = [n for n in meta.order if n in meta.groups]
         if meta.format == "safetensors" or names == sorted(names):
             names.sort(key=natural_key)
-        for k, name in enumerate(names):
-            if name in seen:
-                continue
-            prev = next((names[j] for j in range(k - 1, -1, -1) if names[j] in seen), None)
-            order.insert(order.index(prev) + 1 if prev is not None else 0, name)
-            seen.add(name)
+        if base is None:
+            base = names
+            seen.update(names)
+            continue
+        anchor = None
+        for name in names:
+            if name not in seen:
+                after.setdefault(anchor, []).append(name)
+                seen.add(name)
+            anchor = name
+    order: list[str] = []
+    todo = list(reversed([*after.get(None, []), *(base or [])]))
+    while todo:
+        name = todo.pop()
+        order.append(name)
+        todo.extend(reversed(after.get(name, [])))
     return order
 
 
