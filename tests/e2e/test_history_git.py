@@ -17,6 +17,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from theta.commands.app import run
+from theta.commands.diff_driver import diff_command
+from theta.commands.pictures import history_json
+from theta.model.history import file_history
+from theta.storage.tracked import list_tracked
+
+from support.browser import Browser
 from support.gitrepo import GitEnv
 
 LAYERS = 4
@@ -104,8 +111,6 @@ def in_repo(repo):
 
 def run_theta(repo, *args) -> tuple[int, str, str]:
     """`git theta ARGS` run in this process (its code, without starting one): status, stdout, stderr."""
-    from theta.commands.app import run
-
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()
     with in_repo(repo), mock.patch.object(sys, "argv", ["git-theta", *args]), \
@@ -128,9 +133,6 @@ def logged(hrepo) -> dict:
 
 def log_doc(repo, *args) -> dict:
     """The same in this process (``args``: revisions)."""
-    from theta.commands.pictures import history_json
-    from theta.model.history import file_history
-
     with in_repo(repo):
         return json.loads(json.dumps(history_json(file_history(PATH, list(args), repo.path, exact=False))))
 
@@ -141,8 +143,6 @@ _diffs: dict = {}
 def diff_groups(repo, old, new, *flags) -> tuple[dict, dict]:
     """`git theta diff --json [flags] OLD NEW -- PATH` (in this process, once per question): groups by name,
     counts."""
-    from theta.commands.diff_driver import diff_command
-
     key = (str(repo.path), old, new, flags)
     if key not in _diffs:
         buf = io.StringIO()
@@ -192,9 +192,6 @@ def test_log_figures_are_those_of_git_theta_diff(hrepo, logged):
 
 
 def test_log_exact_reads_what_is_not_recorded_bit_for_bit(hrepo):
-    from theta.commands.pictures import history_json
-    from theta.model.history import file_history
-
     with in_repo(hrepo):
         doc = json.loads(json.dumps(history_json(file_history(PATH, ["HEAD~5"], hrepo.path, exact=True,
                                                               max_count=1))))
@@ -227,8 +224,6 @@ def test_log_stored_types_bytes_and_totals(hrepo, logged):
         stored = sum(cell["stored_bytes"] for cell in c["cells"].values())
         assert c["totals"]["stored"] == stored if c["subject"] != "base model" else 0 < c["totals"]["stored"] < stored
         # a fresh clone of the commit fetches what `git theta ls-files` counts as stored for the file
-        from theta.storage.tracked import list_tracked
-
         with in_repo(hrepo):
             files = list_tracked(c["id"], cwd=hrepo.path)
         assert c["totals"]["fetch"] == next(f.stored for f in files if f.path == PATH)
@@ -335,8 +330,6 @@ def test_a_browser_renders_the_heat_map_and_unfolds_a_layer(hrepo, logged, tmp_p
     """A real headless Chromium opens the page: one cell per group and commit, layers folded, a click unfolds
     one; the screenshot is an image of that size that is not blank; the figures in the page are those of
     `git theta diff --json`. (Slow: starting Chromium takes seconds.)"""
-    from support.browser import Browser
-
     out = tmp_path / "history.html"
     hrepo.theta("log", "--html", str(out), "--", PATH)
     doc = logged
