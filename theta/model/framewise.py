@@ -33,9 +33,9 @@ import xxhash
 from zipslice import dtypes
 
 from theta.base import lsh, numeric, valuehash
-from theta.model import norms
 from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
 from theta.base.malloc import give_back_freed_memory
+from theta.model import norms
 from theta.storage import codec
 from theta.storage.store import Staged
 from theta.updates import Encoded, get

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from theta.base import lsh
-from theta.model.diff import CHUNK, ChangeSums
 from theta.base.errors import ThetaError
 from theta.git import repo as gitutil
+from theta.model.diff import CHUNK, ChangeSums
 from theta.storage.metadata import CheckpointMeta, GroupMeta, is_metadata, loads
 from theta.storage.store import BlobRef, LfsStore
 from theta.storage.transfer import fetch_missing
-from theta.updates import reconstruct, stream
+from theta.updates import stream
+from theta.updates.rebuild import reconstruct
 from zipslice.clistyle import natural_key
 
 STRUCTURAL = ("added", "removed", "reshaped", "retyped")
