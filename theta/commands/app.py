@@ -16,8 +16,8 @@ from typing import List, Optional
 import typer
 
 from theta.base.errors import ThetaError
-from theta.commands import (add, checkout, diff, export, fsck, hooks, install, ls_files, merge, migrate, prune, squash,
-                            status, track)
+from theta.commands import (add, checkout, diff, export, fsck, hooks, install, log, ls_files, merge, migrate, prune,
+                            squash, status, track)
 from theta.commands.entry import PROG, SCRIPT, filter_main, version  # noqa: F401 (PROG, SCRIPT: re-exported)
 from theta.commands.filter import single_file
 from zipslice import clistyle
@@ -75,6 +75,7 @@ VERBS = (
     ("export", export.export_command, {}),
     ("squash", squash.squash, {}),
     ("diff", diff.diff, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": False}}),
+    ("log", log.log, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": False}}),
     ("merge-manual", merge.merge_manual, {}),
     ("merge-resolve", merge.merge_resolve, {}),
     ("merge-strategies", merge.merge_strategies, {}),

@@ -4,6 +4,7 @@ imported when a command runs (it brings numpy: `git theta -h` and the hooks stay
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -51,12 +52,20 @@ def diff(args: Optional[List[str]] = typer.Argument(None, metavar="[REV [REV]] [
          stat: bool = typer.Option(False, "--stat", help="One summary line per checkpoint."),
          color: Optional[bool] = typer.Option(None, "--color/--no-color", help="Force colour on or off."),
          as_json: bool = JSON_OPTION,
+         html: Optional[Path] = typer.Option(None, "--html", metavar="OUT",
+                                             help="Write a page with a bar per group (two REVs; what the merge did "
+                                                  "to each group when the second is a merge commit)."),
          ) -> None:
     """Per-group model diff (added/removed/modified, norms of the change) without writing any checkpoint.
 
     No REV: index vs working tree; one REV: REV vs working tree; two: REV vs REV.
     """
+    revs, paths = _split_revs_paths(list(args or []))
+    if html is not None:
+        from theta.commands.pictures import diff_html  # (numpy: `git theta -h` stays light)
+
+        diff_html(revs, paths, html, exact=not estimate)
+        return
     from theta.commands.diff_driver import diff_command
 
-    revs, paths = _split_revs_paths(list(args or []))
     diff_command(revs, paths, estimate=estimate, stat=stat, color=color, as_json=as_json)

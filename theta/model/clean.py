@@ -32,10 +32,10 @@ from theta.base import lsh, numeric, parallel, valuehash
 from theta.base.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
                                MetadataError, NotCheckpointError, ThetaError, UpdateTypeError)
 from theta.base.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
-from theta.model import framewise
+from theta.model import framewise, norms
 from theta.peers.gittheta.update_files import open_for_clean
 from theta.storage import codec
-from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Step
+from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Norms, Step
 from theta.storage.schema import MAX_STEPS
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, fast_hash, fast_hash_pieces
@@ -326,6 +326,8 @@ class _Read:
     sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
     frames: "framewise.GroupFrames | None" = None  # to clean frame by frame (digest and fast set by then)
     hashing: "Future | None" = None  # the value hash taken on the hash thread (digest is "" until resolve())
+    sums: "norms.Sums | None" = None  # the value's sums of squares (theta.model.norms), once measured
+    base: str | None = None  # the name of the value ``sums.change`` was measured against
 
     def resolve(self) -> None:
         """Wait for the value hash taken on the hash thread, if one is (it becomes ``digest``)."""
@@ -418,7 +420,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         # before fast hashes gets them as its groups are met again), else (allclose) the previous one's
         fast = got.fast if p.hash == got.digest else p.fast
         return GroupMeta(name=key, dtype=p.dtype, shape=tuple(p.shape), hash=p.hash, steps=list(p.steps),
-                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast)
+                         lsh=p.lsh, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=fast,
+                         norms=p.norms)
 
     sideloaded = update_data is not None and key in update_data  # must be checked against the update
     if sideloaded and prev is None and got.reshaped is not None and tuple(got.reshaped.shape) == tuple(info.shape):
@@ -487,6 +490,15 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
         raise
     check_previous()
+    if norms.measurable(info.dtype):
+        # measured against the previous value where it was the base of the encoding (as frame by frame), not
+        # where it was only compared (allclose): the text is the same whichever path cleaned the group
+        base = cached[0] if (cached and prev is not None and prev.dtype == info.dtype and options.update_type != "dense"
+                             and not chain_full(prev, options.max_chain)) else None
+        if base is not None and base.shape != arr.shape:
+            base = None
+        got.sums = norms.measure(arr, base)
+        got.base = prev.hash if base is not None else None
     return _written(got, steps, sig, store, stats, store.written_bytes - before)
 
 
@@ -498,7 +510,20 @@ def _written(got: _Read, steps: list[Step], sig, store: LfsStore, stats: CleanSt
     stats.new_blob_bytes += new_bytes
     info = got.info
     return GroupMeta(name=got.key, dtype=info.dtype, shape=tuple(info.shape), hash=got.digest, steps=steps,
-                     lsh=sig, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast)
+                     lsh=sig, is_parameter=info.is_parameter, requires_grad=info.requires_grad, fast=got.fast,
+                     norms=_recorded_norms(got))
+
+
+def _recorded_norms(got: _Read) -> Norms | None:
+    """The norms of a group stored anew (theta.model.norms): its value's, and its change from ``got.base`` when that
+    value was measured too; None when not measured, or not finite (NaN, Inf)."""
+    s = got.sums
+    if s is None or not norms.finite(s):
+        return None
+    if got.base is None:
+        return Norms(value=norms.rounded(math.sqrt(s.value)))
+    return Norms(value=norms.rounded(math.sqrt(s.value)), source=got.base,
+                 change=norms.rounded(math.sqrt(s.change)), changed=s.changed)
 
 
 def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -534,6 +559,7 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
                     first.staged.discard()
                     stats.close += 1
                     return None
+            got.sums, got.base = first.sums, (prev.hash if first.kind == "delta" else None)
             if first.kind == "dense":
                 steps = [store_staged("dense", first.staged, {}, first.digest, store)]
             else:

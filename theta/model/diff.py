@@ -52,28 +52,46 @@ class ChangeStats:
         return self.changed / self.numel if self.numel else 0.0
 
 
+class ChangeSums:
+    """:func:`change_stats` added up chunk by chunk: give it the chunks of both values side by side, in order,
+    CHUNK elements each but the last (as :func:`theta.updates.stream.side_by_side` yields them), and it ends
+    with the bits of the statistics of the values read whole."""
+
+    def __init__(self) -> None:
+        self.numel, self.changed, self.sq, self.osq, self.mx = 0, 0, 0.0, 0.0, 0.0
+
+    def add(self, fo: np.ndarray, fn: np.ndarray) -> None:
+        """The next chunk of the old and the new value (flat, one dtype each)."""
+        bits_o = fo.view(f"u{fo.dtype.itemsize}") if fo.dtype.itemsize in (1, 2, 4, 8) else None
+        bits_n = fn.view(f"u{fn.dtype.itemsize}") if bits_o is not None and fn.dtype == fo.dtype else None
+        wd = np.complex128 if fo.dtype.kind == "c" else np.float64
+        a, b = fo.astype(wd), fn.astype(wd)
+        d = np.abs(b - a)
+        if bits_n is not None:
+            self.changed += int(np.count_nonzero(bits_o != bits_n))
+        else:
+            self.changed += int(np.count_nonzero(a != b))
+        self.sq += float(np.dot(d, d))
+        oa = np.abs(a)
+        self.osq += float(np.dot(oa, oa))
+        if d.size:
+            self.mx = max(self.mx, float(d.max()))
+        self.numel += int(fo.size)
+
+    def stats(self) -> ChangeStats:
+        return ChangeStats(numel=self.numel, changed=self.changed, l2=math.sqrt(self.sq), old_l2=math.sqrt(self.osq),
+                           max_abs=self.mx)
+
+
 def change_stats(old: np.ndarray, new: np.ndarray) -> ChangeStats:
     """Statistics of ``new − old`` for arrays of one shape, in chunks (a few MiB of temporaries)."""
     if old.shape != new.shape:
         raise ValueError(f"change_stats needs equal shapes, got {old.shape} and {new.shape}")
     fo, fn = np.ascontiguousarray(old).reshape(-1), np.ascontiguousarray(new).reshape(-1)
-    bits_o = fo.view(f"u{fo.dtype.itemsize}") if fo.dtype.itemsize in (1, 2, 4, 8) else None
-    bits_n = fn.view(f"u{fn.dtype.itemsize}") if bits_o is not None and fn.dtype == fo.dtype else None
-    wd = np.complex128 if fo.dtype.kind == "c" else np.float64
-    changed, sq, osq, mx = 0, 0.0, 0.0, 0.0
+    sums = ChangeSums()
     for s in range(0, fo.size, CHUNK):
-        a, b = fo[s:s + CHUNK].astype(wd), fn[s:s + CHUNK].astype(wd)
-        d = np.abs(b - a)
-        if bits_n is not None:
-            changed += int(np.count_nonzero(bits_o[s:s + CHUNK] != bits_n[s:s + CHUNK]))
-        else:
-            changed += int(np.count_nonzero(a != b))
-        sq += float(np.dot(d, d))
-        oa = np.abs(a)
-        osq += float(np.dot(oa, oa))
-        if d.size:
-            mx = max(mx, float(d.max()))
-    return ChangeStats(numel=int(fo.size), changed=changed, l2=math.sqrt(sq), old_l2=math.sqrt(osq), max_abs=mx)
+        sums.add(fo[s:s + CHUNK], fn[s:s + CHUNK])
+    return sums.stats()
 
 
 @dataclass(frozen=True)

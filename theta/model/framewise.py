@@ -35,6 +35,7 @@ from zipslice import dtypes
 from theta.base import lsh, numeric, valuehash
 from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
 from theta.base.malloc import give_back_freed_memory
+from theta.model import norms
 from theta.storage import codec
 from theta.storage.store import Staged
 from theta.updates import Encoded, get
@@ -168,6 +169,7 @@ class FirstPass:
     sample: np.ndarray          # dense's sample (auto.sample_spans)
     kind: str                   # "delta" (against the previous value) or "dense"
     staged: Staged              # the candidate's blob
+    sums: norms.Sums            # sums of squares of the value and (delta) of its change (theta.model.norms)
 
     @property
     def norm(self) -> float:
@@ -184,18 +186,23 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
     read_ahead: dict[int, tuple[np.ndarray, int]] = {}  # frame start -> (its values, changed elements)
     totals = [0.0, 0]  # squares, changed
 
+    sums = norms.Sums()
+
     def read(a: int, b: int) -> np.ndarray:  # on the codec threads
         new = frames.read(a, b)
         frames.record(a, new)
         if old is None:
-            read_ahead[a] = (new, b - a)
+            read_ahead[a] = (new, b - a, norms.measure(new))
             return new
-        codes = combine(raw_words(new), raw_words(old.read(a, b)), DELTA_OP)
-        read_ahead[a] = (new, int(np.count_nonzero(codes)))
+        before = old.read(a, b)
+        codes = combine(raw_words(new), raw_words(before), DELTA_OP)
+        read_ahead[a] = (new, int(np.count_nonzero(codes)), norms.measure(new, before, count=False))
         return codes
 
     def after(a: int, b: int) -> None:  # in order, in this thread
-        new, changed = read_ahead.pop(a)
+        new, changed, measured = read_ahead.pop(a)
+        measured.changed = changed
+        sums.add(measured)
         sha.update(new)
         fast.update(new)
         folder.add(new)
@@ -216,7 +223,7 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
     staged = store.stage(codec.iter_encode_parts(parts, level))
     size = frames.size * (2 if frames.dtype.kind == "c" else 1)
     return FirstPass(sha.hexdigest(), fast.hexdigest(), lsh.signature_of_fold(folder.result(), size), totals[0],
-                     totals[1], sample, kind, staged)
+                     totals[1], sample, kind, staged, sums)
 
 
 def allclose(frames: GroupFrames, old, rtol: float, atol: float) -> bool:

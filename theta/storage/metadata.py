@@ -84,6 +84,30 @@ class Step:
                    hash=d["hash"])
 
 
+@dataclass(frozen=True)
+class Norms:
+    """Norms of a float group's value, recorded by clean (:mod:`theta.model.norms`) so that a history is drawn from
+    metadata alone: ``value`` is ‖value‖₂; ``source`` (``"from"`` in the text) names the previous value clean
+    compared it with, ``change`` is ‖value − that value‖₂ and ``changed`` how many elements differ in their
+    bits (all three absent when clean did not have that value at hand)."""
+
+    value: float
+    source: str | None = None
+    change: float | None = None
+    changed: int | None = None
+
+    def to_json(self) -> dict:
+        d: dict = {"value": self.value}
+        if self.source is not None:
+            d.update({"from": self.source, "change": self.change, "changed": self.changed})
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Norms":
+        return cls(value=float(d["value"]), source=d.get("from"),
+                   change=None if d.get("change") is None else float(d["change"]), changed=d.get("changed"))
+
+
 @dataclass
 class GroupMeta:
     """One parameter group (tensor): its identity and how to rebuild its value.
@@ -93,7 +117,8 @@ class GroupMeta:
     (None for int/bool groups, which are compared exactly); ``steps[0]`` is self-contained and each later step
     applies to the value the steps before it produce. ``fast`` is the xxh3-128 of the same bytes
     (:func:`theta.updates.fast_hash`), with which clean recognises an unchanged group without hashing it for a name;
-    None in text written before theta recorded it (clean then compares value names, as it did).
+    None in text written before theta recorded it (clean then compares value names, as it did). ``norms``: see
+    :class:`Norms` (None for other dtypes, and in text written before theta recorded them).
     """
 
     name: str
@@ -105,6 +130,7 @@ class GroupMeta:
     is_parameter: bool = False
     requires_grad: bool = False
     fast: str | None = None
+    norms: Norms | None = None
 
     def to_json(self) -> dict:
         d = {"group": self.name, "dtype": self.dtype, "shape": list(self.shape), "hash": self.hash,
@@ -112,6 +138,8 @@ class GroupMeta:
              "steps": [s.to_json() for s in self.steps]}
         if self.fast is not None:  # absent, not null: a group without it writes the text it always did
             d["xxh3"] = self.fast
+        if self.norms is not None:  # (likewise)
+            d["norms"] = self.norms.to_json()
         return d
 
     @classmethod
@@ -119,7 +147,7 @@ class GroupMeta:
         return cls(name=d["group"], dtype=d["dtype"], shape=tuple(int(s) for s in d["shape"]), hash=d["hash"],
                    steps=[Step.from_json(s) for s in d["steps"]], lsh=d.get("lsh"),
                    is_parameter=bool(d.get("param", False)), requires_grad=bool(d.get("grad", False)),
-                   fast=d.get("xxh3"))
+                   fast=d.get("xxh3"), norms=Norms.from_json(d["norms"]) if "norms" in d else None)
 
     @property
     def numel(self) -> int:
@@ -260,7 +288,8 @@ def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
 
 
 def _names_blake3(g: GroupMeta) -> bool:
-    return valuehash.is_blake3(g.hash) or any(valuehash.is_blake3(s.hash) for s in g.steps)
+    return (valuehash.is_blake3(g.hash) or any(valuehash.is_blake3(s.hash) for s in g.steps)
+            or (g.norms is not None and g.norms.source is not None and valuehash.is_blake3(g.norms.source)))
 
 
 def _finish(lines: list[str], where: Where) -> str:
@@ -280,16 +309,19 @@ def is_metadata(data: "str | bytes | bytearray | memoryview") -> bool:
     return head == MAGIC + " "
 
 
-# a group line's fast hash: its last key (keys are sorted), dropped when comparing texts (same_content)
+# a group line's fast hash: its last key (keys are sorted), and its norms (an object of numbers and a value
+# name): dropped when comparing texts (same_content)
 _FAST_FIELD = re.compile(rb',"xxh3":"[0-9a-f]{32}"\}$')
+_NORMS_FIELD = re.compile(rb',"norms":\{[^{}]*\}')
 
 
 def same_content(a: "str | bytes", b: "str | bytes") -> bool:
-    """True when two metadata texts differ at most in comment lines (e.g. one predates :data:`HINT`) and in
-    the groups' fast hashes (``xxh3``: one predates them), i.e. they describe the same values the same way."""
+    """True when two metadata texts differ at most in comment lines (e.g. one predates :data:`HINT`), in
+    the groups' fast hashes (``xxh3``: one predates them) and in their norms (one predates them, or another
+    machine rounded a sum the other way), i.e. they describe the same values the same way."""
     def strip(t):
         t = t.encode("utf-8") if isinstance(t, str) else bytes(t)
-        return [_FAST_FIELD.sub(b"}", line) if line.startswith(b'{"dtype":') else line
+        return [_NORMS_FIELD.sub(b"", _FAST_FIELD.sub(b"}", line)) if line.startswith(b'{"dtype":') else line
                 for line in t.split(b"\n") if not line.startswith(b"#")]
     return strip(a) == strip(b)
 

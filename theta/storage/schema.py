@@ -59,7 +59,9 @@ DEVICE = re.compile(r"[a-z][a-z0-9_]{0,31}(:[0-9]{1,9})?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 # "xxh3": the value's fast hash (theta.updates.fast_hash), optional: text written before it has none
-GROUP_KEYS = {"group", "dtype", "shape", "hash", "steps", "lsh", "param", "grad", "xxh3"}
+# "norms": ‖value‖₂ and the change from the previous value (theta.model.norms), optional likewise
+GROUP_KEYS = {"group", "dtype", "shape", "hash", "steps", "lsh", "param", "grad", "xxh3", "norms"}
+NORMS_KEYS = {"value", "from", "change", "changed"}
 STEP_KEYS = {"type", "oid", "size", "params", "hash"}
 ALIAS_KEYS = {"alias", "of", "param", "grad"}
 CHECKPOINT_KEYS = {"format", "metadata", "lsh"}
@@ -341,6 +343,8 @@ def group(obj: dict, where: Where) -> dict:
     for flag in ("param", "grad"):
         if flag in obj:
             _bool(obj[flag], where, flag)
+    if "norms" in obj:
+        norms(obj["norms"], where, dims)
     sig = obj.get("lsh")
     if sig is not None:
         if not isinstance(sig, list) or len(sig) > MAX_LSH:
@@ -364,6 +368,36 @@ def group(obj: dict, where: Where) -> dict:
     if produced > max_decoded(first["size"]):
         raise where.fail("steps[0].size", f"a blob of {first['size']} bytes cannot hold a value of {produced} "
                                           f"bytes (zstd expands at most {ZSTD_MAX_RATIO}x)")
+    return obj
+
+
+def _norm(v: Any, where: Where, field: str) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+        raise where.fail(field, f"expected a finite number >= 0, got {_show(v)}")
+    return float(v)
+
+
+def norms(obj: Any, where: Where, dims: tuple[int, ...]) -> dict:
+    """A group's ``norms``: ``value`` (a norm), and ``from`` (a value name), ``change`` (a norm) and ``changed``
+    (at most the group's elements) all together or none of them."""
+    if not isinstance(obj, dict):
+        raise where.fail("norms", f"expected an object, got {_show(obj)}")
+    extra = set(obj) - NORMS_KEYS
+    if extra:
+        raise where.fail(f"norms.{sorted(extra)[0]}", f"unknown field (known: {', '.join(sorted(NORMS_KEYS))})")
+    if "value" not in obj:
+        raise where.fail("norms.value", "norms need this field")
+    _norm(obj["value"], where, "norms.value")
+    together = {"from", "change", "changed"}
+    if together & set(obj) and not together <= set(obj):
+        raise where.fail(f"norms.{sorted(together - set(obj))[0]}", "'from', 'change' and 'changed' come together")
+    if "from" in obj:
+        _value_name(obj["from"], where, "norms.from")
+        _norm(obj["change"], where, "norms.change")
+        numel = 1
+        for d in dims:
+            numel *= d
+        _int(obj["changed"], where, "norms.changed", 0, numel)
     return obj
 
 
