@@ -30,7 +30,6 @@ import numpy as np
 
 from zipslice import dtypes
 
-from theta.base.usercache import cached_array
 
 K = 16
 POOL = 1 << 16
@@ -47,11 +46,7 @@ _drawing = threading.Lock()  # one thread draws the directions; one asking meanw
 
 @lru_cache(maxsize=1)
 def _drawn() -> np.ndarray:
-    def draw() -> np.ndarray:
-        return np.random.RandomState(SEED).standard_normal((POOL, K))
-
-    # drawn once per user, then read back (theta.base.usercache): numpy.random is not even imported
-    return cached_array(f"lsh-{PARAMS['family']}-{SEED}-{POOL}x{K}.f8", "<f8", (POOL, K), draw)
+    return np.random.RandomState(SEED).standard_normal((POOL, K))
 
 
 def _pool() -> np.ndarray:
@@ -60,8 +55,8 @@ def _pool() -> np.ndarray:
 
 
 def directions() -> None:
-    """Have the family's random directions now (once per process: ~2 ms from the user's cache, ~25 ms to draw
-    them), e.g. on a thread of their own before the first signature is needed."""
+    """Have the family's random directions now (drawn once per process), e.g. on a thread of their own while the
+    first group is read."""
     _pool()
 
 

@@ -20,7 +20,7 @@ from theta import warm
 # what a filter's clean and checkout import, imported once here instead of in every filter process
 PRELOAD = ("numpy", "zstandard", "xxhash", "theta.commands.filter.process", "theta.commands.filter.forked_receive",
            "theta.commands.hooks", "theta.commands.filter.materialize", "theta.model.clean", "theta.model.views", "theta.model.smudge",
-           "theta.model.framewise", "theta.base.lsh", "theta.base.usercache", "theta.updates.auto", "theta.updates.bounds",
+           "theta.model.framewise", "theta.base.lsh", "theta.updates.auto", "theta.updates.bounds",
            "theta.storage.store", "theta.storage.transfer", "theta.git.index", "theta.peers.gittheta.files",
            "zipslice", "zipslice.sharded", "zipslice.torch_reader", "zipslice.clistyle")
 MAX_REQUEST = 1 << 20   # bytes of a request (argv, cwd, environment)
