@@ -1,5 +1,5 @@
 """The data layer of `git theta log` (theta.model.history: a cell per group and commit from metadata alone) and
-its page (theta.model.heatmap), without git: metadata built here."""
+its page (theta.commands.heatmap), without git: metadata built here."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from theta.base import lsh
-from theta.model import heatmap
+from theta.commands import heatmap
 from theta.model.history import (Cell, Commit, History, Totals, _model_order, compare, estimated_norm, fold,
                                  layer_of)
 from theta.storage.metadata import CheckpointMeta, GroupMeta, Norms, Step

@@ -2,7 +2,7 @@
 and the picture of one pair for `git theta diff --html`.
 
 The data comes from :mod:`theta.model.history` (metadata only, unless ``--exact``), the pictures from
-:mod:`theta.model.heatmap`. One page (and image) per tracked checkpoint: OUT is the file when there is one, a
+:mod:`theta.commands.heatmap`. One page (and image) per tracked checkpoint: OUT is the file when there is one, a
 directory of ``<path>.html`` files when there are several.
 """
 from __future__ import annotations
@@ -12,13 +12,15 @@ import os
 import sys
 from pathlib import Path
 
-from theta.model import heatmap, history
-from theta.base.errors import ThetaError
-from theta.git import repo as gitutil
-from theta.settings.merge_rules import MergeConfig
 from zipslice import clistyle
 from zipslice.clistyle import emit_json, note, say
 from zipslice.progress import human_bytes
+
+from theta.base.errors import ThetaError
+from theta.commands import heatmap
+from theta.git import repo as gitutil
+from theta.model import history
+from theta.settings.merge_rules import MergeConfig
 
 PLOT_EXTRA = "zipslice-theta[plot]"  # the extra that brings matplotlib (pyproject.toml)
 
