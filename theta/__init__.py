@@ -31,8 +31,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     # any committed version of a tracked checkpoint, lazily, with zipslice.load's API (theta.model.lazy)
     "load": ("theta.model.lazy", "load"),
     # commits from Python without writing the checkpoint (Git-Theta's names), and from a Trainer (transformers)
-    "save_to_git": ("theta.inprocess", "save_to_git"),
-    "load_from_git": ("theta.inprocess", "load_from_git"),
+    "save_to_git": ("theta.inprocess.commit", "save_to_git"),
+    "load_from_git": ("theta.inprocess.commit", "load_from_git"),
     "ThetaTrainerCallback": ("theta.inprocess.trainer", "ThetaTrainerCallback"),
     # clean: checkpoint -> metadata (+ blobs); smudge: metadata (+ blobs) -> checkpoint
     "clean_checkpoint": ("theta.model.clean", "clean_checkpoint"),
@@ -87,7 +87,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from theta.model.diff import CheckpointSide, FileDiff, MetaSide, diff_sides
     from theta.base.errors import ThetaError
     from theta.model.lazy import load
-    from theta.inprocess import load_from_git, save_to_git
+    from theta.inprocess.commit import load_from_git, save_to_git
     from theta.inprocess.trainer import ThetaTrainerCallback
     from theta.merges import MergeStrategy
     from theta.merges import get as get_merge_strategy

@@ -160,7 +160,7 @@ def train(args, work: Path, env: dict) -> dict:
 def replay(files: list[Path], work: Path, env: dict, rounds_note: bool = True) -> dict:
     import zipslice
 
-    from theta.inprocess import commit_checkpoint
+    from theta.inprocess.commit import commit_checkpoint
 
     repos = {"in-process": new_repo(work, "replay-inprocess", env, tool=None),
              "theta git add": new_repo(work, "replay-theta", env, tool="theta"),

@@ -15,7 +15,7 @@ from support.checkpoints import make_state
 from support.gitrepo import GitEnv, Repo, clone_bundle
 from theta.model import framewise
 from theta.base.errors import CheckpointError, GitError, NotARepositoryError, StagedChangesError, ThetaError, TrackError
-from theta.inprocess import commit_checkpoint
+from theta.inprocess.commit import commit_checkpoint
 from theta.storage.metadata import loads
 
 

@@ -7,12 +7,12 @@
     trainer.train()      # each save: checkpoint-N/model.safetensors committed as model.safetensors
 
 Each time the Trainer has written a checkpoint directory (``on_save``), the model weights it wrote there are
-committed as the new version of one tracked path (:func:`theta.inprocess.commit_checkpoint`: only the groups
+committed as the new version of one tracked path (:func:`theta.inprocess.commit.commit_checkpoint`: only the groups
 that changed are stored, each in the form the clean's update policy picks), so the run's checkpoints become
 that file's history: ``git log model.safetensors``, ``theta.load_from_git("step-500", "model.safetensors")``,
 ``git theta diff``. The weights are read from the file the Trainer wrote (still in the page cache): the commit
 records exactly what the checkpoint holds, tied weights and file metadata included. Only the world's
-process 0 commits. The repository's state is checked when training begins (:func:`theta.inprocess.preflight`),
+process 0 commits. The repository's state is checked when training begins (:func:`theta.inprocess.commit.preflight`),
 so a path that cannot be committed fails before the first step, not after an epoch.
 
 This module imports ``transformers`` (the ``hf`` extra); ``theta`` imports it only when
@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from theta.base.errors import ThetaError
-from theta.inprocess import commit_checkpoint, preflight
+from theta.inprocess.commit import commit_checkpoint, preflight
 
 # what the Trainer writes for the model, in the order looked for (single file, then sharded, then PEFT adapters)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
