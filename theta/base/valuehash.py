@@ -3,7 +3,7 @@
 - ``blake3:<64 hex digits>``: BLAKE3-256 of the value's little-endian bytes. Every value theta hashes anew
   is named this way: BLAKE3 hashes ~3.5x faster than sha256 here (0.66 against 2.35 ms per 4 MiB frame, one
   core with AVX-512), and a `git add` of changed groups hashes every changed byte once
-  (docs/design/performance.md, "Round 16").
+  (docs/design/performance.md, "Change detection").
 - ``<64 hex digits>``: sha256 of the same bytes, as metadata written before BLAKE3 names values. Such names
   are kept as long as the value is: a group whose bytes did not change keeps its name (so the metadata of an
   unchanged checkpoint keeps its bytes and `git status` stays clean), and every check of a value against
