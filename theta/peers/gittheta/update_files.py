@@ -3,8 +3,9 @@
 FILE is a checkpoint in any format zipslice reads. Its keys are ``<group name>/<part>`` (split at the
 last ``/``) with Git-Theta's part names:
 
-- ``low-rank``: ``R`` (rows x r) and ``C`` (r x cols); new = previous + R @ C (groups with more than two
-  dimensions as (shape[0], rest), see low_rank.py). Checked against the saved file within rtol/atol (a
+- ``low-rank``: ``R`` and ``C``; new = previous + R @ C, numpy's matmul giving the group's shape (matrices, or
+  stacks of them for a group of more than two dimensions, as Git-Theta defines them: a conv weight [16, 3, 3,
+  3] takes R [16, 3, 3, r] and C [r, 3]), or theta's matrix view R (shape[0], r), C (r, rest): low_rank.py. Checked against the saved file within rtol/atol (a
   wrong base or wrong factors are refused); stored exactly (elements our arithmetic rounds differently
   from the producer's are carried as fixes), so a checkout gives the saved file bit for bit.
 - ``sparse``: ``data``, ``indices``, ``indptr``, ``shape`` -- a CSR matrix of the update, either of the
@@ -36,8 +37,8 @@ from theta.base.errors import GitThetaFormatError, UpdateDataError
 from theta.peers.gittheta.format import apply_update, result_dtype
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import changed_mask
-from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, compute_dtype, scaled_blocks
-from theta.updates.low_rank import check_factors, exact_encoding_by_rows
+from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, check_vector_shape, compute_dtype, scaled_blocks
+from theta.updates.low_rank import check_factors, exact_encoding_by_rows, layout
 from theta.updates.sparse import SparseUpdate, encode_indices
 
 PARTS: dict[str, tuple[str, ...]] = {
@@ -124,10 +125,13 @@ class UpdateData:
 
     def _shape_problem(self, group: str, shape: tuple[int, ...]) -> str | None:
         if self.update_type == "low-rank":
-            return check_factors(shape, np.empty(self._shape(group, "R"), np.float32),
-                                 np.empty(self._shape(group, "C"), np.float32))
+            try:  # from the shapes alone: nothing is read or allocated for factors that do not fit
+                layout(shape, self._shape(group, "R"), self._shape(group, "C"))
+            except ValueError as e:
+                return str(e)
+            return None
         if self.update_type == "ia3":
-            return check_vector(shape, np.empty(self._shape(group, "ia3"), np.float32))
+            return check_vector_shape(shape, self._shape(group, "ia3"))
         for part in ("data", "indices", "indptr", "shape"):
             if len(self._shape(group, part)) != 1:
                 return f"sparse part {part} must be one-dimensional, has shape {self._shape(group, part)}"
