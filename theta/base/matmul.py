@@ -8,8 +8,6 @@ neither make a product larger than the group nor run longer than the group's siz
 """
 from __future__ import annotations
 
-from math import prod
-
 
 def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     """The shape of ``np.matmul`` of arrays shaped ``a`` and ``b``; ValueError (what is wrong) when numpy would
@@ -38,6 +36,3 @@ def broadcast(x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...]:
         out.append(q if p == 1 else p)
     return tuple(out)
 
-
-def size(shape: tuple[int, ...]) -> int:
-    return prod(int(d) for d in shape)
