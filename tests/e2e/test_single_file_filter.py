@@ -4,6 +4,7 @@ bytes as the long-running filter gives for the same input, both directions; stdo
 `git theta install` over that configuration replaces Git-Theta's keys and says so."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 import numpy as np
@@ -155,3 +156,47 @@ def test_install_replaces_git_thetas_keys_and_says_so(tmp_path):
     r.commit("m", ".gitattributes", "m.pt")
     assert r.show("HEAD:m.pt").startswith(b"theta-metadata ")
     assert "Git-Theta" not in r.theta("install").stdout.decode()  # a second run has nothing to replace
+
+
+LIMIT = 256 << 20  # the cgroup: smaller than the checkpoint (384 MiB), four of its groups (64 MiB each)
+
+
+@pytest.mark.slow
+def test_single_file_filters_stream_in_a_memory_cgroup_smaller_than_the_model(repo, tmp_path):
+    """`git-theta-filter clean PATH` and `smudge PATH` by hand, each inside a memory cgroup (page cache counted)
+    smaller than the model: both finish without an OOM kill, the checkpoint comes back bit for bit, and the
+    smudge's bytes are the long-running filter's. (Like the long-running filter's smudge, it holds a group
+    whole while verifying it, and the next one being rebuilt: the bound is groups, not the model.)"""
+    from support.memcg import MemoryCgroup, Unavailable
+
+    try:
+        cg = MemoryCgroup.create(f"gtsuite-single-file-{os.getpid()}", LIMIT)
+    except Unavailable as e:
+        pytest.skip(f"no memory cgroup here: {e}")
+    try:
+        g = torch.Generator().manual_seed(5)
+        state = {f"layers.{i}.weight": torch.randn(4096, 4096, generator=g) for i in range(6)}
+        state["step"] = torch.tensor(3)
+        torch.save(state, repo / "big.pt")
+        del state
+        meta, out = tmp_path / "big.meta", tmp_path / "big-out.pt"
+        for command, src, dst in (("clean", repo / "big.pt", meta), ("smudge", meta, out)):
+            run = cg.child()
+            with open(src, "rb") as fin, open(dst, "wb") as fout:
+                proc = subprocess.run(["git-theta-filter", command, "big.pt"], cwd=repo.path, env=repo.env.env,
+                                      stdin=fin, stdout=fout, stderr=subprocess.PIPE, preexec_fn=run.join)
+            kills = run.oom_kills()
+            run.remove(kill=True)
+            assert proc.returncode == 0 and kills == 0, (command, proc.stderr.decode()[-2000:])
+        assert meta.read_bytes().startswith(b"theta-metadata ")
+        want = torch.load(repo / "big.pt")
+        got = torch.load(out)
+        assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+        del want, got
+        # the long-running filter's bytes for the same metadata (git holds that output whole: outside the cgroup)
+        oid = repo.git("hash-object", "-w", "--no-filters", str(meta)).stdout.decode().strip()
+        process = repo.git(*PROCESS, "cat-file", "--filters", "--path=big.pt", oid).stdout
+        assert process == out.read_bytes()
+    finally:
+        (repo / "big.pt").unlink(missing_ok=True)
+        cg.remove(kill=True)
