@@ -35,6 +35,8 @@ def chunks(stream: BinaryIO, size: int = READ_BYTES) -> Iterator[bytes]:
 def run(command: str, path: str, stdin: BinaryIO, stdout: BinaryIO, cwd: "str | os.PathLike" = ".") -> None:
     """Filter ``stdin`` to ``stdout`` as ``command`` ("clean" or "smudge") of the file ``path`` (relative to the
     work tree's top, as git's ``%f``); raises ThetaError on failure."""
+    # (here, not at the top: every `git theta` command imports this module through app.py's command table and
+    # need not load the filter's store, codec and numpy)
     from theta.commands.filter.session import Filter
     from theta.commands.hooks import ensure_installed_quietly
 
