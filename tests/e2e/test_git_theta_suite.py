@@ -11,7 +11,7 @@ runner.sh runs it (its clean script, then ``./test.sh`` in the test's folder, in
     Git-Theta's own update handlers, and verify.py compares checkpoints with torch.load;
   - for inprocess, whose test.py does ``import git_theta`` and calls ``git_theta.save_to_git`` /
     ``git_theta.load_from_git``: ``python`` = this project's interpreter with theta standing in for git_theta
-    (tests/support/git_theta_standin); expected to fail (strict xfail) while theta has no such functions.
+    (tests/support/git_theta_standin).
 
 Slow: the environment takes about a minute to install the first time (kept under ~/.cache afterwards); the
 suite runs about a minute more. Skipped, with the installer's last words, where Git-Theta cannot be installed.
@@ -78,20 +78,8 @@ def python_wrapper(bin_dir: Path, command: list[str], env: dict[str, str]) -> No
     (bin_dir / "python").chmod(0o755)
 
 
-def _params():
-    """One parameter per test of the suite; inprocess is expected to fail while theta lacks the in-process API
-    it calls (strict: once theta has it, the test must pass)."""
-    import theta
-
-    missing = [f for f in ("save_to_git", "load_from_git") if not hasattr(theta, f)]
-    for name in TESTS:
-        marks = [pytest.mark.xfail(strict=True, reason=f"theta has no {', '.join(missing)} yet")] \
-            if name == "inprocess" and missing else []
-        yield pytest.param(name, marks=marks, id=name)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", TESTS)
 def test_git_theta_end2end(name, git_theta_python, tmp_path):
     suite = tmp_path / "end2end"
     shutil.copytree(SUITE / "end2end", suite)  # the tests write their repositories into their own folders
