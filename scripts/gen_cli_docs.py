@@ -104,6 +104,9 @@ def markdown() -> str:
                     "| command | what it does |", "|---|---|"]
             out += [f"| `{prog} {name}` | {_md_cell(s)} |" for name, s in hidden]
             out.append("")
+    from theta.commands.entry import FILTER_HELP  # git's filter program: no typer app, its help is the reference
+
+    out += ["## `git-theta-filter`", "", "```", FILTER_HELP.rstrip(), "```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -10,13 +10,7 @@ import pytest
 import torch
 
 import zipslice
-from support.gitrepo import GitEnv, Repo
-
-GIT_THETA_CONFIG = {  # what Git-Theta 0.2.0's `git theta install` writes to the global config
-    "filter.theta.clean": "git-theta-filter clean %f", "filter.theta.smudge": "git-theta-filter smudge %f",
-    "filter.theta.required": "true", "merge.theta.name": "Merge Models with Git-Theta",
-    "merge.theta.driver": "git-theta-merge %O %A %B %P", "diff.theta.command": "git-theta-diff",
-}
+from support.gitrepo import GIT_THETA_CONFIG, GitEnv, Repo
 
 
 @pytest.fixture(scope="module")

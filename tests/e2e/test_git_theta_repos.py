@@ -12,7 +12,6 @@ commit, every file) are @slow and clone afresh.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -21,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-import zipslice
 from support.gitrepo import GitEnv, Repo, clone_bundle
+from support.gittheta import assert_matches_git_theta, checked_out, le_sha256
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -31,23 +30,6 @@ HEAD_SHA = EXPECTED["commits"][-1]["sha"]
 NESTED = FIXTURE / "nested"
 NESTED_EXPECTED = json.loads((NESTED / "expected.json").read_text())
 NESTED_COMMITS = [c for c in NESTED_EXPECTED["commits"] if c["files"]]
-
-
-def le_sha256(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()).hexdigest()
-
-
-def checked_out(path: Path) -> dict[str, np.ndarray]:
-    with zipslice.load(path) as ck:
-        return {k: np.array(ck.numpy(k)) for k in ck.keys()}
-
-
-def key_paths(path: Path) -> dict[str, list[str]]:
-    """``{name: path of dict keys}`` of a torch checkpoint's container tree."""
-    from theta.peers.gittheta.files import key_paths as paths
-
-    with zipslice.load(path) as ck:
-        return {k: list(v) for k, v in paths(ck.structure).items()}
 
 
 @pytest.fixture()
@@ -65,19 +47,6 @@ def shared_clone(tmp_path_factory) -> Repo:
 def nested_clone(tmp_path_factory) -> Repo:
     """One clone of the nested (Flax) fixture for the fast tests."""
     return clone_bundle(tmp_path_factory.mktemp("gt-nested"), NESTED)
-
-
-def assert_matches_git_theta(repo: Repo, commit: dict) -> None:
-    """Every file of ``commit`` holds what Git-Theta checked out: names, nesting, dtypes, shapes, bytes."""
-    for f, groups in commit["files"].items():
-        got = checked_out(repo / f)
-        assert sorted(got) == sorted(groups), f
-        paths = key_paths(repo / f)
-        for name, want in groups.items():
-            assert paths[name] == want.get("key", [name]), (f, name)  # nested as Git-Theta nests it
-            assert str(got[name].dtype) == want["dtype"], (f, name)
-            assert list(got[name].shape) == want["shape"], (f, name)
-            assert le_sha256(got[name]) == want["sha256"], (commit["subject"], f, name)
 
 
 # ---------------------------------------------------------------- fast: one clone per fixture repository

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
+GIT_THETA_CONFIG = {  # what Git-Theta 0.2.0's `git theta install` writes to the global config
+    "filter.theta.clean": "git-theta-filter clean %f", "filter.theta.smudge": "git-theta-filter smudge %f",
+    "filter.theta.required": "true", "merge.theta.name": "Merge Models with Git-Theta",
+    "merge.theta.driver": "git-theta-merge %O %A %B %P", "diff.theta.command": "git-theta-diff",
+}
 
 
 def _theta_bin_dir() -> str:

@@ -10,6 +10,7 @@ on one line and exit status 1; a usage error names the flag and exits with statu
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -60,6 +61,16 @@ def filter_process() -> None:
     raise typer.Exit(filter_main([]))
 
 
+def clean(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
+    """Single-file clean filter, as `git-theta-filter clean PATH`: checkpoint on stdin, metadata on stdout."""
+    single_file.run("clean", path, sys.stdin.buffer, sys.stdout.buffer, os.getcwd())
+
+
+def smudge(path: str = typer.Argument("", metavar="PATH", help="The path git passes as %f.")) -> None:
+    """Single-file smudge filter, as `git-theta-filter smudge PATH`: metadata on stdin, checkpoint on stdout."""
+    single_file.run("smudge", path, sys.stdin.buffer, sys.stdout.buffer, os.getcwd())
+
+
 # -- the command tree -------------------------------------------------------------------------------
 # Each verb family is one module of theta.commands; this table is the one list of what `git theta -h` shows, in
 # its order. Hidden commands are the ones git runs.
@@ -92,8 +103,8 @@ VERBS = (
     ("completion", completion_cmd, {}),
     # what git runs
     ("filter-process", filter_process, {"hidden": True}),
-    ("clean", single_file.clean, {"hidden": True}),
-    ("smudge", single_file.smudge, {"hidden": True}),
+    ("clean", clean, {"hidden": True}),
+    ("smudge", smudge, {"hidden": True}),
     ("post-commit", hooks.post_commit, {"hidden": True}),
     ("pre-push", hooks.pre_push, {"hidden": True}),
     ("merge-driver", merge.merge_driver, {"hidden": True}),

@@ -23,10 +23,18 @@ def version() -> str:
 
 FILTER_HELP = """\
 Usage: git-theta-filter
+       git-theta-filter clean PATH
+       git-theta-filter smudge PATH
 
-  git's long-running filter process for theta-tracked checkpoints (the pkt-line protocol of
-  gitattributes(5), "Long Running Filter Process"). git starts it; it is not meant to be run by hand.
-  `git theta install` configures git to start it (filter.theta.process = git-theta filter-process).
+  Without arguments: git's long-running filter process for theta-tracked checkpoints (the pkt-line
+  protocol of gitattributes(5), "Long Running Filter Process"). git starts it; it is not meant to be
+  run by hand. `git theta install` configures git to start it (filter.theta.process).
+
+  clean PATH / smudge PATH: the single-file filters (filter.theta.clean = git-theta-filter clean %f and
+  filter.theta.smudge = git-theta-filter smudge %f, as Git-Theta's install writes them): one file
+  from stdin to stdout, the same bytes the long-running filter gives. PATH is the file's path from
+  the work tree's top (git's %f). clean: checkpoint in, metadata text out; smudge: metadata text in,
+  checkpoint out (e.g. `git-theta-filter smudge model.pt < metadata.txt > model-out.pt`).
 
 Options:
   --version   Print the version and exit.
@@ -51,7 +59,8 @@ def few_collections() -> None:
 
 
 def filter_main(argv: list[str] | None = None, own_process: bool | None = None) -> int:
-    """The `git-theta-filter` entry point: the long-running filter process (or its help). ``own_process``
+    """The `git-theta-filter` entry point: the long-running filter process, the single-file filters
+    (``clean PATH`` / ``smudge PATH``: theta.commands.filter.single_file) or its help. ``own_process``
     (default: ``argv`` is None, i.e. called as the process's entry point): fds 0, 1 and 2 are git's, and may be
     handed to a warm server's child; never for a caller inside another program (a test)."""
     own_process = argv is None if own_process is None else own_process
@@ -62,9 +71,13 @@ def filter_main(argv: list[str] | None = None, own_process: bool | None = None) 
     if args and args[0] == "--version":
         print(f"git-theta-filter {version()}")
         return 0
+    if args and args[0] in ("clean", "smudge"):  # one file, stdin to stdout: git's filter.<driver>.clean/smudge
+        from theta.commands.filter.single_file import main as single_file
+
+        return single_file(args[0], args[1:])
     if args:
         print(f"git-theta-filter: error: unexpected argument {args[0]!r}; git starts this filter without "
-              f"arguments (see git-theta-filter -h)", file=sys.stderr)
+              f"arguments, or as `clean PATH` / `smudge PATH` (see git-theta-filter -h)", file=sys.stderr)
         return EXIT_USAGE
     if sys.stdin.isatty():
         print("git-theta-filter: error: this is git's filter process and speaks git's protocol on stdin; "

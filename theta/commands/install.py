@@ -4,7 +4,9 @@ they run, and the per-repository hooks.
 Like `git lfs install`, the drivers go to the global config by default (``--local``: this repository only).
 Hooks are per repository: `install` run inside a repository installs them there, and the filter installs
 them by itself the first time it runs in a repository that lacks them (e.g. during `git clone`'s checkout).
-Running it twice changes nothing.
+Running it twice changes nothing. Git-Theta's own keys for the same drivers (``filter.theta.clean =
+git-theta-filter clean %f``...) are replaced, and install says so; those it finds in the repository's own
+config, where they would override the global ones, are removed.
 
 **The launcher.** git runs the drivers from whatever process runs git: an IDE, a GUI client, cron, a shell
 where the Python environment that installed theta is not active. So the config never names a bare
@@ -46,6 +48,16 @@ SETTINGS = {
     "diff.theta.textconv": "git-theta diff-textconv",
 }
 SECTIONS = ("filter.theta", "merge.theta", "diff.theta")
+# what Git-Theta's `git theta install` writes (0.1.0 to its newest: the global config by default, any scope with
+# its --scope): the same driver names, running Git-Theta's programs
+GIT_THETA_SETTINGS = {
+    "filter.theta.clean": "git-theta-filter clean %f",
+    "filter.theta.smudge": "git-theta-filter smudge %f",
+    "filter.theta.required": "true",
+    "merge.theta.name": "Merge Models with Git-Theta",
+    "merge.theta.driver": "git-theta-merge %O %A %B %P",
+    "diff.theta.command": "git-theta-diff",
+}
 LAUNCHER_MARKER = "# git-theta launcher"
 
 
@@ -151,9 +163,13 @@ def install(local: bool = False, cwd=None) -> InstallReport:
     if _write_if_changed(launcher, launcher_script(this_environment_command())):
         report.changed.append(f"wrote the launcher {launcher}")
     for key, value in settings_for(launcher).items():
-        if gitutil.config_get(key, cwd, scope=scope) != value:
+        old = gitutil.config_get(key, cwd, scope=scope)
+        if old != value:
             gitutil.config_set(key, value, cwd, scope=scope)
-            report.changed.append(f"set {key} ({scope})")
+            report.changed.append(f"replaced Git-Theta's {key} ({old}) with theta's ({scope})"
+                                  if is_git_thetas(key, old) else f"set {key} ({scope})")
+    if not local and gitutil.in_repository(cwd):
+        _drop_git_thetas_local_keys(cwd, report)
     if gitutil.in_repository(cwd):
         if not hooks.is_installed(cwd):
             _install_git_lfs(cwd, local, report)
@@ -164,6 +180,24 @@ def install(local: bool = False, cwd=None) -> InstallReport:
     elif not local:
         _install_git_lfs(cwd, False, report)
     return report
+
+
+def is_git_thetas(key: str, value: str | None) -> bool:
+    """Is ``value`` what Git-Theta's install writes for ``key``, and not theta's too ("required = true")?"""
+    return value is not None and value == GIT_THETA_SETTINGS.get(key) and value != SETTINGS.get(key)
+
+
+def _drop_git_thetas_local_keys(cwd, report: InstallReport) -> None:
+    """Unset the keys Git-Theta's `install --scope repository` left in this repository's config: they would
+    shadow the global ones just written (git-theta-merge and git-theta-diff are Git-Theta's programs)."""
+    for key in GIT_THETA_SETTINGS:
+        old = gitutil.config_get(key, cwd, scope="local")
+        if is_git_thetas(key, old):
+            gitutil.config_unset(key, cwd, scope="local")
+            report.changed.append(f"removed Git-Theta's {key} ({old}) from this repository's config, where it "
+                                  f"overrode theta's global one")
+    for section in SECTIONS:
+        gitutil.config_remove_section_if_empty(section, cwd, scope="local")
 
 
 def uninstall(local: bool = False, cwd=None) -> InstallReport:

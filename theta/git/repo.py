@@ -286,8 +286,9 @@ def config_get_regexp(pattern: str, cwd=None) -> dict[str, str]:
 
 
 def config_set(key: str, value: str, cwd=None, scope: str = "global") -> None:
+    """``key`` = ``value`` in ``scope``, its only value there (a key set several times is replaced whole)."""
     _forget()
-    run(["config", f"--{scope}", key, value], cwd=cwd)
+    run(["config", f"--{scope}", "--replace-all", key, value], cwd=cwd)
 
 
 def config_unset(key: str, cwd=None, scope: str = "global") -> bool:

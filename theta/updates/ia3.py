@@ -57,14 +57,20 @@ def scaled_blocks(previous: np.ndarray, ia3: np.ndarray):
 
 def check_vector(shape: tuple[int, ...], ia3: np.ndarray) -> str | None:
     """None when ``ia3`` broadcasts to ``shape`` without growing it; otherwise what is wrong."""
-    if ia3.ndim > len(shape):
-        return f"ia3 of shape {ia3.shape} has more dimensions than the group {tuple(shape)}"
+    return check_vector_shape(shape, ia3.shape)
+
+
+def check_vector_shape(shape: tuple[int, ...], vector: tuple[int, ...]) -> str | None:
+    """:func:`check_vector` from the vector's shape alone (before it is read)."""
+    vector = tuple(int(d) for d in vector)
+    if len(vector) > len(shape):
+        return f"ia3 of shape {vector} has more dimensions than the group {tuple(shape)}"
     try:
-        result = np.broadcast_shapes(tuple(shape), ia3.shape)
+        result = np.broadcast_shapes(tuple(shape), vector)
     except ValueError:
-        return f"ia3 of shape {ia3.shape} does not broadcast to the group's shape {tuple(shape)}"
+        return f"ia3 of shape {vector} does not broadcast to the group's shape {tuple(shape)}"
     if result != tuple(shape):
-        return f"ia3 of shape {ia3.shape} would change the group's shape {tuple(shape)} to {result}"
+        return f"ia3 of shape {vector} would change the group's shape {tuple(shape)} to {result}"
     return None
 
 

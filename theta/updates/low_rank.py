@@ -1,7 +1,12 @@
 """low-rank: new = previous + R @ C, with R of shape (rows, r) and C of shape (r, cols) (LoRA).
 
-Groups with more than two dimensions are viewed as (shape[0], product of the other dimensions);
-one-dimensional groups have no low-rank form.
+Factors come in two forms (:class:`Factors`): ``R @ C`` as numpy's matmul computes it, giving the group's
+shape -- stacks of matrices, as Git-Theta defines the update: a conv weight [16, 3, 3, 3] takes R [16, 3, 3, r]
+and C [r, 3], or C [16, 3, r, 3], any pair whose leading dimensions broadcast to the group's -- and theta's own
+matrix view of a group with more than two dimensions, R (shape[0], r) and C (r, product of the other
+dimensions), which is what theta infers. Either way the group is a matrix of rows (its C-order elements,
+``cols`` to a row) and each row is its previous value plus a row of R times one matrix C. Factors need two
+dimensions each, and one-dimensional groups have no low-rank form.
 
 Exact bit for bit. R @ C is evaluated the way torch's CPU matmul does for a small inner dimension --
 a fused multiply-add per rank, in order, accumulating in float32 (float64 for float64 factors), rounded
@@ -16,10 +21,13 @@ inferred) and the fixes. Params: ``rank``, ``fixes``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from theta.base import parallel
 from theta.base.errors import UpdateTypeError
+from theta.base.matmul import matmul_shape
 from theta.storage.codec import decode_parts_of
 from theta.updates import Encoded, row_blocks
 from theta.updates.bounds import check_parts_fit
@@ -54,26 +62,136 @@ def _product_dtype(R: np.ndarray, C: np.ndarray) -> np.dtype:
     return np.dtype(np.float64) if np.float64 in (R.dtype, C.dtype) else np.dtype(np.float32)
 
 
-def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+class Factors:
+    """R and C laid against a group of ``shape`` (see the module docstring): the group is ``rows`` x ``cols``;
+    row i is row ``i % per_matrix`` of matrix ``i // per_matrix`` of the stack, the product of that matrix's
+    rows of R and its C. Built from shapes checked first (:func:`layout`), so nothing larger than the factors
+    themselves (and one int per matrix of the stack) is ever allocated for it. ValueError: what is wrong."""
+
+    def __init__(self, shape: tuple[int, ...], R: np.ndarray, C: np.ndarray):
+        lay = layout(shape, R.shape, C.shape)
+        self.shape, self.rows, self.cols, self.rank = tuple(shape), lay.rows, lay.cols, lay.rank
+        self.per_matrix = lay.per_matrix
+        self.R, self.C = R, C
+        # R as (matrices of R, per_matrix, r), C as (matrices of C, r, cols): views of the arrays as given
+        self._R = np.reshape(R, (int(np.prod(lay.r_batch, dtype=np.int64)), lay.per_matrix, lay.rank))
+        self._C = np.reshape(C, (int(np.prod(lay.c_batch, dtype=np.int64)), lay.rank, lay.cols))
+        n = int(np.prod(lay.batch, dtype=np.int64))
+        # for each matrix of the group's stack, the matrix of R and of C it takes (numpy's broadcasting)
+        self._r_of = _broadcast_index(lay.r_batch, lay.batch, n)
+        self._c_of = _broadcast_index(lay.c_batch, lay.batch, n)
+
+    def r_rows(self, first: int, last: int) -> np.ndarray:
+        """The rows of R the group's rows ``first..last`` take, (last - first, r)."""
+        flat = self._R.reshape(-1, self.rank)
+        if self._r_of is None and self._R.shape[0] * self.per_matrix == self.rows:
+            return flat[first:last]  # a matrix of R for each matrix of the group
+        m = self.per_matrix
+        rows = np.arange(first, last, dtype=np.int64)
+        which = 0 if self._r_of is None else self._r_of[rows // m]  # (None here: one R for them all)
+        return flat[which * m + rows % m]
+
+    def runs(self, first: int, last: int):
+        """(a, b, C's matrix) for the consecutive spans of the rows ``first..last`` that take the same C."""
+        if self._C.shape[0] == 1:
+            yield first, last, self._C[0]
+            return
+        m = self.per_matrix
+        c_of = (lambda k: k) if self._c_of is None else (lambda k: int(self._c_of[k]))
+        a = first
+        while a < last:
+            c = c_of(a // m)
+            b = (a // m + 1) * m
+            while b < last and c_of(b // m) == c:  # the next matrix takes the same C (broadcast)
+                b += m
+            b = min(b, last)
+            yield a, b, self._C[c]
+            a = b
+
+
+@dataclass(frozen=True)
+class Layout:
+    rows: int
+    cols: int
+    per_matrix: int
+    rank: int
+    batch: tuple[int, ...] = ()      # the group's stack of matrices (its dimensions before the last two)
+    r_batch: tuple[int, ...] = ()    # R's and C's, which broadcast to it
+    c_batch: tuple[int, ...] = ()
+
+
+def layout(shape: tuple[int, ...], r_shape: tuple[int, ...], c_shape: tuple[int, ...]) -> Layout:
+    """How factors shaped ``r_shape`` and ``c_shape`` lie against a group of ``shape``, from shapes alone;
+    ValueError saying what is wrong."""
+    shape, rs, cs = (tuple(int(d) for d in s) for s in (shape, r_shape, c_shape))
+    if len(shape) < 2:
+        raise ValueError(f"a group of shape {shape} has no low-rank form (needs at least 2 dimensions)")
+    if len(rs) < 2 or len(cs) < 2:
+        raise ValueError(f"R and C need at least 2 dimensions each (matrices, or stacks of them), got shapes "
+                         f"{rs} and {cs}")
+    if len(shape) > 2 and len(rs) == len(cs) == 2:  # theta's matrix view of an N-d group
+        rows, cols = matrix_shape(shape)
+        if rs[0] == rows and cs[1] == cols and rs[1] == cs[0]:
+            return Layout(rows, cols, rows, rs[1])
+    try:
+        got = matmul_shape(rs, cs)
+    except ValueError as e:
+        raise ValueError(f"R {rs} @ C {cs} does not give the group's shape {shape}: {e}") from None
+    if got != shape:
+        view = (f", nor are they R ({shape[0]}, r) and C (r, {matrix_shape(shape)[1]}) (theta's matrix view)"
+                if len(shape) > 2 else "")
+        raise ValueError(f"R {rs} @ C {cs} does not give the group's shape {shape} (numpy's matmul gives "
+                         f"{got}){view}")
+    batch = shape[:-2]
+    return Layout(int(np.prod(batch, dtype=np.int64)) * shape[-2], shape[-1], shape[-2], rs[-1], batch,
+                  rs[:-2], cs[:-2])
+
+
+def _broadcast_index(own: tuple[int, ...], batch: tuple[int, ...], n: int) -> np.ndarray | None:
+    """For each matrix of ``batch`` (C order), the index of the matrix of a factor stacked as ``own`` that numpy's
+    broadcasting pairs with it; None when that is the same index or always 0 (no table needed)."""
+    count = int(np.prod(own, dtype=np.int64))
+    if count <= 1 or tuple((1,) * (len(batch) - len(own)) + own) == batch:
+        return None
+    return np.broadcast_to(np.arange(count, dtype=np.int64).reshape(own), batch).reshape(n)
+
+
+def add_low_rank(previous: np.ndarray, R: np.ndarray, C: np.ndarray, out: np.ndarray | None = None,
+                 factors: Factors | None = None, first_row: int = 0) -> np.ndarray:
     """previous + R @ C in previous's dtype, computed deterministically (see module docstring).
 
-    Row ranges run on up to two threads (numpy releases the GIL); each element's arithmetic is the same
-    whatever the split, so the result does not depend on it. ``out`` (previous's shape and dtype,
-    C-contiguous) may be ``previous`` itself: each block of rows is read before it is written."""
-    rows, cols = matrix_shape(previous.shape)
+    ``previous`` is the whole group, or with ``factors`` (laid against the whole group) the group's rows from
+    ``first_row`` on, as a (rows, cols) block. Row ranges run on up to two threads (numpy releases the GIL);
+    each element's arithmetic is the same whatever the split, so the result does not depend on it. ``out``
+    (previous's shape and dtype, C-contiguous) may be ``previous`` itself: each block of rows is read before
+    it is written."""
+    if factors is None:
+        factors = Factors(previous.shape, R, C)
+    cols = factors.cols
+    rows = previous.size // cols if cols else 0
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
     out = np.empty((rows, cols), dtype=previous.dtype) if out is None else out.reshape(rows, cols)
-    RT = np.ascontiguousarray(np.asarray(R, dtype=np.float64).T)   # (r, rows): one rank's column is contiguous
-    C64 = np.asarray(C, dtype=np.float64)
     dts = _dtypes(R, C, previous.dtype)
+    spans = [(0, rows)]
     if rows * cols >= 2 * THREAD_MIN_ELEMENTS and rows >= 2:
         half = rows // 2
+        spans = [(0, half), (half, rows)]
+    jobs = [(prev2, factors, out, a, b, first_row, dts) for a, b in spans]
+    if len(jobs) > 1:
         pool = parallel.pool("numeric")
-        for f in [pool.submit(_add_rows, prev2, RT, C64, out, a, b, dts) for a, b in ((0, half), (half, rows))]:
+        for f in [pool.submit(_add_span, *job) for job in jobs]:
             f.result()
     else:
-        _add_rows(prev2, RT, C64, out, 0, rows, dts)
+        _add_span(*jobs[0])
     return out.reshape(previous.shape)
+
+
+def _add_span(prev2, factors: Factors, out, first: int, last: int, first_row: int, dts) -> None:
+    """Rows ``first..last`` of the block (the group's rows from ``first_row`` on), one C at a time."""
+    for a, b, Cm in factors.runs(first_row + first, first_row + last):
+        RT = np.ascontiguousarray(np.asarray(factors.r_rows(a, b), dtype=np.float64).T)  # (r, rows)
+        lo, hi = a - first_row, b - first_row
+        _add_rows(prev2[lo:hi], RT, np.asarray(Cm, dtype=np.float64), out[lo:hi], 0, hi - lo, dts)
 
 
 def _dtypes(R: np.ndarray, C: np.ndarray, group: np.dtype) -> tuple[np.dtype, np.dtype, np.dtype]:
@@ -227,14 +345,10 @@ def close_enough(result: np.ndarray, target: np.ndarray, rtol: float, atol: floa
 
 def check_factors(shape: tuple[int, ...], R: np.ndarray, C: np.ndarray) -> str | None:
     """None when R and C fit a group of ``shape``; otherwise what is wrong."""
-    shape2 = matrix_shape(shape)
-    if shape2 is None:
-        return f"a group of shape {tuple(shape)} has no low-rank form (needs at least 2 dimensions)"
-    if R.ndim != 2 or C.ndim != 2:
-        return f"R and C must be matrices, got shapes {R.shape} and {C.shape}"
-    if R.shape[0] != shape2[0] or C.shape[1] != shape2[1] or R.shape[1] != C.shape[0]:
-        return (f"R {R.shape} @ C {C.shape} does not give the group's matrix shape {shape2} "
-                f"(group shape {tuple(shape)})")
+    try:
+        layout(shape, R.shape, C.shape)
+    except ValueError as e:
+        return str(e)
     for name, f in (("R", R), ("C", C)):
         if f.dtype.kind != "f" and not str(f.dtype).startswith(("bfloat", "float8")):
             return f"{name} has non-float dtype {f.dtype}"
@@ -250,14 +364,15 @@ def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray,
     tolerance check). None as soon as more than ``max_fixes`` elements need a fix (when given). ``lazy``: the
     fix parts are :class:`theta.storage.codec.LazyArray` s read from the blocks' pieces (held once, never
     concatenated; for storing), else arrays."""
-    rows, cols = matrix_shape(previous.shape)
+    factors = Factors(previous.shape, R, C)
+    rows, cols = factors.rows, factors.cols
     prev2 = np.ascontiguousarray(previous).reshape(rows, cols)
     new2 = np.ascontiguousarray(new).reshape(rows, cols)
     step = max(1, VERIFY_BLOCK_ELEMENTS // max(cols, 1))
     fixes = FixCollector(new.size, new.dtype)
     for a in range(0, rows, step):
         b = min(rows, a + step)
-        value = add_low_rank(prev2[a:b], R[a:b], C)
+        value = add_low_rank(prev2[a:b], R, C, factors=factors, first_row=a)
         changed = np.flatnonzero(changed_mask(new2[a:b], value))
         if changed.size:
             if max_fixes is not None and fixes.count + changed.size > max_fixes:
@@ -266,7 +381,7 @@ def exact_encoding_by_rows(new: np.ndarray, previous: np.ndarray, R: np.ndarray,
                 check(value, new2[a:b], prev2[a:b])
             fixes.add(changed + a * cols, new2[a:b].reshape(-1)[changed])
     return Encoded(parts={"R": R, "C": C, **fixes.parts(lazy)},
-                   params={"rank": int(R.shape[1]), "fixes": fixes.count}), fixes.count
+                   params={"rank": factors.rank, "fixes": fixes.count}), fixes.count
 
 
 class LowRankUpdate:

@@ -34,7 +34,7 @@ from theta.storage import codec
 from theta.updates import DTYPE_KEY, bounds, step_layout
 from theta.updates.delta import OPS, _uncombine, from_planes, raw_words
 from theta.updates.ia3 import check_vector, compute_dtype
-from theta.updates.low_rank import add_low_rank, check_factors, matrix_shape
+from theta.updates.low_rank import Factors, add_low_rank, check_factors
 
 if TYPE_CHECKING:
     from theta.storage.metadata import GroupMeta
@@ -199,15 +199,15 @@ class _LowRank:
     """new = previous + R @ C, block by block: the rows the block covers (low_rank.add_low_rank's arithmetic)."""
 
     def __init__(self, blobs: dict, dtype: np.dtype, shape: tuple):
-        shape2 = matrix_shape(shape)
-        if shape2 is None:
+        if len(shape) < 2:
             raise UpdateTypeError(f"a group of shape {list(shape)} has no low-rank form")
-        size = shape2[0] * shape2[1]
+        size = int(np.prod(shape, dtype=np.int64))
         self.R, self.C = _small_part(blobs, "R", size), _small_part(blobs, "C", size)
         problem = check_factors(shape, self.R, self.C)
         if problem:
             raise UpdateTypeError(f"low-rank update: {problem}")
-        self.dtype, self.cols = dtype, shape2[1]
+        self.factors = Factors(shape, self.R, self.C)
+        self.dtype, self.cols = dtype, self.factors.cols
         self.fixes = _Fixes(blobs, dtype, size)
 
     def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
@@ -216,7 +216,8 @@ class _LowRank:
         rows = np.zeros((r1 - r0, cols), self.dtype)  # each element's sum depends on its own previous value only
         at = start - r0 * cols
         rows.reshape(-1)[at:at + block.size] = block
-        block[...] = add_low_rank(rows, self.R[r0:r1], self.C, out=rows).reshape(-1)[at:at + block.size]
+        value = add_low_rank(rows, self.R, self.C, out=rows, factors=self.factors, first_row=r0)
+        block[...] = value.reshape(-1)[at:at + block.size]
         self.fixes.apply(block, words, start)
 
     def close(self) -> None:

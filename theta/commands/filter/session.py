@@ -27,7 +27,7 @@ DIFFS_BLOBS = frozenset({"diff", "log", "show", "whatchanged", "blame", "annotat
 class Filter(CleanRequests, SmudgeRequests):
     """Clean and smudge for one repository (the process's working directory)."""
 
-    def __init__(self, cwd: str | os.PathLike = "."):
+    def __init__(self, cwd: str | os.PathLike = ".", single_file: bool = False):
         self.cwd = Path(cwd).resolve()
         self.store = LfsStore.for_repo(self.cwd)
         self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
@@ -40,6 +40,9 @@ class Filter(CleanRequests, SmudgeRequests):
         self._invoker: str | None = None  # the git subcommand that started this process, once asked
         self._hash: str | None = None     # the repository's object format, once asked
         self._diff: bool | None = None    # smudging for a diff (_for_a_diff), once asked
+        # one file per process (theta.commands.filter.single_file): no end of a checkout to materialize at, so a
+        # smudge writes the checkpoint itself whatever its size (unless checkouts are skipped altogether)
+        self.single_file = single_file
 
     def previous_text(self, path: str) -> bytes | None:
         """The metadata text of ``path`` in the index, else in HEAD (what clean may reuse), or None."""

@@ -139,7 +139,11 @@ class SmudgeRequests:
 
     def _as_placeholder(self, meta) -> bool:
         cs = self.checkout_settings()
-        if cs.skip or self._for_a_diff():
+        if cs.skip:
+            return True
+        if self.single_file:
+            return False
+        if self._for_a_diff():
             return True
         if data_bytes(meta) <= cs.materialize_above:
             return False

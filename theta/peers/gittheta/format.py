@@ -32,6 +32,7 @@ import numpy as np
 
 from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError, GitThetaFormatError,
                       GitThetaUpdateTypeError)
+from theta.base.matmul import matmul_shape
 
 KNOWN_UPDATE_TYPES = ("dense", "sparse", "low-rank", "ia3")
 
@@ -546,7 +547,12 @@ def apply_low_rank(parts: Mapping[str, np.ndarray], previous: np.ndarray) -> np.
     difference: ``parameter + previous``."""
     if "parameter" in parts:
         return parts["parameter"] + previous
-    return _plus_previous(parts["R"] @ parts["C"], previous)
+    R, C = parts["R"], parts["C"]
+    shape = matmul_shape(np.shape(R), np.shape(C))  # (checked first: no product larger than the group is made)
+    if shape != np.shape(previous):
+        raise ValueError(f"R {list(np.shape(R))} @ C {list(np.shape(C))} gives shape {list(shape)}, not the previous "
+                         f"value's")
+    return _plus_previous(R @ C, previous)
 
 
 def _plus_previous(update: np.ndarray, previous: np.ndarray) -> np.ndarray:

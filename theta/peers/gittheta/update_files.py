@@ -3,8 +3,9 @@
 FILE is a checkpoint in any format zipslice reads. Its keys are ``<group name>/<part>`` (split at the
 last ``/``) with Git-Theta's part names:
 
-- ``low-rank``: ``R`` (rows x r) and ``C`` (r x cols); new = previous + R @ C (groups with more than two
-  dimensions as (shape[0], rest), see low_rank.py). Checked against the saved file within rtol/atol (a
+- ``low-rank``: ``R`` and ``C``; new = previous + R @ C, numpy's matmul giving the group's shape (matrices, or
+  stacks of them for a group of more than two dimensions, as Git-Theta defines them: a conv weight [16, 3, 3,
+  3] takes R [16, 3, 3, r] and C [r, 3]), or theta's matrix view R (shape[0], r), C (r, rest): low_rank.py. Checked against the saved file within rtol/atol (a
   wrong base or wrong factors are refused); stored exactly (elements our arithmetic rounds differently
   from the producer's are carried as fixes), so a checkout gives the saved file bit for bit.
 - ``sparse``: ``data``, ``indices``, ``indptr``, ``shape`` -- a CSR matrix of the update, either of the
@@ -33,11 +34,12 @@ from zipslice import dtypes, torch_writer
 from zipslice.convert import plan_write
 
 from theta.base.errors import GitThetaFormatError, UpdateDataError
+from theta.base.matmul import matmul_shape
 from theta.peers.gittheta.format import apply_update, result_dtype
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import changed_mask
-from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, compute_dtype, scaled_blocks
-from theta.updates.low_rank import check_factors, exact_encoding_by_rows
+from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, check_vector_shape, compute_dtype, scaled_blocks
+from theta.updates.low_rank import check_factors, exact_encoding_by_rows, layout
 from theta.updates.sparse import SparseUpdate, encode_indices
 
 PARTS: dict[str, tuple[str, ...]] = {
@@ -124,10 +126,14 @@ class UpdateData:
 
     def _shape_problem(self, group: str, shape: tuple[int, ...]) -> str | None:
         if self.update_type == "low-rank":
-            return check_factors(shape, np.empty(self._shape(group, "R"), np.float32),
-                                 np.empty(self._shape(group, "C"), np.float32))
+            rs, cs = self._shape(group, "R"), self._shape(group, "C")
+            try:  # from the shapes alone: nothing is read or allocated for factors that do not fit
+                layout(shape, rs, cs)
+            except ValueError as e:
+                return None if _git_theta_matmul_fits(shape, rs, cs) else str(e)
+            return None
         if self.update_type == "ia3":
-            return check_vector(shape, np.empty(self._shape(group, "ia3"), np.float32))
+            return check_vector_shape(shape, self._shape(group, "ia3"))
         for part in ("data", "indices", "indptr", "shape"):
             if len(self._shape(group, part)) != 1:
                 return f"sparse part {part} must be one-dimensional, has shape {self._shape(group, part)}"
@@ -155,8 +161,12 @@ class UpdateData:
         if self.update_type == "sparse":
             return self._verify_sparse(where, parts, new, previous)
         if self.update_type == "low-rank":
-            R, C = np.ascontiguousarray(parts["R"]), np.ascontiguousarray(parts["C"])
+            R, C = np.asarray(parts["R"], order="C"), np.asarray(parts["C"], order="C")
             problem = check_factors(new.shape, R, C)
+            if problem and _git_theta_matmul_fits(new.shape, R.shape, C.shape):
+                # numpy's matmul with a vector, or integer factors: Git-Theta's arithmetic gives the group's
+                # shape and dtype, theta's low-rank step does not take them: stored as the value itself
+                return self._verify_promoted(where, group, parts, new, previous, rtol, atol)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
             bad: list = []
@@ -175,7 +185,7 @@ class UpdateData:
                                       f"{atol:g}); was the update applied to this base?")
             return Verified(encoded, self.update_type, new)
         else:
-            vec = np.ascontiguousarray(parts["ia3"])
+            vec = np.asarray(parts["ia3"], order="C")  # (ascontiguousarray would make a 0-d vector 1-d)
             problem = check_vector(new.shape, vec)
             if problem:
                 raise UpdateDataError(f"{where}: {problem}")
@@ -191,10 +201,12 @@ class UpdateData:
     def _verify_promoted(self, where: str, group: str, parts: dict[str, np.ndarray], new: np.ndarray,
                          previous: np.ndarray, rtol: float, atol: float) -> Verified:
         """``new`` has the dtype numpy's promotion gives previous (+ or *) update (what Git-Theta checks out,
-        e.g. float64 factors on a float32 group): checked against Git-Theta's arithmetic, then stored as the
-        value itself (theta's update steps keep a group's dtype), so a checkout gives ``new`` bit for bit."""
+        e.g. float64 factors on a float32 group), or an update theta's step does not take (low-rank with a
+        vector or integer factors): checked against Git-Theta's arithmetic (exactly for a group of integers),
+        then stored as the value itself, so a checkout gives ``new`` bit for bit."""
         value = git_theta_apply(self.update_type, parts, previous, group, self.path)
-        if not _agrees(value, new, previous, rtol, atol):
+        if value.shape != new.shape or (not _agrees(value, new, previous, rtol, atol) if new.dtype.kind in "fcV"
+                                        else not _bits_equal(value.astype(new.dtype, copy=False), new)):
             raise UpdateDataError(f"{where}: previous with the {self.update_type} update applied differs from the "
                                   f"saved model (max abs difference {_max_abs(value, new):.3g}, rtol {rtol:g}, "
                                   f"atol {atol:g}); was the update applied to this base?")
@@ -267,6 +279,14 @@ def _ia3_fixes(new: np.ndarray, previous: np.ndarray, vec: np.ndarray, rtol: flo
     indices = np.concatenate(found) if found else np.empty(0, np.int64)
     fix_values = np.concatenate(values) if values else flat_new[:0].copy()
     return {"fix_gaps": encode_indices(indices, new.size), "fix_values": fix_values}, int(indices.size), worst
+
+
+def _git_theta_matmul_fits(shape: tuple[int, ...], r_shape: tuple[int, ...], c_shape: tuple[int, ...]) -> bool:
+    """Does Git-Theta's ``R @ C`` (numpy's matmul, vectors included) give a group of ``shape``?"""
+    try:
+        return matmul_shape(r_shape, c_shape) == tuple(shape)
+    except ValueError:
+        return False
 
 
 def _agrees(value: np.ndarray, new: np.ndarray, previous: np.ndarray, rtol: float, atol: float) -> bool:
