@@ -1,8 +1,16 @@
 """Git-Theta's own end-to-end suite (its tests/end2end: checkout, commit, smudge, sparse, low-rank, ia3,
 inprocess), run unchanged against theta.
 
-The suite's files are Git-Theta's, byte for byte (fixtures/git_theta_suite, copied by its fetch_suite.py from a
-pinned commit; the fast test below checks every file's git blob id). Each test.sh runs as Git-Theta's
+The suite is Git-Theta's code, so it is not copied into this project: the tests read a clone of Git-Theta's
+repository named by ``GIT_THETA_SUITE`` (its tests/end2end folder) and are skipped, saying so, without one:
+
+    git clone https://github.com/r-three/git-theta /tmp/git-theta
+    git -C /tmp/git-theta checkout 65d6e2114d14af1eeed092965d1f141f5ef478e2
+    GIT_THETA_SUITE=/tmp/git-theta/tests/end2end python3 -m pytest -q -p no:cacheprovider -m slow \
+        tests/e2e/test_git_theta_suite.py
+
+Every file of that folder must be the one the pinned commit holds (tests/e2e/git_theta_suite.json: each file's
+git blob id and mode), so "unchanged" is checked, not assumed. Each test.sh runs as Git-Theta's
 runner.sh runs it (its clean script, then ``./test.sh`` in the test's folder, in a copy of the suite) with:
   - this checkout's ``git-theta`` and ``git-theta-filter`` first on PATH (so `git theta install`, `git theta
     track`, `git theta add` and the filters are theta's), in an isolated HOME and global git config;
@@ -15,7 +23,6 @@ runner.sh runs it (its clean script, then ``./test.sh`` in the test's folder, in
 
 Slow: the environment takes about a minute to install the first time (kept under ~/.cache afterwards); the
 suite runs about a minute more. Skipped, with the installer's last words, where Git-Theta cannot be installed.
-Run it with ``python3 -m pytest -q -p no:cacheprovider -m slow tests/e2e/test_git_theta_suite.py``.
 """
 from __future__ import annotations
 
@@ -32,8 +39,7 @@ import pytest
 
 from support.gitrepo import ROOT, GitEnv
 
-SUITE = ROOT / "fixtures" / "git_theta_suite"
-SOURCE = json.loads((SUITE / "SOURCE.json").read_text())
+SOURCE = json.loads((Path(__file__).with_name("git_theta_suite.json")).read_text())
 TESTS = sorted({Path(f["file"]).parent.name for f in SOURCE["files"] if Path(f["file"]).name == "test.sh"})
 SETUP = ROOT / "scripts" / "setup-git-theta.sh"
 STANDIN = ROOT / "tests" / "support" / "git_theta_standin"
@@ -43,17 +49,36 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def test_suite_files_are_git_thetas_unchanged():
-    """Every file is the one Git-Theta's repository holds at the recorded commit (its git blob id and mode),
-    and the seven tests the suite has are the ones run below."""
+@pytest.fixture(scope="module")
+def suite() -> Path:
+    """Git-Theta's tests/end2end (``GIT_THETA_SUITE``), checked file by file against the pinned commit."""
+    where = os.environ.get("GIT_THETA_SUITE")
+    if not where:
+        pytest.skip("GIT_THETA_SUITE is not set: clone r-three/git-theta at "
+                    f"{SOURCE['commit'][:12]} and point it at tests/end2end (see this module's docstring)")
+    root = Path(where).resolve().parent  # the manifest names files as end2end/...
     for f in SOURCE["files"]:
-        path = SUITE / f["file"]
-        assert git_blob_id(path.read_bytes()) == f["blob"], f["file"]
+        path = root / f["file"]
+        if not path.is_file():
+            pytest.fail(f"GIT_THETA_SUITE={where} has no {f['file']}: not Git-Theta's tests/end2end at "
+                        f"{SOURCE['commit'][:12]}")
+        assert git_blob_id(path.read_bytes()) == f["blob"], f"{f['file']} is not Git-Theta's, unchanged"
         executable = bool(path.stat().st_mode & stat.S_IXUSR)
         assert executable == (f["mode"] == "100755"), f["file"]
+    return Path(where)
+
+
+def test_the_manifest_names_the_seven_tests():
     assert TESTS == ["checkout", "commit", "ia3", "inprocess", "low-rank", "smudge", "sparse"]
-    assert not [p for p in (SUITE / "end2end").rglob("*") if p.is_file()
-                and p.relative_to(SUITE).as_posix() not in {f["file"] for f in SOURCE["files"]}]
+
+
+def test_suite_files_are_git_thetas_unchanged(suite):
+    """Every file of the suite is the one Git-Theta's repository holds at the recorded commit (checked by the
+    fixture), and the folder holds nothing else that would run."""
+    listed = {f["file"] for f in SOURCE["files"]}
+    extra = [p for p in suite.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+             and f"end2end/{p.relative_to(suite).as_posix()}" not in listed]
+    assert not extra, f"files not in Git-Theta's suite: {extra[:5]}"
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +105,10 @@ def python_wrapper(bin_dir: Path, command: list[str], env: dict[str, str]) -> No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TESTS)
-def test_git_theta_end2end(name, git_theta_python, tmp_path):
-    suite = tmp_path / "end2end"
-    shutil.copytree(SUITE / "end2end", suite)  # the tests write their repositories into their own folders
+def test_git_theta_end2end(name, suite, git_theta_python, tmp_path):
+    copy = tmp_path / "end2end"
+    shutil.copytree(suite, copy, ignore=shutil.ignore_patterns("__pycache__"))  # the tests write into their folders
+    suite = copy
     env = GitEnv.create(tmp_path / "gitenv")
     shim = tmp_path / "shim"
     if name == "inprocess":  # theta stands in for git_theta, in this project's interpreter
