@@ -9,12 +9,16 @@ Forward outputs, RNG use and state_dict are unchanged; gradients differ from sto
 (near GELU's minimum, by the floor float32 rounding of y sets). See docs/tempo.md.
 Requires torch (the `tempo` extra); Hugging Face models need `transformers` (the `hf` extra).
 """
-from .attention import softmax_dropout_matmul
-from .dropout import TempoDropout, dropout
-from .gelu import TempoGELU, gelu
-from .layernorm import TempoLayerNorm, layer_norm
-from .measure import ModuleSaved, SavedReport, SavedStorage, measure
-from .patch import TECHNIQUES, Left, PatchReport, Swapped, patch, unpatch
+from zipslice import optional
+
+# without torch: one line naming the extra, not a bare ModuleNotFoundError from the first module below
+optional.require("torch", "tempo needs it", extra="tempo")
+from .attention import softmax_dropout_matmul  # noqa: E402
+from .dropout import TempoDropout, dropout  # noqa: E402
+from .gelu import TempoGELU, gelu  # noqa: E402
+from .layernorm import TempoLayerNorm, layer_norm  # noqa: E402
+from .measure import ModuleSaved, SavedReport, SavedStorage, measure  # noqa: E402
+from .patch import TECHNIQUES, Left, PatchReport, Swapped, patch, unpatch  # noqa: E402
 
 __all__ = [
     "TECHNIQUES",

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import dtypes, pagecache
+from . import dtypes, optional, pagecache
 from .errors import UnsupportedCheckpointError, ZipsliceError
 from .fileio import pread_array, pread_exact, pread_into
 from .info import TensorInfo, TensorSource
@@ -46,11 +46,13 @@ class LazyCheckpoint(Mapping):
     """Read-only, ordered ``Mapping[str, torch.Tensor]`` over a checkpoint file; a context manager.
 
     - ``info(key)``: :class:`TensorInfo` without reading data.
-    - ``lsd[key]``: a torch tensor equal bit for bit to what the format's own loader returns.
-    - ``numpy(key)``: a numpy array (``raw=True`` gives the bits in an unsigned carrier type, for dtypes
-      numpy lacks such as bfloat16 and float8).
+    - ``lsd[key]``: a torch tensor equal bit for bit to what the format's own loader returns (needs torch;
+      without it, a :class:`zipslice.errors.MissingDependencyError` naming the extra and what follows).
+    - ``numpy(key)``: a numpy array (bfloat16 and float8 as ml_dtypes arrays; ``raw=True`` gives the bits in
+      an unsigned carrier type). No torch needed.
     - ``read_bytes(key)``: contiguous C-order little-endian bytes of the values.
-    - ``get_slice(key)[index]``: part of a tensor, reading only the bytes it needs (see :mod:`zipslice.slicing`).
+    - ``get_slice(key)[index]``: part of a tensor, reading only the bytes it needs (see :mod:`zipslice.slicing`);
+      ``get_slice(key, framework="np")`` gives numpy arrays, without torch.
     - ``extras``: non-tensor leaves (ints, strings, ...) by flattened name.
     - ``structure``: the nested container tree (see :mod:`zipslice.structure`), or None for flat formats.
     - ``metadata``: free-form string metadata of the file (safetensors ``__metadata__``), if any.
@@ -226,9 +228,11 @@ class LazyCheckpoint(Mapping):
         return np.ascontiguousarray(restride(self._read_span(info), info)[sel.numpy_index()]).reshape(sel.shape)
 
     def tensor(self, key: str):
-        """A torch tensor with the stored dtype, shape and strides. Formats with tied storages override."""
-        import torch
+        """A torch tensor with the stored dtype, shape and strides. Formats with tied storages override.
 
+        Needs torch (the ``torch`` extra): without it, a :class:`MissingDependencyError` saying so and naming
+        :meth:`numpy`."""
+        torch = optional.torch()
         info = self.info(key)
         arr = restride(self._read_span(info), info)
         flat = arr.reshape(-1).view(np.uint8)

@@ -19,7 +19,7 @@ import typer
 
 from . import clistyle, dtypes, formats
 from .clistyle import JSON_OPTION, QUIET_OPTION, columns, emit_json, natural_key, note, one_of, set_quiet
-from .errors import ZipsliceError
+from .errors import MissingDependencyError, ZipsliceError
 from .progress import Bar, human_bytes as human
 
 EXIT_ERROR = 2
@@ -445,8 +445,8 @@ def completion_cmd(shell: str = typer.Argument(..., metavar="SHELL", help="bash,
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app; expected failures become one line on stderr (status 2)."""
-    sys.exit(clistyle.run(app, "zipslice", argv, user_errors=(ZipsliceError, OSError, KeyError, ValueError),
-                          error_status=EXIT_ERROR))
+    errors = (ZipsliceError, MissingDependencyError, OSError, KeyError, ValueError)
+    sys.exit(clistyle.run(app, "zipslice", argv, user_errors=errors, error_status=EXIT_ERROR))
 
 
 if __name__ == "__main__":

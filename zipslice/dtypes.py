@@ -10,6 +10,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import optional
+
 
 @dataclass(frozen=True)
 class DType:
@@ -92,9 +94,7 @@ def from_numpy(dt: np.dtype) -> DType:
 
 
 def to_torch(name: str):
-    import torch
-
-    return getattr(torch, name)
+    return getattr(optional.torch("zipslice.dtypes.to_torch returns torch dtypes", instead=None), name)
 
 
 def from_torch(dtype) -> DType:

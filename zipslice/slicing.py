@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, optional
 from .errors import CorruptCheckpointError
 from .fileio import _fill
 from .info import TensorInfo
@@ -294,8 +294,8 @@ class TensorSlice:
         arr = self.raw(index)
         if self.framework == "np":
             return arr.view(dtypes.get(self.info.dtype).to_numpy())
-        import torch
-
+        torch = optional.torch("get_slice(key)[...] returns torch tensors",
+                               'get_slice(key, framework="np")[...] returns numpy arrays')
         flat = arr.reshape(-1).view(np.uint8)
         return torch.from_numpy(flat.copy() if not flat.flags.writeable else flat) \
             .view(dtypes.to_torch(self.info.dtype)).reshape(arr.shape)

@@ -24,6 +24,8 @@ import base64
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
+from . import optional
+
 Node = dict
 
 
@@ -57,9 +59,9 @@ def leaf_value(node: Node) -> Any:
     if "bytes" in node:
         return base64.b64decode(node["bytes"])
     if "torch" in node:
-        import torch
-
         kind, v = node["torch"], node["value"]
+        torch = optional.require("torch", f"the checkpoint holds a torch.{kind} value",
+                                 "lsd.extras holds it as its structure node")
         if kind == "dtype":
             return getattr(torch, v)
         if kind == "size":

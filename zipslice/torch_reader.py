@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dtypes, structure
+from . import dtypes, optional, structure
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, NotACheckpointError, UnsupportedCheckpointError
 from .info import TensorInfo, span_elements
@@ -456,8 +456,8 @@ class TorchCheckpoint(LazyCheckpoint):
         return buf
 
     def tensor(self, key: str):
-        """The tensor as ``torch.load(weights_only=True)`` gives it; tied keys share one storage."""
-        import torch
+        """The tensor as ``torch.load(weights_only=True)`` gives it; tied keys share one storage (needs torch)."""
+        torch = optional.torch()
 
         sequential = self._reading_in_order(key)
         info = self.info(key)

@@ -296,12 +296,14 @@ def test_log_png_is_an_image_of_the_heat_map(hrepo, tmp_path):
 def test_png_without_matplotlib_names_the_extra(hrepo, tmp_path):
     shim = tmp_path / "shim" / "matplotlib"
     shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    # what a Python without matplotlib raises (the wheel's venv in tests/install has none for real)
+    (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\", "
+                                      "name='matplotlib')\n")
     env = {"PYTHONPATH": f"{shim.parent}:{hrepo.env.env['PYTHONPATH']}"}
     r = hrepo.theta("log", "--png", str(tmp_path / "x.png"), "--", PATH, check=False, extra_env=env)
     assert r.returncode == 1
     assert r.stderr.decode().strip() == \
-        "git theta: error: --png needs matplotlib: pip install 'zipslice-theta[plot]'"
+        'git theta: error: matplotlib is not installed, and --png needs it: pip install "zipslice-theta[plot]"'
     assert not (tmp_path / "x.png").exists()
 
 

@@ -15,7 +15,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,3 +206,98 @@ def test_git_theta_commands(inst, tmp_path):
     assert "_git_theta()" in g("theta", "completion", "bash").stdout
     bad = g("theta", "merge-resolve", "m.pt", "--strategy", "average", "-p", "alpha", status=2).stderr
     assert "--param" in bad and "NAME=VALUE" in bad
+    png = g("theta", "log", "--png", str(tmp_path / "h.png"), "--", "m.pt", status=1).stderr
+    assert png == ("git theta: error: matplotlib is not installed, and --png needs it: "
+                   'pip install "zipslice-theta[plot]"\n')
+    assert not (tmp_path / "h.png").exists()
+
+
+NO_TORCH = 'torch is not installed, and lsd[key] returns torch tensors: pip install "zipslice-theta[torch]" ' \
+           '(without torch, lsd.numpy(key) and lsd.get_slice(key, framework="np")[...] return numpy arrays)'
+
+# Every public accessor, in the environment without torch: each either reads numpy arrays, or fails with one
+# line naming the extra (a MissingDependencyError, which is a ModuleNotFoundError). Prints JSON.
+ACCESSORS = r"""
+import json, os, sys
+import numpy as np
+import zipslice, theta
+from zipslice.errors import MissingDependencyError
+
+def fails(f):
+    try:
+        f()
+    except MissingDependencyError as e:
+        assert isinstance(e, ModuleNotFoundError) and "\n" not in str(e), repr(e)
+        return [e.name, str(e)]
+    return None
+
+out = {}
+for path in sys.argv[1:-2]:
+    with zipslice.load(path) as lsd:
+        out[path] = {
+            "names": list(lsd),
+            "w": lsd.numpy("w").tolist(), "b": lsd.numpy("b").astype(np.float32).tolist(),
+            "b_dtype": str(lsd.numpy("b").dtype),
+            "rows": lsd.get_slice("w", framework="np")[1:3].tolist(),
+            "raw": lsd.get_slice("b").raw(slice(0, 2)).tolist(),
+            "shape": lsd.get_slice("w").get_shape(),
+            "getitem": fails(lambda: lsd["w"]), "tensor": fails(lambda: lsd.tensor("w")),
+            "slice": fails(lambda: lsd.get_slice("w")[0]), "items": fails(lambda: dict(lsd.items())),
+            "values": fails(lambda: list(lsd.values())),
+            "extras": {k: v for k, v in lsd.extras.items()},
+        }
+repo, blob = sys.argv[-2:]
+os.chdir(repo)
+sd = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.full(3, 0.5, dtype=np.float16)}
+sha = theta.save_to_git(sd, "n.pt", "numpy arrays, no torch")
+with theta.load_from_git(sha, "n.pt") as lsd:
+    out["load_from_git"] = {"w": lsd.numpy("w").tolist(), "rows": lsd.get_slice("w", framework="np")[2].tolist(),
+                            "getitem": fails(lambda: lsd["w"])}
+with theta.load("n.pt", rev="HEAD") as lsd:
+    out["theta.load"] = {"b": lsd.numpy("b").tolist(), "getitem": fails(lambda: lsd["b"])}
+with zipslice.load("HEAD:n.pt") as lsd:
+    out["REV:PATH"] = {"w": lsd.numpy("w").sum().item(), "slice": fails(lambda: lsd.get_slice("w")[0])}
+out["tempo"] = fails(lambda: __import__("tempo"))
+out["callback"] = fails(lambda: theta.ThetaTrainerCallback)
+from theta.peers.gittheta import format as gt
+out["zarr"] = fails(lambda: gt.decode_group_blob(open(blob, "rb").read()))
+print(json.dumps(out))
+"""
+
+
+def test_every_accessor_reads_numpy_or_names_the_extra(inst, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(4, 3, generator=g), torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    torch.save({"w": w, "b": b, "step": 3, "size": torch.Size([2, 3])}, tmp_path / "m.pt")
+    safetensors.torch.save_file({"w": w, "b": b}, str(tmp_path / "m.safetensors"))
+    with h5py.File(tmp_path / "m.h5", "w") as f:
+        f["w"], f["b"] = w.numpy(), b.float().numpy()
+    repo = tmp_path / "repo"
+    inst.run("git", "init", "-q", "-b", "main", str(repo))
+    inst.run("git", "theta", "install", "--local", cwd=repo)
+    blob = sorted((ROOT / "fixtures" / "git_theta" / "lfs" / "objects").glob("*/*/*"))[0]
+    files = [str(tmp_path / n) for n in ("m.pt", "m.safetensors", "m.h5")]
+    out = json.loads(inst.run(str(inst.venv / "bin" / "python"), "-c", ACCESSORS, *files, str(repo), str(blob),
+                              cwd=tmp_path).stdout)
+    torch_only = ["torch", NO_TORCH]
+    slice_only = ["torch", 'torch is not installed, and get_slice(key)[...] returns torch tensors: pip install '
+                           '"zipslice-theta[torch]" (without torch, get_slice(key, framework="np")[...] returns '
+                           'numpy arrays)']
+    for path in files:
+        got = out[path]
+        assert got["w"] == w.tolist() and got["rows"] == w[1:3].tolist() and got["shape"] == [4, 3], path
+        assert got["b"] == [1.5, -2.0]
+        assert got["b_dtype"] == ("bfloat16" if not path.endswith(".h5") else "float32")
+        assert got["getitem"] == got["tensor"] == got["items"] == got["values"] == torch_only, path
+        assert got["slice"] == slice_only, path
+    assert out[files[0]]["raw"] == b.view(torch.int16).numpy().view("uint16").tolist()
+    assert out[files[0]]["extras"] == {"step": 3, "size": {"torch": "size", "value": [2, 3]}}
+    assert out["load_from_git"] == {"w": np.arange(12).reshape(3, 4).tolist(), "rows": [8, 9, 10, 11],
+                                    "getitem": torch_only}
+    assert out["theta.load"] == {"b": [0.5, 0.5, 0.5], "getitem": torch_only}
+    assert out["REV:PATH"] == {"w": 66.0, "slice": slice_only}
+    assert out["tempo"] == ["torch", 'torch is not installed, and tempo needs it: pip install "zipslice-theta[tempo]"']
+    assert out["callback"] == ["transformers", "transformers is not installed, and theta.ThetaTrainerCallback "
+                                               'needs it: pip install "zipslice-theta[hf]"']
+    assert out["zarr"] == ["zarr", "zarr is not installed, and reading Git-Theta's parameter blobs needs zarr >= "
+                                   '3.1: pip install "zipslice-theta[gittheta]"']

@@ -21,8 +21,8 @@ import pytest
 
 from support.gitrepo import GitEnv
 
-from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError,  # noqa: E402
-                          GitThetaFormatError, GitThetaUpdateTypeError, MetadataError)
+from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaFormatError,  # noqa: E402
+                               GitThetaUpdateTypeError, MetadataError, ThetaDependencyError, ThetaError)
 from theta.peers.gittheta import format as gt  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
@@ -519,8 +519,11 @@ def test_max_bytes_bounds_what_decoding_allocates(peer_blobs):
 def test_missing_zarr_says_what_to_install(peer_blobs, monkeypatch):
     blob, _ = peer_blobs["fc2.bias"]
     monkeypatch.setitem(sys.modules, "zarr", None)  # what an environment without the extra looks like
-    with pytest.raises(GitThetaDependencyError, match=r"pip install 'zipslice-theta\[gittheta\]'"):
+    with pytest.raises(ThetaDependencyError) as e:
         gt.decode_group_blob(blob)
+    assert str(e.value) == ("zarr is not installed, and reading Git-Theta's parameter blobs needs zarr >= 3.1: "
+                            'pip install "zipslice-theta[gittheta]"')
+    assert isinstance(e.value, ThetaError) and isinstance(e.value, ModuleNotFoundError) and e.value.name == "zarr"
 
 
 # ---------------------------------------------------------------- update math

@@ -1,8 +1,12 @@
 """Exceptions raised by theta. Each carries one clear line: what, where, and what to do.
 
-The CLI prints ``error: <message>`` and exits 1 for every :class:`ThetaError`.
+The CLI prints ``error: <message>`` and exits 1 for every :class:`ThetaError`. A missing optional package is
+zipslice's :class:`MissingDependencyError` (imported here: theta's code names it from this module), raised by
+theta as :class:`ThetaDependencyError`.
 """
 from __future__ import annotations
+
+from zipslice.errors import MissingDependencyError
 
 
 class ThetaError(Exception):
@@ -56,8 +60,11 @@ class GitThetaUpdateTypeError(GitThetaFormatError):
     """A Git-Theta group uses an update type theta cannot apply (not dense, sparse, low-rank or ia3)."""
 
 
-class GitThetaDependencyError(ThetaError):
-    """Reading Git-Theta parameter blobs needs the optional `gittheta` extra (zarr), which is not installed."""
+class ThetaDependencyError(ThetaError, MissingDependencyError):
+    """An optional package a theta call needs is not installed (zarr for Git-Theta's parameter blobs, matplotlib
+    for ``--png``, transformers for the Trainer callback): zipslice's :class:`MissingDependencyError` (one line:
+    the package, the extra, what works without it), and a ThetaError, so every command, driver and hook that
+    reports theta's errors reports it. Raised through ``zipslice.optional.require(..., error=...)``."""
 
 
 class StoreError(ThetaError):

@@ -5,8 +5,8 @@ importing this module (typer and the command tree cost ~40 ms before git's hands
 for everything else.
 
 User commands are listed by ``git theta -h``; the ones git runs (filter-process, clean, smudge, merge-driver,
-diff-driver, diff-textconv, pre-push) are hidden. Every ThetaError becomes ``git theta: error: <message>``
-on one line and exit status 1; a usage error names the flag and exits with status 2.
+diff-driver, diff-textconv, pre-push) are hidden. Every ThetaError (and a missing optional package, a
+MissingDependencyError) becomes ``git theta: error: <message>`` on one line and exit status 1; a usage error names the flag and exits with status 2.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from theta.base.errors import ThetaError
+from theta.base.errors import MissingDependencyError, ThetaError
 from theta.commands import (add, checkout, diff, export, fsck, hooks, install, log, ls_files, merge, migrate, prune,
                             squash, status, track)
 from theta.commands.entry import PROG, SCRIPT, filter_main, version  # noqa: F401 (PROG, SCRIPT: re-exported)
@@ -133,5 +133,5 @@ def _app() -> typer.Typer:
 
 def run(args: list[str]) -> int:
     """Run `git theta ARGS...` (every command but the filter process); returns the exit status."""
-    return clistyle.run(_app(), PROG, args, user_errors=(ThetaError,), error_status=1,
+    return clistyle.run(_app(), PROG, args, user_errors=(ThetaError, MissingDependencyError), error_status=1,
                         complete_var="_GIT_THETA_COMPLETE")

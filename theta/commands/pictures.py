@@ -12,18 +12,15 @@ import os
 import sys
 from pathlib import Path
 
-from zipslice import clistyle
+from zipslice import clistyle, optional
 from zipslice.clistyle import emit_json, note, say
 from zipslice.progress import human_bytes
 
-from theta.base.errors import ThetaError
+from theta.base.errors import ThetaDependencyError, ThetaError
 from theta.commands import heatmap
 from theta.git import repo as gitutil
 from theta.model import history
 from theta.settings.merge_rules import MergeConfig
-
-PLOT_EXTRA = "zipslice-theta[plot]"  # the extra that brings matplotlib (pyproject.toml)
-
 
 
 def split_revs_paths(args: list[str], argv: list[str] | None = None) -> tuple[list[str], list[str]]:
@@ -61,10 +58,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def png(h: history.History, path: Path) -> None:
-    try:
-        import matplotlib  # noqa: F401  (checked here: an optional extra)
-    except ImportError:
-        raise ThetaError(f"--png needs matplotlib: pip install '{PLOT_EXTRA}'") from None
+    optional.require("matplotlib", "--png needs it", error=ThetaDependencyError)  # (before a file is made)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
     heatmap.write_png(h, tmp)

@@ -25,11 +25,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from zipslice import optional
 
-from theta.base.errors import ThetaError
-from theta.inprocess.commit import commit_checkpoint, preflight
+from theta.base.errors import ThetaDependencyError, ThetaError
+
+# without the extra: one line naming it, not a bare ModuleNotFoundError from the import below
+optional.require("transformers", "theta.ThetaTrainerCallback needs it", error=ThetaDependencyError)
+from transformers import TrainerCallback  # noqa: E402
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR  # noqa: E402
+
+from theta.inprocess.commit import commit_checkpoint, preflight  # noqa: E402
 
 # what the Trainer writes for the model, in the order looked for (single file, then sharded, then PEFT adapters)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

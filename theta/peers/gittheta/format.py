@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterator, Mapping, Union
 
 import msgpack
 import numpy as np
+from zipslice import optional
 
-from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaDependencyError, GitThetaFormatError,
-                      GitThetaUpdateTypeError)
+from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaFormatError, GitThetaUpdateTypeError,
+                               ThetaDependencyError)
 from theta.base.matmul import matmul_shape
 
 KNOWN_UPDATE_TYPES = ("dense", "sparse", "low-rank", "ia3")
@@ -300,7 +301,7 @@ def decode_group_blob(blob: bytes, *, file: str | None = None, group: str | None
     named parts otherwise (sparse: data/indices/indptr/shape, low-rank: R/C, ia3: ia3). ``max_bytes`` bounds the
     total decoded size (None: bounded only by the blob itself, since every chunk must be present and its blosc
     header must agree with the declared shape). Raises :class:`GitThetaFormatError` on anything malformed and
-    :class:`GitThetaDependencyError` when zarr is not installed."""
+    :class:`ThetaDependencyError` when zarr (>= 3.1) is not installed."""
     try:
         outer = msgpack.unpackb(blob, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated classes for corrupt input
@@ -486,15 +487,17 @@ def _read_zarr(spec: _ZarrSpec, chunks: dict[str, bytes], file, group, where) ->
     return value.astype(value.dtype.newbyteorder("="), order="C", copy=False)
 
 
+ZARR_NEEDED = "reading Git-Theta's parameter blobs needs zarr >= 3.1"
+
+
 def _zarr():
-    try:
-        import zarr
+    zarr = optional.require("zarr", ZARR_NEEDED, error=ThetaDependencyError)
+    try:  # (zarr 2 has neither)
         from zarr.buffer.cpu import Buffer
         from zarr.storage import MemoryStore
-    except ImportError as e:
-        raise GitThetaDependencyError(
-            f"reading Git-Theta parameter groups needs zarr >= 3.1 ({e}); install it with "
-            f"`pip install 'zipslice-theta[gittheta]'` (or `pip install 'zarr>=3.1'`)") from None
+    except ImportError:
+        raise ThetaDependencyError("zarr", ZARR_NEEDED, "gittheta",
+                                   problem=f"{getattr(zarr, '__version__', '?')} is installed") from None
     return zarr, MemoryStore, Buffer
 
 

@@ -14,7 +14,7 @@ from zipslice.base import LazyCheckpoint
 from zipslice.errors import ZipsliceError
 from zipslice.info import TensorInfo, contiguous_stride
 
-from theta.base.errors import ThetaError
+from theta.base.errors import ThetaDependencyError, ThetaError
 from theta.model.lazy import reduce_as_checkpoint
 from theta.peers.gittheta.files import GitThetaFile
 
@@ -33,6 +33,8 @@ class GitThetaCheckpoint(LazyCheckpoint):
         try:
             gtf.fetch()
             found = [(key, dtypes.from_numpy(gtf.dtype(key)).name) for key in gtf.names()]
+        except ThetaDependencyError:  # (already one line: which package, which extra)
+            raise
         except ThetaError as e:
             raise ZipsliceError(self.path, str(e)) from None
         for key, dt in found:
@@ -50,6 +52,8 @@ class GitThetaCheckpoint(LazyCheckpoint):
             raise ZipsliceError(self.path, "checkpoint is closed")
         try:
             return bytes(dtypes.le_bytes(self.gtf.value(info.name)))
+        except ThetaDependencyError:  # (already one line: which package, which extra)
+            raise
         except ThetaError as e:
             raise ZipsliceError(self.path, str(e), info.name) from None
 
