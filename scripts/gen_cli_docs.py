@@ -4,8 +4,9 @@
     python3 scripts/gen_cli_docs.py            # rewrite docs/reference/cli.md and docs/man/*.1
     python3 scripts/gen_cli_docs.py --check    # exit 1 (and say which) if a file is out of date
 
-The man pages are installed with the package (share/man/man1, see pyproject.toml): `git theta --help` is
-turned by git into `man git-theta`, and `man zipslice` works too. Everything comes from
+The man pages are installed with the package (share/man/man1, see pyproject.toml; `git theta install` writes
+them there for an editable install: theta/commands/manpages.py): `git theta --help` is turned by git into
+`man git-theta`, and `man zipslice` works too. Everything comes from
 :func:`zipslice.clihelp.describe`, the same data `-h` prints.
 """
 from __future__ import annotations

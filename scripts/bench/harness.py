@@ -76,7 +76,9 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_")) or k == "GIT_THETA_WARM_DIR"}
     env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
-                "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config")})
+                "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config"),
+                # `git theta install` writes no man page beside the interpreter's bin directory (outside HOME)
+                "GIT_THETA_MAN_DIR": ""})
     own = Path(sys.executable).parent
     if (own / "git-theta").exists():
         env["PATH"] = str(own) + os.pathsep + env.get("PATH", "")

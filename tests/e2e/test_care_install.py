@@ -11,6 +11,7 @@ import pytest
 
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
 from support.gitrepo import GitEnv, bare_lfs_objects
+from theta.commands import manpages
 from theta.commands.install import launcher_script
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR
@@ -120,6 +121,36 @@ def test_global_uninstall_round_trip(genv):
     assert launcher.exists() and str(launcher) in gitconfig.read_text()
     genv.run(["git", "theta", "uninstall"], cwd=genv.home)
     assert gitconfig.read_bytes() == before
+    assert not (genv.home / ".local" / "share" / "git-theta").exists()
+
+
+def test_global_install_writes_the_man_pages_and_uninstall_removes_only_those(genv, tmp_path):
+    """The pages go to the man directory (here named by GIT_THETA_MAN_DIR, by default the one beside the
+    git-theta on PATH: tests/install), marked as install's; a page install did not write is never touched."""
+    man = tmp_path / "prefix" / "share" / "man"   # none of it exists yet
+    env = {"GIT_THETA_MAN_DIR": str(man), "MANPAGER": "cat", "PAGER": "cat"}
+    out = genv.run(["git", "theta", "install"], cwd=genv.home, extra_env=env)
+    assert f"wrote the man pages git-theta.1, zipslice.1 in {man / 'man1'}" in out.stdout.decode().splitlines()
+    page = (man / "man1" / "git-theta.1").read_text()
+    assert page == manpages.MARKER + (manpages.CHECKOUT_PAGES / "git-theta.1").read_text()
+    if shutil.which("man"):
+        # man does not look in that directory (nothing on PATH leads to it): install says so, and what to do
+        assert out.stderr.decode() == (f"warning: `git theta --help` finds no manual: man does not look in {man} "
+                                       f'first; put MANPATH="{man}:" in your environment (`git theta -h` prints '
+                                       f"the same help)\n")
+        shown = genv.run(["git", "help", "theta"], cwd=genv.home, extra_env={**env, "MANPATH": f"{man}:"})
+        assert "GIT-THETA(1)" in shown.stdout.decode() and "written by" not in shown.stdout.decode()
+    out = genv.run(["git", "theta", "uninstall"], cwd=genv.home, extra_env=env).stdout.decode().splitlines()
+    assert f"removed the man page {man / 'man1' / 'git-theta.1'}" in out
+    assert not (tmp_path / "prefix").exists()  # the directories install made went with the pages
+    # someone else's zipslice.1 (pip's, another tool's): install adds only its own page, uninstall removes only it
+    (man / "man1").mkdir(parents=True)
+    (man / "man1" / "zipslice.1").write_text(".TH OTHER 1\n")
+    assert "wrote the man pages git-theta.1 in" in genv.run(["git", "theta", "install"], cwd=genv.home,
+                                                             extra_env=env).stdout.decode()
+    genv.run(["git", "theta", "uninstall"], cwd=genv.home, extra_env=env)
+    assert [p.name for p in (man / "man1").iterdir()] == ["zipslice.1"]
+    assert (man / "man1" / "zipslice.1").read_text() == ".TH OTHER 1\n"
     assert not (genv.home / ".local" / "share" / "git-theta").exists()
 
 

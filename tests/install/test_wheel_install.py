@@ -128,15 +128,71 @@ def test_help_everywhere(inst):
     assert filt.startswith("Usage: git-theta-filter") and "git theta install" in filt
 
 
-def test_git_help_finds_the_man_page(inst):
-    """git turns `git theta --help` into `man git-theta`: the page ships in the wheel (share/man/man1)."""
+MAN_LINE = "version ML checkpoints in git, parameter group by parameter group"  # docs/man/git-theta.1's NAME
+
+
+def _need_man(inst) -> None:
     if shutil.which("man", path=inst.env["PATH"]) is None:
-        pytest.skip("no man(1) on this machine")
-    out = inst.run("git", "theta", "--help").stdout
-    assert "GIT-THETA(1)" in out and "git theta ls-files" in out
+        pytest.skip("no man(1) on this machine (apt-get install man-db): git help cannot show any page")
+
+
+def _shows_the_manual(inst) -> None:
+    for args in (["git", "theta", "--help"], ["git", "help", "theta"]):
+        out = inst.run(*args).stdout
+        assert "GIT-THETA(1)" in out and MAN_LINE in out and "git theta ls-files" in out, args
+    assert "ZIPSLICE(1)" in inst.run("man", "zipslice").stdout
+
+
+def test_git_help_finds_the_man_page(inst):
+    """git turns `git theta --help` into `man git-theta`: the page ships in the wheel (share/man/man1), where
+    man finds it (beside the venv's bin directory on PATH); `git theta install` then has nothing to add, and
+    `git theta uninstall` leaves pip's pages alone."""
+    _need_man(inst)
+    _shows_the_manual(inst)
     # after a command, git passes --help through to git-theta: the command's own help
     assert inst.run("git", "theta", "ls-files", "--help").stdout.startswith("Usage: git theta ls-files")
-    assert "ZIPSLICE(1)" in inst.run("man", "zipslice").stdout
+    pages = inst.venv / "share" / "man" / "man1"
+    before = {p.name: p.read_bytes() for p in pages.iterdir()}
+    installed = inst.run("git", "theta", "install")
+    assert "man page" not in installed.stdout and installed.stderr == ""
+    removed = inst.run("git", "theta", "uninstall").stdout
+    assert "man page" not in removed
+    assert {p.name: p.read_bytes() for p in pages.iterdir()} == before
+    _shows_the_manual(inst)
+
+
+def test_an_editable_install_gets_its_manual_from_git_theta_install(inst, tmp_path):
+    """pip installs no data files for an editable install: `git theta --help` finds no manual until `git theta
+    install` writes the pages beside the environment's bin directory; `git theta uninstall` removes them. (The
+    module's venv becomes an editable install of the sources for this test, then the wheel's again.)"""
+    _need_man(inst)
+    built = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                            "print(b.build_editable(sys.argv[1]))", str(tmp_path)],
+                           cwd=inst.base / "src", check=True, capture_output=True, text=True)
+    editable = tmp_path / built.stdout.split()[-1]
+    pip = [sys.executable, "-m", "pip", "--python", str(inst.venv / "bin" / "python"), "install", "-q",
+           "--no-compile", "--disable-pip-version-check", "--no-deps", "--force-reinstall"]
+    subprocess.run(pip + [str(editable)], check=True, capture_output=True)
+    try:
+        py = str(inst.venv / "bin" / "python")
+        where = inst.run(py, "-c", "import theta; print(theta.__file__)").stdout
+        assert where.startswith(str(inst.base / "src"))  # the sources, not a copy in site-packages
+        pages = inst.venv / "share" / "man" / "man1"
+        assert not (pages / "git-theta.1").exists()  # (pip removed the wheel's pages, and left no other)
+        before = sorted(inst.venv.glob("share/**/*"))
+        assert "No manual entry for git-theta" in inst.run("git", "theta", "--help", ok=False).stderr
+        out = inst.run("git", "theta", "install")
+        assert f"wrote the man pages git-theta.1, zipslice.1 in {pages}" in out.stdout.splitlines()
+        assert out.stderr == ""  # (no warning: man shows the page just written)
+        _shows_the_manual(inst)
+        assert inst.run("git", "theta", "install").stdout == "git-theta is already installed\n"
+        removed = inst.run("git", "theta", "uninstall").stdout.splitlines()
+        assert f"removed the man page {pages / 'git-theta.1'}" in removed
+        assert f"removed the man page {pages / 'zipslice.1'}" in removed
+        assert sorted(inst.venv.glob("share/**/*")) == before  # what install made (pages, directories) is gone
+        assert not (Path(inst.env["HOME"]) / ".local" / "share" / "git-theta").exists()
+    finally:
+        subprocess.run(pip + [str(inst.wheel)], check=True, capture_output=True)
 
 
 def test_zipslice_commands(inst, tmp_path):

@@ -54,6 +54,9 @@ class GitEnv:
             # (no empty entry: it would put each command's working directory on git-theta's sys.path)
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         })
+        # `git theta install` writes no man page beside the interpreter's bin directory (shared, outside tmp);
+        # tests/install checks the pages in environments of its own
+        env["GIT_THETA_MAN_DIR"] = ""
         if "GIT_THETA_WARM_DIR" in os.environ:  # the suite's warm servers (tests/conftest.py)
             env["GIT_THETA_WARM_DIR"] = os.environ["GIT_THETA_WARM_DIR"]
         env["PATH"] = _theta_bin_dir() + os.pathsep + env.get("PATH", "")

@@ -15,8 +15,11 @@ that environment's ``git-theta`` by absolute path, and, when the environment has
 says so and to re-run `git theta install`. Global install: ``$XDG_DATA_HOME/git-theta/bin/git-theta``
 (default ``~/.local/share/...``); ``--local``: ``<git-common-dir>/theta/bin/git-theta``.
 
+**The manual.** The global install also puts the man pages where ``man`` finds them, so `git theta --help`
+works in an editable install too (:mod:`theta.commands.manpages`).
+
 `uninstall` removes exactly what install added: the config keys (and their sections once empty), the
-launcher, and in the current repository theta's hooks, putting back each hook theta had chained
+launcher, the man pages it wrote, and in the current repository theta's hooks, putting back each hook theta had chained
 (``<hook>.theta-chained``). git-lfs's own setup, which install may have run, stays: other tools rely on it.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ import typer
 
 from theta.base.errors import GitError
 from theta.git import repo as gitutil
-from theta.commands import hooks
+from theta.commands import hooks, manpages
 from zipslice.clistyle import QUIET_OPTION, say, set_quiet
 
 # what each key runs, with "git-theta" standing for the launcher
@@ -65,6 +68,11 @@ LAUNCHER_MARKER = "# git-theta launcher"
 class InstallReport:
     changed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def man_manifest() -> Path:
+    """The list of the man pages (and directories) the global install wrote (:mod:`theta.commands.manpages`)."""
+    return launcher_path(False).parent.parent / "man-pages"
 
 
 def launcher_path(local: bool, cwd=None) -> Path:
@@ -170,6 +178,10 @@ def install(local: bool = False, cwd=None) -> InstallReport:
                                   if is_git_thetas(key, old) else f"set {key} ({scope})")
     if not local and gitutil.in_repository(cwd):
         _drop_git_thetas_local_keys(cwd, report)
+    if not local:  # (the pages belong to the environment, like the global drivers; not to one repository)
+        changed, warnings = manpages.install(man_manifest())
+        report.changed.extend(changed)
+        report.warnings.extend(warnings)
     if gitutil.in_repository(cwd):
         if not hooks.is_installed(cwd):
             _install_git_lfs(cwd, local, report)
@@ -212,6 +224,8 @@ def uninstall(local: bool = False, cwd=None) -> InstallReport:
             report.changed.append(f"unset {key} ({scope})")
     for section in SECTIONS:
         gitutil.config_remove_section_if_empty(section, cwd, scope=scope)
+    if not local:
+        report.changed.extend(manpages.uninstall(man_manifest()))
     launcher = launcher_path(local, cwd)
     if launcher.exists() and LAUNCHER_MARKER in launcher.read_text(errors="replace"):
         launcher.unlink()
@@ -281,7 +295,8 @@ def _install_git_lfs(cwd, local: bool, report: InstallReport) -> None:
 
 def install_command(local: bool = typer.Option(False, "--local", help="Configure this repository only."),
             quiet: bool = QUIET_OPTION) -> None:
-    """Configure git for theta (global by default) and install this repository's hooks."""
+    """Configure git for theta (global by default, with the man pages `git theta --help` shows) and install
+    this repository's hooks."""
     set_quiet(quiet)
     report = install(local=local)
     for line in report.changed:
@@ -294,8 +309,9 @@ def install_command(local: bool = typer.Option(False, "--local", help="Configure
 
 def uninstall_command(local: bool = typer.Option(False, "--local", help="This repository's configuration only."),
               ) -> None:
-    """Remove what `git theta install` added: config keys, the launcher, this repository's theta hooks
-    (restoring the hooks theta had chained). Blobs and .gitattributes are left as they are."""
+    """Remove what `git theta install` added: config keys, the launcher, the man pages it wrote, this
+    repository's theta hooks (restoring the hooks theta had chained). Blobs and .gitattributes are left as
+    they are."""
     report = uninstall(local=local)
     for line in report.changed:
         print(line)
