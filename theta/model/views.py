@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import zipslice
@@ -267,8 +267,9 @@ def _group(name: str, value: GroupMeta, committed: GroupMeta | None, is_paramete
            requires_grad: bool) -> GroupMeta:
     """Group ``name`` holding ``value``; the committed group's steps when the value did not change."""
     src = committed if committed is not None and _same_value(committed, value) else value
-    return GroupMeta(name=name, dtype=src.dtype, shape=tuple(src.shape), hash=src.hash, steps=list(src.steps),
-                     lsh=src.lsh, is_parameter=is_parameter, requires_grad=requires_grad, fast=src.fast)
+    # every field of the value's record (its steps, signature, norms...), under this name and these flags
+    return replace(src, name=name, shape=tuple(src.shape), steps=list(src.steps), is_parameter=is_parameter,
+                   requires_grad=requires_grad)
 
 
 def _refuse_values(view: CheckpointMeta, fmt: str, file: str) -> None:
