@@ -147,12 +147,18 @@ def stage_dense(dtype: np.dtype, shape: tuple, blocks: Iterator[tuple[slice, np.
     return StagedDense(staged, name, tuple(shape), h.hexdigest(), fast.hexdigest(), sig)
 
 
+def publish_step(value: StagedDense, store: LfsStore) -> Step:
+    """Store ``value``'s blob; the dense step holding it (what :func:`theta.updates.steps.store_dense` returns for
+    the same value)."""
+    ref = value.staged.publish(store)
+    store.bind(ref.oid, value.digest)  # theta encoded this value itself: a checkout may trust its frames
+    return Step(type="dense", blob=ref, params={}, hash=value.digest)
+
+
 def publish_group(like: GroupMeta, value: StagedDense, store: LfsStore) -> GroupMeta:
     """Store ``value``'s blob and return a group with ``like``'s name and flags holding it as one dense step
     (what :func:`theta.updates.steps.dense_group` returns for the same value)."""
-    ref = value.staged.publish(store)
-    store.bind(ref.oid, value.digest)  # theta encoded this value itself: a checkout may trust its frames
-    step = Step(type="dense", blob=ref, params={}, hash=value.digest)
+    step = publish_step(value, store)
     return GroupMeta(name=like.name, dtype=value.dtype, shape=tuple(value.shape), hash=value.digest, steps=[step],
                      lsh=value.lsh, is_parameter=like.is_parameter, requires_grad=like.requires_grad,
                      fast=value.fast)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from theta.storage.store import LfsStore
 
 STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank", "rows")
+BLOCK = 1 << 20  # elements per block of a pass over a whole value (a squash, a check): 4 MiB of float32
 
 
 class _Cursor:
@@ -277,9 +278,11 @@ class GroupSource(_Source):
     """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
 
     ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
-    and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
+    and may be called again for another pass. A block is fresh memory the caller may keep or modify.
+    ``on_step(i, values)``, when given, sees the values of step ``i``'s value in the block as each step is applied
+    (every step's value in order, in one pass: how a check hashes each step's value)."""
 
-    def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+    def chunks(self, n: int, on_step=None) -> Iterator[tuple[slice, np.ndarray]]:
         g, steps = self.group, self.group.steps
         word = raw_words(np.empty(1, self.dtype)).dtype
         per = raw_words(np.empty(1, self.dtype)).size  # words per element (complex128: 2)
@@ -323,11 +326,15 @@ class GroupSource(_Source):
                     block = np.empty(m, self.dtype)  # ours to update in place
                     block[:length[0]] = first.take(length[0])
                     words = raw_words(block)
+                    if on_step is not None:
+                        on_step(0, block[:length[0]])
                     for i, ap in enumerate(later, start=1):
                         if isinstance(ap, _Rows):
                             ap.fill(block, start, length[i])
                         elif length[i]:
                             ap.apply(block[:length[i]], words[:length[i] * per], start)
+                        if on_step is not None:
+                            on_step(i, block[:length[i]])
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + m), block
