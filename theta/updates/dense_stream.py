@@ -4,7 +4,7 @@ A merge's result, a squashed chain: their values are computed from sources read 
 (:mod:`theta.updates.stream`). :func:`stage_dense` hands those blocks to the encoder as its frames
 (:class:`InOrder`: made in order in the calling thread, only compressed on the codec threads, whose decoding of the
 inputs they wait for), and hashes what it encoded, in order: the value's name (theta.valuehash), its fast hash and its LSH signature (whole rows of the
-signature's pool at a time: :class:`theta.lsh.Folder`). Blob, names and signature are bit for bit those of
+signature's pool at a time: :class:`theta.lsh.PieceFolder`). Blob, names and signature are bit for bit those of
 :func:`theta.updates.steps.dense_group` for the same value held whole. Memory: the frames in flight (a few per
 codec thread) and the blocks of one frame.
 """
@@ -73,34 +73,6 @@ class InOrder:
                 raise CodecError(f"the value gave more elements than its frames (at {sl.start})")
 
 
-class _Rows:
-    """:class:`theta.lsh.Folder` fed whole rows of the pool (the frames of a small test may cut rows): the same
-    fold, whatever the frames."""
-
-    def __init__(self) -> None:
-        self.folder = lsh.Folder()
-        self._carry: np.ndarray | None = None
-
-    def add(self, values: np.ndarray) -> None:
-        flat = values.reshape(-1)
-        if flat.dtype.kind == "c":
-            flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
-        if self._carry is not None:
-            flat = np.concatenate([self._carry, flat])
-            self._carry = None
-        whole = flat.size - flat.size % lsh.POOL
-        if whole:
-            self.folder.add(flat[:whole])
-        if whole < flat.size:
-            self._carry = flat[whole:].copy()
-
-    def result(self) -> np.ndarray:
-        if self._carry is not None:
-            self.folder.add(self._carry)
-            self._carry = None
-        return self.folder.result()
-
-
 @dataclass
 class StagedDense:
     """A dense blob staged beside the store (not yet in it) and the names of the value it holds."""
@@ -125,7 +97,7 @@ def stage_dense(dtype: np.dtype, shape: tuple, blocks: Iterator[tuple[slice, np.
     size = int(np.prod(shape, dtype=np.int64))
     order = InOrder(blocks, dtype)
     h, fast = valuehash.new(), xxhash.xxh3_128()
-    rows = _Rows() if lsh.hashable(name) else None
+    rows = lsh.PieceFolder() if lsh.hashable(name) else None
 
     def after(a: int, b: int) -> None:  # in order, on the thread consuming the blob
         frame = order.take(a)
