@@ -633,24 +633,10 @@ class PositionalSource(_Source):
         g, steps = self.group, self.group.steps
         h = None if self.checked else valuehash.like(g.hash)
         with ExitStack() as stack:
-            i = 0
+            at = [0]  # the step an error is located at
             try:
-                level: _Level | None = None
-                before: tuple = ()
-                for i, s in enumerate(steps):
-                    blobs = codec.part_blobs(stack.enter_context(self.store.mapped(s.blob, group=g.name,
-                                                                                   file=self.file)))
-                    dtype_name, shape = step_layout(s, g)
-                    dt = dtypes.get(dtype_name).to_numpy()
-                    size = int(np.prod(shape, dtype=np.int64))
-                    if i == 0:
-                        level = _DenseLevel(blobs, dt, size)
-                    elif s.type == "rows":
-                        level = _RowsLevel(level, blobs, before, shape, dt)
-                    else:
-                        level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
-                    before = shape
-                i = len(steps) - 1
+                level = open_levels(g, self.store, self.file, stack, at)
+                at[0] = len(steps) - 1
                 for start in range(0, self.size, n):
                     block = level.read(start, min(self.size, start + n))
                     if block.dtype != self.dtype:
@@ -659,7 +645,31 @@ class PositionalSource(_Source):
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + block.size), block
             except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
-                raise _step_failed(e, self.file, g, steps, i, "cannot be read by position") from None
+                raise _step_failed(e, self.file, g, steps, at[0], "cannot be read by position") from None
         if h is not None:
             _check_rebuilt(h, self.file, g, steps)
             self.checked = True
+
+
+def open_levels(group: "GroupMeta", store: "LfsStore", file: str | None, stack: ExitStack,
+                at: list | None = None) -> _Level:
+    """The last level of ``group``'s chain read by position (see above): ``read(start, stop)`` gives any range of
+    the group's value, decoding only the frames it covers. The blobs stay mapped while ``stack`` is open.
+    ``at[0]``: the step being opened (for an error's location)."""
+    level: _Level | None = None
+    before: tuple = ()
+    for i, s in enumerate(group.steps):
+        if at is not None:
+            at[0] = i
+        blobs = codec.part_blobs(stack.enter_context(store.mapped(s.blob, group=group.name, file=file)))
+        dtype_name, shape = step_layout(s, group)
+        dt = dtypes.get(dtype_name).to_numpy()
+        size = int(np.prod(shape, dtype=np.int64))
+        if i == 0:
+            level = _DenseLevel(blobs, dt, size)
+        elif s.type == "rows":
+            level = _RowsLevel(level, blobs, before, shape, dt)
+        else:
+            level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
+        before = shape
+    return level
