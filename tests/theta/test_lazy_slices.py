@@ -10,11 +10,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from theta.lazy import ThetaCheckpoint
+from theta.model.lazy import ThetaCheckpoint
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
-from theta.updates import reconstruct
+from theta.updates.rebuild import reconstruct
 
 from support.traced import traced_peak
 from test_merge_streaming import bits, chain, poked, tuned, weights
@@ -66,8 +66,8 @@ def test_a_slice_decodes_a_few_frames_not_the_group(repo, monkeypatch):
     meta = CheckpointMeta(format="safetensors", order=["w"], groups={"w": group})
     want = reconstruct(group, store)[100:110]
     del a
-    import theta.updates as updates
-    monkeypatch.setattr(updates, "reconstruct", lambda *a, **k: pytest.fail("rebuilt whole"))
+    import theta.updates.rebuild as rebuild
+    monkeypatch.setattr(rebuild, "reconstruct", lambda *a, **k: pytest.fail("rebuilt whole"))
     with ThetaCheckpoint(repo / "m.safetensors", meta=meta, repo=repo, fetch=False, rev="HEAD") as lsd:
         got, peak = traced_peak(lambda: lsd.get_slice("w", framework="np")[100:110])
     assert bits(got) == bits(want)

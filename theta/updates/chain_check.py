@@ -2,7 +2,7 @@
 
 The checks are those of :func:`theta.updates.rebuild.reconstruct` with ``verify=True`` followed by a comparison with the
 group's name: every step's blob decodes and applies, every step's value hashes to the name its step records, and
-the last value to the group's name (each in its name's algorithm, theta.valuehash). Memory: a few frames, not the
+the last value to the group's name (each in its name's algorithm, theta.base.valuehash). Memory: a few frames, not the
 value: a chain that streams in one pass (:class:`theta.updates.stream.GroupSource`) is read once, each step's value
 hashed as its step is applied; one read by position (rows moved, a change of dtype) is read once per step, each
 prefix of the chain checked against its last step's name. Only an empty group, or a chain that streams neither way

@@ -3,8 +3,8 @@
 A merge's result, a squashed chain: their values are computed from sources read block by block
 (:mod:`theta.updates.stream`). :func:`stage_dense` hands those blocks to the encoder as its frames
 (:class:`InOrder`: made in order in the calling thread, only compressed on the codec threads, whose decoding of the
-inputs they wait for), and hashes what it encoded, in order: the value's name (theta.valuehash), its fast hash and its LSH signature (whole rows of the
-signature's pool at a time: :class:`theta.lsh.PieceFolder`). Blob, names and signature are bit for bit those of
+inputs they wait for), and hashes what it encoded, in order: the value's name (theta.base.valuehash), its fast hash and its LSH signature (whole rows of the
+signature's pool at a time: :class:`theta.base.lsh.PieceFolder`). Blob, names and signature are bit for bit those of
 :func:`theta.updates.steps.dense_group` for the same value held whole. Memory: the frames in flight (a few per
 codec thread) and the blocks of one frame.
 """
@@ -80,7 +80,7 @@ class StagedDense:
     staged: Staged
     dtype: str
     shape: tuple
-    digest: str               # the value's name (theta.valuehash)
+    digest: str               # the value's name (theta.base.valuehash)
     fast: str                 # its xxh3-128
     lsh: list[int] | None     # its signature (None: NaN/Inf, or not a float dtype)
 
