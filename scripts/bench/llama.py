@@ -14,7 +14,10 @@ add base, add fine-tune, add partial (git add + git commit); checkout HEAD~1; sw
 HEAD~2; reset --hard ORIG_HEAD; stash (of a modified shard); stash pop; restore; merge ft2 with average,
 task-arithmetic, TIES, DARE, SLERP (theta only: GIT_THETA_MERGE_STRATEGY; undone by an unmeasured reset);
 rebase side onto main; push (pre-push uploads the blobs to a file:// remote); clone; cherry-pick side; pull
-(fast-forward, in the clone).
+(fast-forward, in the clone). Before the git steps that change the history, theta only: the operations that are
+not git commands (scripts/bench/llama_ops.py): zipslice convert --dtype float32 (a 7.7 GB zip64 torch file),
+zipslice show and diff, git theta diff, git diff through the diff driver, git theta fsck, squash, export,
+merge-resolve with each numeric strategy, theta.load(...).get_slice.
 
 Per step and tool: wall time, the kernel's peak for the step's cgroup (page cache included), the peak RSS of
 the process tree, the exit status, and whether the work tree then equals bit for bit what was committed
@@ -48,6 +51,7 @@ from typing import Callable
 
 from harness import MemCgroup, Measure, MiB, git_env, new_repo, run_measured, sh
 import llama_model as lm
+import llama_ops
 
 SHARD1, SHARD2 = (f"model/{s}" for s in lm.SHARDS)
 STRATEGIES = ("average", "task-arithmetic", "ties", "dare", "slerp")
@@ -186,8 +190,9 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
     theta = c.tool == "theta"
 
     def record(step: str, m: Measure | None, version: str | None = "", repo=None, modified=(), note="",
-               redo=()) -> bool:
-        tree = "n/a" if version == "" else tree_state(c, version, repo, modified)
+               redo=(), tree: str | None = None) -> bool:
+        if tree is None:
+            tree = "n/a" if version == "" else tree_state(c, version, repo, modified)
         if m is not None and not m.ok and not note:
             note = m.stderr.strip().splitlines()[-1][:160] if m.stderr.strip() else ""
         r = Result(step, c.tool, m, tree, note)
@@ -229,6 +234,9 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
     c.git("checkout", "-q", "-f", "main")
     if theta:
         c.git("theta", "checkout", check=False)
+        # the operations that are not git commands (zipslice convert/show/diff, theta diff/fsck/squash/export,
+        # merge-resolve, get_slice): on this history, before the git steps change it
+        llama_ops.steps(c, wanted, lambda step, m, tree, note="": record(step, m, tree=tree, note=note))
 
     def run(step, cmds, version, modified=(), redo=(), env=None, repo=None, before=None):
         if not wanted(step):
