@@ -270,3 +270,34 @@ def test_show_and_diff_fit_a_cgroup_smaller_than_the_tensor(big):
     assert res.returncode == 1 and not res.oom_killed, res.err[-2000:]  # 1: they differ
     report = {t["name"]: t for t in json.loads(res.stdout)["tensors"]}
     assert report["embed"]["n_changed"] == 2 and report["norm"]["status"] == "same"
+
+
+@pytest.mark.slow
+def test_a_float32_output_over_4_gib_is_a_zip64_file_torch_reads(tmp_path):
+    """The Llama-3-8B embedding and head (128256 x 4096 bfloat16: 1.05 GB each) and a third such tensor: cast to
+    float32 they make a 6.3 GB torch file (zip64: its offsets pass 4 GiB), written by a process in a 1 GiB
+    cgroup and read back by torch.load(mmap=True), bit for bit torch's cast of each tensor."""
+    rows, cols = 128256, 4096
+    from safetensors import safe_open
+
+    src = tmp_path / "big.safetensors"
+    names = ("lm_head.weight", "model.embed_tokens.weight", "model.extra.weight")
+    # written by zipslice's own writer from sources that generate each tensor frame by frame (no 1 GB array)
+    step = rows // 16
+
+    def source(i):
+        def chunks():
+            for r in range(0, rows, step):
+                n = min(step, rows - r) * cols
+                yield memoryview(_bits(n).view(np.uint16) ^ np.uint16(i)).cast("B")
+        return TensorSource(name=names[i], dtype="bfloat16", shape=(rows, cols), read=None, chunks=chunks)
+    zipslice.formats.get("safetensors").writer_function()(src, [source(i) for i in range(3)])
+    out = tmp_path / "f32.pt"
+    _zipslice(tmp_path, "convert", src.name, out.name, "--dtype", "float32", "-q", memory=1 << 30)
+    assert out.stat().st_size > 4 << 30  # zip64
+    got = torch.load(out, weights_only=True, mmap=True)
+    with safe_open(str(src), "pt") as f:
+        for name in names:
+            s = f.get_slice(name)
+            for r in range(0, rows, 4096):
+                assert torch.equal(got[name][r:r + 4096].view(torch.int32), s[r:r + 4096].float().view(torch.int32))

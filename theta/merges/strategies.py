@@ -28,6 +28,10 @@ from theta.updates.stream import side_by_side
 
 # elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary
 CHUNK = 1 << 20
+# elements per block of the pass that computes a result (and of a merge's result, block by block): the strategies'
+# temporaries are a dozen blocks of float32 at a time. Element-wise, so the result does not depend on it; the
+# passes before it (TIES' thresholds, SLERP's sums) keep CHUNK, the order their sums were always taken in
+BLOCK = 1 << 18
 # slerp falls back to linear interpolation when |cos θ| exceeds this (vectors nearly parallel)
 SLERP_PARALLEL = 0.9995
 
@@ -46,8 +50,8 @@ def _slices(n: int) -> Iterator[slice]:
         yield slice(start, min(n, start + CHUNK))
 
 
-def _side_by_side(*inputs: Any) -> Iterator[tuple]:
-    return side_by_side(inputs, CHUNK)
+def _side_by_side(*inputs: Any, n: int | None = None) -> Iterator[tuple]:
+    return side_by_side(inputs, n or CHUNK)
 
 
 class Strategy:
@@ -124,7 +128,7 @@ def _blocks(A: Any, B: Any, O: Any, fn: Blockwise) -> Iterator[tuple[slice, np.n
     """``(slice, fn(slice, a, b, o) in A's dtype, [a, b, o] as read)`` for each chunk, in order: ``fn`` gets the
     chunk's values in the work dtype (fresh arrays it may modify)."""
     wd = work_dtype(A)
-    for sl, a, b, o in _side_by_side(A, B, O):
+    for sl, a, b, o in _side_by_side(A, B, O, n=min(BLOCK, CHUNK)):
         out = fn(sl, a.astype(wd), b.astype(wd), o.astype(wd) if o is not None else None).astype(A.dtype)
         yield sl, out, [x for x in (a, b, o) if x is not None]
 
