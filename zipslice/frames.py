@@ -5,6 +5,7 @@ writers) goes through here, so memory is a frame or two whatever the tensor's si
 
 - **plain bytes** (safetensors, stored torch records: :meth:`LazyCheckpoint.plain_range`): one positioned
   read per frame, let go of from the page cache when the checkpoint drops behind;
+- **a format that decodes its values** (theta's versions: :meth:`LazyCheckpoint.value_frames`): its own pass;
 - **any other layout that can read a part** (a strided or big-endian torch storage, a chunked or compressed
   HDF5 dataset, a sharded checkpoint's shard, a theta version): each frame is read as at most ``2 x rank + 1``
   boxes of the tensor (:func:`flat_boxes`) through ``get_slice``'s reader, which reads only what they cover;
@@ -103,6 +104,10 @@ def iter_frames(lsd, key: str, elements: int | None = None) -> Iterator[np.ndarr
             lsd.read_plain_into(key, a * item, frame.view(np.uint8))  # (drops behind as the checkpoint does)
             yield frame
             del frame  # not held while the next one is read
+        return
+    own = lsd.value_frames(key, step) if hasattr(lsd, "value_frames") else None
+    if own is not None:
+        yield from own
         return
     if _reads_parts(lsd, info):
         for a in range(0, n, step):

@@ -4,12 +4,17 @@ a chain of update types not read by position is rebuilt whole, then sliced. Real
 store (git init; no commit needed: the metadata is given)."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from zipslice import frames
+from zipslice.errors import ZipsliceError
+
+import theta.model.lazy as lazy
 from theta.model.lazy import ThetaCheckpoint
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
@@ -66,9 +71,27 @@ def test_a_slice_decodes_a_few_frames_not_the_group(repo, monkeypatch):
     meta = CheckpointMeta(format="safetensors", order=["w"], groups={"w": group})
     want = reconstruct(group, store)[100:110]
     del a
-    import theta.updates.rebuild as rebuild
-    monkeypatch.setattr(rebuild, "reconstruct", lambda *a, **k: pytest.fail("rebuilt whole"))
+    monkeypatch.setattr(lazy, "reconstruct", lambda *a, **k: pytest.fail("rebuilt whole"))
     with ThetaCheckpoint(repo / "m.safetensors", meta=meta, repo=repo, fetch=False, rev="HEAD") as lsd:
         got, peak = traced_peak(lambda: lsd.get_slice("w", framework="np")[100:110])
     assert bits(got) == bits(want)
     assert peak < 2 << 20, peak  # a frame per blob and the slice (40 KiB), not the 8 MiB value
+
+
+def test_frames_of_a_version_come_from_one_pass_over_its_chain(repo, monkeypatch):
+    """zipslice's frames of a version (convert, show, diff of REV:PATH) read its chain once, in order, checked
+    against the group's name; never whole."""
+    monkeypatch.setattr(codec, "FRAME_BYTES", 4096)
+    store = LfsStore.for_repo(repo)
+    values, types = versions("delta+sparse", np.random.default_rng(3))
+    group = chain(store, values, types)
+    meta = CheckpointMeta(format="safetensors", order=["w"], groups={"w": group})
+    monkeypatch.setattr(lazy, "reconstruct", lambda *a, **k: pytest.fail("rebuilt whole"))
+    with ThetaCheckpoint(repo / "m.safetensors", meta=meta, repo=repo, fetch=False, rev="HEAD") as lsd:
+        got = np.concatenate(list(frames.iter_frames(lsd, "w", 1000)))
+    assert bits(got) == bits(values[-1])
+    forged = dataclasses.replace(group, hash="blake3:" + "0" * 64)
+    meta = CheckpointMeta(format="safetensors", order=["w"], groups={"w": forged})
+    with ThetaCheckpoint(repo / "m.safetensors", meta=meta, repo=repo, fetch=False, rev="HEAD") as lsd:
+        with pytest.raises(ZipsliceError, match=r"m\.safetensors \[w\].*hash differs"):
+            list(frames.iter_frames(lsd, "w", 1000))

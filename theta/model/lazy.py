@@ -116,6 +116,26 @@ class ThetaCheckpoint(LazyCheckpoint):
             raise ZipsliceError(self.path, str(e), info.name) from None
         return dtypes.le_bytes(value)
 
+    def value_frames(self, key: str, elements: int):
+        """The group's value frame by frame (zipslice.frames: convert, show, diff of a version): its chain read in
+        one pass (:func:`theta.updates.stream.source`), checked against the group's name at the end of the pass;
+        None for a chain that does not stream (zipslice then reads it box by box, or whole)."""
+        info = self.info(key)
+        try:
+            src = stream.source(self._fetched(info), self.store, os.path.basename(self.path))
+        except ThetaError as e:
+            raise ZipsliceError(self.path, str(e), key) from None
+        if src is None:
+            return None
+        return self._frames(src, key, elements, dtypes.get(info.dtype).carrier)
+
+    def _frames(self, src, key: str, elements: int, carrier):
+        try:
+            for _, block in src.chunks(elements):
+                yield block.view(carrier)
+        except ThetaError as e:
+            raise ZipsliceError(self.path, str(e), key) from None
+
     def _read_selection(self, info: TensorInfo, sel):
         """``get_slice``: only the frames of the group's blobs the slice covers are decoded (its chain read by
         position, :func:`theta.updates.stream.open_levels`), block by block as zipslice reads a file
