@@ -193,6 +193,13 @@ class LazyCheckpoint(Mapping):
             done += n
             yield view[:n]
 
+    def value_frames(self, key: str, elements: int) -> "Iterator[np.ndarray] | None":
+        """The values of ``key`` as flat carrier arrays of ``elements`` elements each (the last may be shorter),
+        in C order, when this format reads them better in one pass than box by box (a format whose values are
+        decoded, not read: theta's versions); None otherwise, and :func:`zipslice.frames.iter_frames` reads
+        them itself."""
+        return None
+
     def numpy(self, key: str, raw: bool = False) -> np.ndarray:
         info = self.info(key)
         arr = restride(self._read_span(info), info)

@@ -1,7 +1,10 @@
-"""Convert a checkpoint between torch, safetensors and HDF5, one tensor at a time.
+"""Convert a checkpoint between torch, safetensors and HDF5, one tensor at a time, each a stream of frames.
 
-Peak memory is about the largest tensor twice (its bytes as read, and the cast result when ``dtype`` is
-given) plus the interpreter: nothing else of the checkpoint is held.
+Every source hands the writer its tensor frame by frame (:attr:`TensorSource.chunks`, read through
+:mod:`zipslice.frames`), and a cast to another dtype runs frame by frame too, so peak memory is a few frames
+(:data:`zipslice.frames.FRAME_BYTES`) plus the interpreter whatever the tensor's size; the writers keep their
+dirty pages within a few windows (:class:`zipslice.pagecache.WriteBehind`). Only a torch file written to a
+pipe (no seeking back for a CRC) takes each tensor whole.
 
 Flat formats (safetensors, HDF5) cannot hold what a torch file has beyond named tensors. ``convert``
 keeps it in the file's string metadata under one key, :data:`LAYOUT_KEY`, a compact JSON object, and only
@@ -33,7 +36,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from . import dtypes, formats, structure as st
+from . import dtypes, formats, frames, structure as st
 from .errors import CorruptCheckpointError, ZipsliceError
 from .base import LazyCheckpoint
 from .info import TensorInfo, TensorSource
@@ -42,7 +45,7 @@ from .sources import as_sources
 
 LAYOUT_KEY = "zipslice.layout"
 CAST_TARGETS = ("bfloat16", "float16", "float32")
-_CAST_CHUNK = 1 << 22  # elements converted at a time: bounds the float32 intermediate to 16 MiB
+_CAST_CHUNK = 1 << 20  # elements converted at a time: bounds the float32 intermediate to 4 MiB
 
 
 @dataclass
@@ -166,22 +169,37 @@ def cast_bytes(data, src_dtype: str, dst_dtype: str) -> np.ndarray:
 
     Rounding is round-to-nearest-even like torch's ``Tensor.to``; like torch, float64 goes through
     float32 first, so results equal torch's bit for bit except for NaN payload/sign bits (NaN stays NaN).
+    Each element is cast on its own: casting a tensor in pieces gives the same bytes as casting it whole.
     """
     src = np.frombuffer(data, dtype=dtypes.get(src_dtype).to_numpy())
     out = np.empty(src.size, dtype=dtypes.get(dst_dtype).to_numpy())
     with np.errstate(over="ignore", invalid="ignore"):
         for i in range(0, src.size, _CAST_CHUNK):
             part = src[i:i + _CAST_CHUNK]
-            out[i:i + _CAST_CHUNK] = part if part.dtype == out.dtype else part.astype(np.float32).astype(out.dtype)
+            if part.dtype == out.dtype or out.dtype == np.float32:  # one rounding, in place: no temporary
+                out[i:i + _CAST_CHUNK] = part
+            else:
+                out[i:i + _CAST_CHUNK] = part.astype(np.float32).astype(out.dtype)
     return out.view(np.uint8)
 
 
 def cast_source(src: TensorSource, dtype: str) -> TensorSource:
-    """``src`` read as ``dtype`` if it is a real floating tensor of another dtype; otherwise ``src``."""
+    """``src`` read as ``dtype`` if it is a real floating tensor of another dtype; otherwise ``src``.
+
+    Its ``chunks`` cast the source's pieces one by one (:meth:`TensorSource.pieces`, regrouped into whole
+    elements): a frame of the source and its cast are all that is held."""
     if dtypes.get(src.dtype).kind != "float" or src.dtype == dtype:
         return src
+
+    def chunks(s=src):
+        for piece in frames.whole_elements(s.pieces(), dtypes.get(s.dtype).itemsize):
+            out = cast_bytes(piece, s.dtype, dtype)
+            del piece  # (each generator lets go of its piece before asking for the next)
+            yield out
+            del out
+
     return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype),
-                               crc32=None, chunks=None)  # other bytes: the source's CRC and chunks no longer apply
+                               crc32=None, chunks=chunks)  # other bytes: the source's CRC no longer applies
 
 
 # -- layout ----------------------------------------------------------------------------------------
@@ -201,9 +219,10 @@ def layout_of(sources: Sequence[TensorSource], structure: dict | None) -> Layout
 
 
 def _digest(src: TensorSource) -> str:
-    from .torch_writer import source_bytes
-
-    return hashlib.blake2b(source_bytes(src), digest_size=20).hexdigest()
+    h = hashlib.blake2b(digest_size=20)
+    for piece in src.pieces():
+        h.update(piece)
+    return h.hexdigest()
 
 
 def apply_layout(sources: list[TensorSource], layout: Layout, path: str) -> tuple[list[TensorSource], dict | None]:
@@ -224,7 +243,7 @@ def apply_layout(sources: list[TensorSource], layout: Layout, path: str) -> tupl
         members = [by_name[n] for n in group if n in by_name]
         if len(members) < 2 or len({(m.dtype, tuple(m.shape)) for m in members}) != 1:
             continue
-        # re-tie only members whose bytes are still identical: one tensor's bytes in memory at a time
+        # re-tie only members whose bytes are still identical: hashed frame by frame
         by_digest: dict[str, list[str]] = {}
         for m in members:
             by_digest.setdefault(_digest(m), []).append(m.name)
@@ -268,11 +287,13 @@ def direct_read(info: TensorInfo) -> Callable[[], np.ndarray] | None:
 
 
 def lazy_sources(lsd) -> list[TensorSource]:
-    """The checkpoint's sources, reading plain byte ranges directly (see :func:`direct_read`)."""
+    """The checkpoint's sources: ``read()`` takes plain byte ranges directly (see :func:`direct_read`), and
+    ``chunks()`` gives any tensor frame by frame (:func:`zipslice.frames.iter_bytes`)."""
     out = []
     for src in lsd.sources():
         fast = direct_read(lsd.info(src.name))
-        out.append(dataclasses.replace(src, read=fast) if fast is not None else src)
+        out.append(dataclasses.replace(src, read=fast or src.read,
+                                       chunks=lambda k=src.name: frames.iter_bytes(lsd, k)))
     return out
 
 
@@ -319,11 +340,19 @@ def plan_write(lsd, fmt: str, dtype: str | None = None, keep_layout: bool = True
 
 
 def _reporting(src: TensorSource, progress: Callable[[int, int], None], total: int) -> TensorSource:
+    """``src`` calling ``progress(nbytes, total)`` with the bytes each read gives (whole, or piece by piece)."""
     def read(s=src):
         data = s.read()
         progress(s.nbytes, total)
         return data
-    return dataclasses.replace(src, read=read, chunks=None)  # read() is what reports
+
+    def chunks(s=src):
+        for piece in s.pieces():
+            n = piece.nbytes
+            yield piece
+            del piece
+            progress(n, total)
+    return dataclasses.replace(src, read=read, chunks=chunks if src.chunks is not None else None)
 
 
 def bytes_to_write(sources: Sequence[TensorSource], shares_storage: bool) -> int:
@@ -345,7 +374,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, to: str | None = Non
     """Convert ``src`` (any format zipslice reads) to ``dst`` in format ``to`` (default: from dst's name).
 
     ``dtype`` (bfloat16, float16, float32) casts real floating tensors; others are copied bit for bit.
-    ``progress(nbytes, total)`` is called after each tensor is read. Returns what was written.
+    ``progress(nbytes, total)`` is called as each tensor's bytes are read (piece by piece: ``nbytes`` is the
+    piece's). Returns what was written.
     ``to="sharded"`` (or ``dst`` named ``*.index.json``) writes shards of at most ``max_shard_bytes``
     (default: :data:`zipslice.sharded.DEFAULT_MAX_SHARD_BYTES`) in the format named before ``.index.json``.
     """

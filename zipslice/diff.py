@@ -16,37 +16,18 @@ import numpy as np
 
 import zipslice
 
-from . import dtypes
+from . import dtypes, frames
 from .base import LazyCheckpoint
-from .fileio import pread_exact
 from .info import TensorInfo
 
 CHUNK_ELEMENTS = 1 << 20
 
 
-def iter_chunks(lsd: LazyCheckpoint, name: str, chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
-    """The values of ``name`` as flat arrays of its dtype's raw carrier (u1/u2/u4/u8/V16), in C order.
-
-    A contiguous little-endian tensor at a known file offset is read chunk by chunk, so a huge tensor is
-    never in memory whole; other layouts are read once through the checkpoint and sliced.
-    """
-    info = lsd.info(name)
-    carrier = dtypes.get(info.dtype).carrier
-    if info.numel == 0:
-        return
-    if info.offset is not None and info.is_contiguous and (info.byteorder == "little" or carrier.itemsize == 1):
-        fd = os.open(info.file, os.O_RDONLY)
-        try:
-            for start in range(0, info.numel, chunk_elements):
-                n = min(chunk_elements, info.numel - start)
-                buf = pread_exact(fd, n * carrier.itemsize, info.offset + start * carrier.itemsize, info.file, name)
-                yield np.frombuffer(buf, dtype=carrier)
-        finally:
-            os.close(fd)
-        return
-    flat = lsd.numpy(name, raw=True).reshape(-1)
-    for start in range(0, flat.size, chunk_elements):
-        yield flat[start:start + chunk_elements]
+def iter_chunks(lsd: LazyCheckpoint, name: str, chunk_elements: int | None = None) -> Iterator[np.ndarray]:
+    """The values of ``name`` as flat arrays of its dtype's raw carrier (u1/u2/u4/u8/V16), in C order,
+    ``chunk_elements`` (default :data:`CHUNK_ELEMENTS`) at a time: :func:`zipslice.frames.iter_frames`, so a
+    huge tensor of any layout is never in memory whole."""
+    return frames.iter_frames(lsd, name, chunk_elements or CHUNK_ELEMENTS)
 
 
 def as_values(raw: np.ndarray, dtype: str) -> np.ndarray:

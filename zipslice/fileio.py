@@ -10,6 +10,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
+from . import pagecache
 from .errors import CorruptCheckpointError
 
 
@@ -100,11 +101,49 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
         raise
 
 
+class WriteBehindFile:
+    """A binary file written front to back whose dirty pages stay within a few windows (see
+    :class:`zipslice.pagecache.WriteBehind`): big writes go in window-sized pieces, and each completed window's
+    writeback is started and the one before it waited for. Seeking back to patch a few bytes (a zip CRC) is
+    fine: those pages stay dirty until the final fsync."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+        self._pos = f.tell()
+        self._wb = pagecache.WriteBehind(f.fileno())
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        step = self._wb.window
+        for i in range(0, view.nbytes, step):
+            piece = view[i:i + step]
+            self._f.write(piece)
+            self._pos += piece.nbytes
+            if self._wb.due(self._pos):
+                self._f.flush()
+                self._wb.wrote(self._pos)
+        return view.nbytes
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._pos = self._f.seek(offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return self._f.seekable()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
 @contextlib.contextmanager
 def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Yield a temp file beside ``dest``; on success fsync it and rename it over ``dest``.
+    """Yield a temp file beside ``dest`` (a :class:`WriteBehindFile`: written front to back, its dirty pages
+    bounded); on success fsync it and rename it over ``dest``.
 
     On any exception the temp file is removed and ``dest`` is untouched.
     """
     with atomic_path(dest) as tmp, open(tmp, "w+b") as f:
-        yield f
+        yield WriteBehindFile(f)

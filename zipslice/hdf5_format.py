@@ -29,7 +29,9 @@ from . import dtypes
 from .base import LazyCheckpoint
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError, ZipsliceError
 from .fileio import atomic_path
+from .frames import flat_boxes, whole_elements
 from .info import TensorInfo, TensorSource, contiguous_stride
+from .pagecache import WriteBehind
 
 DTYPE_ATTR = "zipslice_dtype"        # read only: older zipslice wrote bfloat16 / float8 as uint carriers marked so
 KERAS3_DTYPE_ATTR = "dtype"          # Keras 3 (and zipslice's writer) mark opaque bfloat16 data with dtype="bfloat16"
@@ -370,12 +372,38 @@ def _parent(f: h5py.File, name: str) -> tuple[h5py.Group, str]:
     return group, leaf
 
 
+def _write_values(dset: h5py.Dataset, src: TensorSource, store: np.dtype, path: str, written) -> None:
+    """The source's values into ``dset`` as they come (:meth:`TensorSource.pieces`), each piece as the boxes of
+    the dataset it covers (:func:`zipslice.frames.flat_boxes`): never the whole tensor in memory.
+    ``written(nbytes)`` after each piece."""
+    at, total = 0, math.prod(src.shape)
+    try:
+        for piece in whole_elements(src.pieces(), store.itemsize):
+            values = np.frombuffer(piece, dtype=store)
+            if at + values.size > total:
+                raise ZipsliceError(path, f"source produced more than the {src.nbytes} bytes expected", src.name)
+            done = 0
+            for box in flat_boxes(tuple(src.shape), at, at + values.size):
+                n = box.numel
+                dset[box.numpy_index()] = values[done:done + n].reshape(box.shape)
+                done += n
+            at += values.size
+            written(piece.nbytes)
+    except ValueError as e:  # the bytes ended inside an element
+        raise ZipsliceError(path, f"source produced a partial element ({e})", src.name) from None
+    if at != total:
+        raise ZipsliceError(path, f"source produced {at * store.itemsize} bytes, expected {src.nbytes}", src.name)
+
+
 def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=None,
           metadata: dict[str, str] | None = None, **options) -> None:
-    """Write one contiguous dataset per source (names with "/" become groups), one tensor at a time.
+    """Write one contiguous dataset per source (names with "/" become groups), one tensor at a time, each
+    tensor piece by piece as its source gives it (:meth:`TensorSource.pieces`).
 
     Tied sources become HDF5 hard links to one dataset. ``metadata`` becomes string attributes of the
-    root group. The file is written beside ``path`` and renamed over it once complete and fsynced.
+    root group. The file is written beside ``path`` and renamed over it once complete and fsynced; while it is
+    written, its dirty pages are kept to a few windows (:class:`zipslice.pagecache.WriteBehind`, waiting for
+    the whole file each window: HDF5 places the bytes itself).
     ``structure`` is accepted for interface symmetry and not stored (HDF5 here is a flat map of tensors).
     """
     if options:
@@ -385,24 +413,33 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     if metadata and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("hdf5 metadata must be a dict of str -> str")
     with atomic_path(dest) as tmp:
-        with h5py.File(tmp, "w", track_order=True) as f:
-            for k, v in (metadata or {}).items():
-                f.attrs[k] = v
-            written: dict[Any, str] = {}
-            for s in sources:
-                group, leaf = _parent(f, s.name)
-                if s.tie is not None and s.tie in written:
-                    group[leaf] = f[written[s.tie]]  # a hard link: one dataset, two names
-                    continue
-                store, marked = _storage_dtype(s.dtype)
-                dset = group.create_dataset(leaf, shape=s.shape, dtype=store)
-                if marked:
-                    dset.attrs[KERAS3_DTYPE_ATTR] = s.dtype
-                if s.nbytes:
-                    data = s.read()
-                    got = memoryview(data).nbytes
-                    if got != s.nbytes:
-                        raise ZipsliceError(str(dest), f"source produced {got} bytes, expected {s.nbytes}", s.name)
-                    dset.write_direct(np.frombuffer(data, dtype=store).reshape(s.shape))
-                if s.tie is not None:
-                    written[s.tie] = s.name
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            behind = WriteBehind(fd, sequential=False)
+            with h5py.File(tmp, "w", track_order=True) as f:
+                count = [0]
+
+                def written(nbytes: int) -> None:
+                    count[0] += nbytes
+                    if behind.due(count[0]):
+                        f.flush()  # HDF5's own buffers to the kernel, then the kernel's to the disk
+                        behind.wrote(count[0])
+
+                for k, v in (metadata or {}).items():
+                    f.attrs[k] = v
+                done: dict[Any, str] = {}
+                for s in sources:
+                    group, leaf = _parent(f, s.name)
+                    if s.tie is not None and s.tie in done:
+                        group[leaf] = f[done[s.tie]]  # a hard link: one dataset, two names
+                        continue
+                    store, marked = _storage_dtype(s.dtype)
+                    dset = group.create_dataset(leaf, shape=s.shape, dtype=store)
+                    if marked:
+                        dset.attrs[KERAS3_DTYPE_ATTR] = s.dtype
+                    if s.nbytes:
+                        _write_values(dset, s, store, str(dest), written)
+                    if s.tie is not None:
+                        done[s.tie] = s.name
+        finally:
+            os.close(fd)

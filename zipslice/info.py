@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable, Iterator
+
+import numpy as np
 
 from . import dtypes
 
@@ -101,3 +103,18 @@ class TensorSource:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * dtypes.get(self.dtype).itemsize
+
+    def pieces(self) -> "Iterator[memoryview]":
+        """The values as consecutive flat byte views: ``chunks()`` when the source has them (never whole in
+        memory), else ``read()`` as one piece. Each is used up before the next is asked for."""
+        if self.chunks is not None:
+            for piece in self.chunks():
+                view = memoryview(piece).cast("B")
+                del piece  # nothing here holds a piece while the next one is made
+                yield view
+                del view
+            return
+        buf = self.read()
+        if isinstance(buf, np.ndarray):
+            buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
+        yield memoryview(buf).cast("B")

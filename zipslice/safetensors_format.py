@@ -211,8 +211,9 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
 
     Tensors are written in the safetensors library's order, so the output is byte-identical to
     ``safetensors.torch.save_file`` for the same tensors and no or single-key metadata. Tied sources
-    are written once per name: the format has no shared storage. ``structure`` is accepted for
-    interface symmetry and not stored (safetensors is a flat map of tensors).
+    are written once per name: the format has no shared storage. Each tensor is written piece by piece as
+    its source gives it (:meth:`TensorSource.pieces`), the file's dirty pages bounded (:func:`atomic_output`).
+    ``structure`` is accepted for interface symmetry and not stored (safetensors is a flat map of tensors).
     """
     if options:
         raise TypeError(f"unknown safetensors write options: {', '.join(sorted(options))}")
@@ -222,9 +223,12 @@ def write(path: str | os.PathLike, sources: list[TensorSource], *, structure=Non
     with atomic_output(path) as f:
         f.write(head)
         for s in ordered:
-            data = s.read()
-            got = memoryview(data).nbytes
+            got = 0
+            for piece in s.pieces():  # never the whole tensor when the source streams
+                got += piece.nbytes
+                if got > s.nbytes:
+                    break
+                f.write(piece)
             if got != s.nbytes:
-                raise ZipsliceError(path, f"source produced {got} bytes, expected {s.nbytes} "
-                                          f"({s.dtype} {list(s.shape)})", s.name)
-            f.write(data)
+                raise ZipsliceError(path, f"source produced {'more than ' + str(s.nbytes) if got > s.nbytes else got} "
+                                          f"bytes, expected {s.nbytes} ({s.dtype} {list(s.shape)})", s.name)

@@ -13,6 +13,9 @@ How the bytes are read, per layout:
   ten rows, straight into the result; ``[:, 3]`` is one small read per row; ``[:, ::2]`` reads the rows
   whole. Memory: the result, plus at most one merged read (:data:`MAX_READ`) at a time.
 - **chunked or compressed HDF5**: h5py's own slicing, which reads only the chunks the slice touches.
+- **a format that can read any byte range of a tensor's values** without a file offset (theta's versions: the
+  frames of its blobs a range covers): the same block-by-block reads as addressable tensors, through a
+  :class:`RangeReader`.
 - anything else (a compressed torch record, a plugin format): the tensor is read whole, then sliced.
 """
 from __future__ import annotations
@@ -127,17 +130,40 @@ def parse_index(text: str) -> tuple:
 
 # -- reading addressable bytes -------------------------------------------------------------------------
 
-def read_selection(fd: int, info: TensorInfo, sel: Selection,
+class RangeReader:
+    """Byte ranges of a tensor's values (C order, little-endian) for :func:`read_selection`, from anything that
+    can read a range without reading the rest. ``size``: bytes there are; ``fill(buf, offset)`` fills ``buf``
+    from ``offset`` (in bytes from the tensor's first element, always on element boundaries)."""
+
+    size: int
+
+    def fill(self, buf: memoryview, offset: int) -> None:
+        raise NotImplementedError
+
+
+class _FdReader(RangeReader):
+    def __init__(self, fd: int, info: TensorInfo):
+        self.fd, self.info = fd, info
+        self.size = os.fstat(fd).st_size - info.offset
+
+    def fill(self, buf: memoryview, offset: int) -> None:
+        if os.preadv(self.fd, [buf], self.info.offset + offset) != buf.nbytes:  # short read: finish it carefully
+            _fill(self.fd, buf, self.info.offset + offset, self.info.file, self.info.name)
+
+
+def read_selection(fd: "int | RangeReader", info: TensorInfo, sel: Selection,
                    on_read: Callable[[int, int, int], None] | None = None) -> np.ndarray:
-    """The selected values of an addressable tensor (``info.offset`` known) as a C-contiguous array of its
-    dtype's carrier type (little-endian), reading only the byte ranges the selection needs.
+    """The selected values of an addressable tensor (``info.offset`` known; or any tensor, its values read
+    through a :class:`RangeReader` ``fd``) as a C-contiguous array of its dtype's carrier type (little-endian),
+    reading only the byte ranges the selection needs.
 
     The selection is a strided view of the file. Its innermost dimensions form a *block* whose bytes are read
     in one piece when that costs at most twice the needed bytes (a dense row; every other element of a row)
     and at most :data:`MAX_READ`; the outer dimensions enumerate the blocks. Blocks less than a page apart
     (and no further apart than a block is long) share a read. ``on_read(fd, offset, nbytes)`` is called
-    after each positioned read (page-cache policy).
+    after each positioned read of a file (page-cache policy).
     """
+    reader = fd if isinstance(fd, RangeReader) else _FdReader(fd, info)
     dt = dtypes.get(info.dtype)
     carrier = dt.carrier
     item = dt.itemsize
@@ -169,8 +195,8 @@ def read_selection(fd: int, info: TensorInfo, sel: Selection,
     by_offset = np.argsort(starts, kind="stable")
     s_sorted = starts[by_offset]
     ends = np.maximum.accumulate(s_sorted + span)  # overlapping views (stride 0) may revisit bytes
-    end_of_data = info.offset + int(ends[-1]) * item
-    if end_of_data > os.fstat(fd).st_size:
+    if int(ends[-1]) * item > reader.size:
+        end_of_data = (info.offset or 0) + int(ends[-1]) * item
         raise CorruptCheckpointError(info.file, f"needs bytes up to {end_of_data} but the file is shorter "
                                                 f"(truncated?)", info.name)
     # reads: a new one at every gap of a page or more, or longer than a block, or past MAX_READ
@@ -182,18 +208,15 @@ def read_selection(fd: int, info: TensorInfo, sel: Selection,
     batch = max(1, _GATHER_ELEMENTS // need)
     block_bytes = need * item
     starts_l, ends_l, blocks_l = s_sorted.tolist(), ends.tolist(), by_offset.tolist()  # python ints: a fast loop
-    base_offset = info.offset
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         first, last = starts_l[lo], ends_l[hi - 1]
-        offset, nbytes = base_offset + first * item, (last - first) * item
+        offset, nbytes = first * item, (last - first) * item
         if hi - lo == 1 and dense:  # one dense block: straight into the result
             k = blocks_l[lo]
-            target = out_view[k * block_bytes:(k + 1) * block_bytes]
-            if os.preadv(fd, [target], offset) != block_bytes:  # short read: finish it carefully
-                _fill(fd, target, offset, info.file, info.name)
+            reader.fill(out_view[k * block_bytes:(k + 1) * block_bytes], offset)
         else:
             buf = np.empty(nbytes, dtype=np.uint8)
-            _fill(fd, buf, offset, info.file, info.name)
+            reader.fill(memoryview(buf), offset)
             buf = buf.view(carrier)
             blocks = by_offset[lo:hi]
             rel = s_sorted[lo:hi] - first
@@ -201,8 +224,8 @@ def read_selection(fd: int, info: TensorInfo, sel: Selection,
                 inner = np.arange(need, dtype=np.int64)
             for j in range(0, blocks.size, batch):  # vectorised gather, in bounded batches
                 dest[blocks[j:j + batch]] = buf[rel[j:j + batch, None] + inner[None, :]]
-        if on_read is not None:
-            on_read(fd, offset, nbytes)
+        if on_read is not None and not isinstance(fd, RangeReader):
+            on_read(fd, info.offset + offset, nbytes)
     # back from read order to the selection's order
     kept_shape = [view[i][0] for i in order]
     arr = out.reshape(kept_shape) if kept_shape else out.reshape(())

@@ -176,7 +176,7 @@ def write_to(f: BinaryIO, sources: Sequence[TensorSource], *, record_prefix: str
     can_seek = seekable(f)
     for key, src in plan.storages:
         if src.chunks is not None and can_seek:  # never whole in memory: CRC patched in afterwards
-            crc = z.write_chunks(f"{prefix}/data/{key}", src.nbytes, src.chunks(), progress)
+            crc = z.write_chunks(f"{prefix}/data/{key}", src.nbytes, src.chunks(), progress, tensor=src.name)
             ident.update(f"{key}:{src.nbytes}:{crc};".encode())
             continue
         data = source_bytes(src, path)

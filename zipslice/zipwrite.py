@@ -75,10 +75,10 @@ class ZipWriter:
         self._entries[-1].crc = crc
         return crc
 
-    def write_chunks(self, name: str, size: int, chunks, progress=None) -> int:
+    def write_chunks(self, name: str, size: int, chunks, progress=None, tensor: str | None = None) -> int:
         """Write a record of ``size`` bytes given as consecutive buffers, computing its CRC32 as they stream
         through, then patching it into the local header: the output must be seekable. Returns the CRC32.
-        ZipsliceError when the buffers do not add up to ``size``."""
+        ZipsliceError (naming ``tensor``, default the record) when the buffers do not add up to ``size``."""
         from .crc import crc32
 
         self._header(name, size, 0)
@@ -88,13 +88,14 @@ class ZipWriter:
             piece = memoryview(piece).cast("B")
             done += piece.nbytes
             if done > size:
-                raise self._error(f"the tensor's bytes exceed the {size} announced", name)
+                raise self._error(f"the tensor's bytes exceed the {size} announced", tensor or name)
             crc = crc32(piece, crc)
             self._write(piece)
             if progress is not None:
                 progress(piece.nbytes)
+            del piece  # let go of it before the next is made (a frame, not two, held here)
         if done != size:
-            raise self._error(f"the tensor gave {done} bytes, {size} announced", name)
+            raise self._error(f"the tensor gave {done} bytes, {size} announced", tensor or name)
         self._f.seek(entry.header_offset + _CRC_FIELD_OFFSET)
         self._f.write(struct.pack("<I", crc))
         self._f.seek(self._pos)

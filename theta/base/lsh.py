@@ -148,6 +148,34 @@ class Folder:
         return self.acc
 
 
+class PieceFolder:
+    """:class:`Folder` of a group given in pieces of any length, in order: whole rows are folded as they come,
+    the start of a row waits for its rest. The same fold as the group read whole."""
+
+    def __init__(self) -> None:
+        self.folder = Folder()
+        self._carry: np.ndarray | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        flat = values.reshape(-1)
+        if flat.dtype.kind == "c":
+            flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
+        if self._carry is not None:
+            flat = np.concatenate([self._carry, flat])
+            self._carry = None
+        whole = flat.size - flat.size % POOL
+        if whole:
+            self.folder.add(flat[:whole])
+        if whole < flat.size:
+            self._carry = flat[whole:].copy()
+
+    def result(self) -> np.ndarray:
+        if self._carry is not None:
+            self.folder.add(self._carry)
+            self._carry = None
+        return self.folder.result()
+
+
 def fold(values: np.ndarray) -> np.ndarray:
     """Sign-alternated sum of the rows of ``values`` laid out in rows of POOL (float64, length POOL)."""
     f = Folder()

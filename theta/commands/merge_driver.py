@@ -26,6 +26,7 @@ from typing import TextIO
 from theta import settings
 from theta.base import scratch
 from theta.base.errors import MergeConflict, MergeError, ThetaError
+from theta.base.malloc import give_back_freed_memory
 from theta.commands.merge_menu import MANUAL, ask
 from theta.git import repo as gitutil
 from theta.merges import applicable
@@ -243,7 +244,12 @@ def resolve_conflicted(path: str, strategy: str, params: dict[str, float] | None
             f.write_bytes(stages[n] or b"")
             files.append(str(f))
         meta = merge_files(*files, rel, repo_dir=repo, config=config, err=err)
+    # three jobs in one process, each bounded by frames: what one freed (and glibc keeps for this process,
+    # theta.base.malloc) is returned before the next, so the merge's frames never add up with the rebuild's, nor
+    # these with the clean filter `git add` starts beside this process
+    give_back_freed_memory()
     # in the work tree's format: a path checked out as a view (theta-format, theta.checkoutFormat) stays one
     smudge_checkpoint(meta, LfsStore.for_repo(repo), repo / rel, fmt=settings.checkout_format(rel, repo))
+    give_back_freed_memory()
     gitutil.run(["add", "--", rel], cwd=repo)
     return meta

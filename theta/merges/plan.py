@@ -3,8 +3,9 @@
 :func:`plan_merge` decides every group from the three metadata texts alone (no tensor is read): unchanged or
 changed on one side -> that side's steps; added/deleted on one side -> git's rules; changed on both sides ->
 ``plan.pending`` (needs a strategy); shape/dtype changes and delete/modify -> ``plan.conflicts``.
-:func:`execute` then merges the pending groups one at a time into new dense blobs (memory: the result and a
-few frames of each input, read block by block: :mod:`theta.updates.stream`). Choosing strategies (configuration, the interactive menu) is the merge driver's job.
+:func:`execute` then merges the pending groups one at a time into new dense blobs (memory: a few frames of each
+input, read block by block -- :mod:`theta.updates.stream` -- and of the result, encoded and hashed block by block
+as it is computed: :mod:`theta.updates.dense_stream`). Choosing strategies (configuration, the interactive menu) is the merge driver's job.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from theta.merges import get as get_strategy
 from theta.storage.metadata import Alias, CheckpointMeta, GroupMeta
 from theta.storage.store import LfsStore
 from theta.storage.transfer import fetch_missing
-from theta.updates import stream
+from theta.updates import dense_stream, stream
 from theta.updates.rebuild import reconstruct
 from theta.updates.steps import dense_group
 from theta.updates.stream import side_by_side
@@ -282,6 +283,37 @@ def new_non_finite(merged: np.ndarray, inputs: list) -> int:
     return count
 
 
+def new_non_finite_block(merged: np.ndarray, inputs: list[np.ndarray]) -> int:
+    """How many elements of a block of a merge's result are NaN/inf where every input's block is finite."""
+    if merged.dtype.kind not in "fc" and not dtypes.from_numpy(merged.dtype).is_float:
+        return 0
+    bad = ~_finite(merged)
+    if not bad.any():
+        return 0
+    for a in inputs:
+        bad &= _finite(a)
+    return int(np.count_nonzero(bad))
+
+
+def _merge_streamed(p: "Pending", strategy, a, b, o, store: LfsStore) -> tuple[GroupMeta | None, int]:
+    """The merged group, its result computed, encoded and hashed block by block (never whole), and how many
+    of its elements came out non-finite from finite inputs; when some did, nothing is stored (None)."""
+    bad = [0]
+
+    def blocks():
+        for sl, merged, inputs in strategy.merge_blocks(p.name, a, b, o, **p.params):
+            bad[0] += new_non_finite_block(merged, inputs)
+            del inputs
+            yield sl, merged
+
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
+        staged = dense_stream.stage_dense(a.dtype, tuple(a.shape), blocks(), store)
+    if bad[0]:
+        staged.discard()
+        return None, bad[0]
+    return dense_stream.publish_group(p.ours, staged, store), 0
+
+
 def _finite(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind not in "fc":  # ml_dtypes (bfloat16, float8): widen a chunk to test it
         a = a.astype(np.float32)
@@ -289,9 +321,10 @@ def _finite(a: np.ndarray) -> np.ndarray:
 
 
 def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> CheckpointMeta:
-    """Merge the pending groups one at a time (memory: the result, inputs read block by block; a third-party
-    strategy without ``streams = True`` gets its inputs rebuilt whole: up to 4 groups, its documented contract)
-    and build the metadata.
+    """Merge the pending groups one at a time (memory: a few frames -- inputs read block by block, the result of a
+    built-in strategy encoded block by block as it is computed; a third-party strategy without ``streams = True``
+    gets its inputs rebuilt whole and returns its result whole: up to 4 groups, its documented contract) and
+    build the metadata.
 
     A strategy that turns finite inputs into NaN or inf (an overflowing alpha, an extreme t) makes that
     group a conflict: MergeConflict naming every such group, raised once all groups were tried; nothing
@@ -318,9 +351,14 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
             o = value(p.ancestor) if strategy.needs_ancestor else None
             a = value(p.ours)
             b = value(p.theirs)
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
-                merged = strategy.merge(p.name, a, b, o, **p.params)
-            bad = new_non_finite(merged, [x for x in (a, b, o) if x is not None])
+            if getattr(strategy, "merge_blocks", None) is not None and getattr(strategy, "streams", False):
+                merged_group, bad = _merge_streamed(p, strategy, a, b, o, store)
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, per group
+                    merged = strategy.merge(p.name, a, b, o, **p.params)
+                bad = new_non_finite(merged, [x for x in (a, b, o) if x is not None])
+                merged_group = None if bad else dense_group(p.ours, merged, store)
+                del merged
             del a, b, o, cache
             if bad:
                 params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
@@ -328,8 +366,8 @@ def execute(plan: MergePlan, store: LfsStore, log: TextIO | None = None) -> Chec
                                 + f" turned finite values into {bad} NaN/inf (from {p.source}); choose other "
                                   "parameters or another strategy")
                 continue
-            groups[p.name] = dense_group(p.ours, merged, store)
-            del merged, value
+            groups[p.name] = merged_group
+            del value
         if log is not None:
             params = ", ".join(f"{k}={v:g}" for k, v in sorted(p.params.items()))
             log.write(f"theta: {plan.path}: [{i}/{len(plan.pending)}] {p.name}: {p.strategy}"

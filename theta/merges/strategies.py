@@ -6,9 +6,12 @@ result only a few MiB of temporaries are alive; the result is cast back to the g
 
 The built-in strategies (``streams = True``) also take their inputs as sources of blocks
 (:class:`theta.updates.stream.GroupSource` or ``PositionalSource``: ``shape``, ``dtype``, ``chunks(n)``) instead
-of arrays, so a merge holds the result and a few frames, not the three inputs; a strategy that needs several passes
-(TIES' thresholds, SLERP's angle) reads its sources again. A strategy without ``streams = True`` (a third party's)
-gets whole arrays: the three inputs and its result, outside the memory bound by contract (docs/extending.md).
+of arrays, and give their result block by block too (:meth:`Elementwise.merge_blocks`), so a merge holds a few
+frames, neither the three inputs nor the result; a strategy that needs several passes (TIES' thresholds, SLERP's
+angle) reads its sources again before the pass that computes the result. Every built-in arithmetic strategy is
+element-wise once those numbers are known, so its result in blocks is bit for bit its result computed whole.
+A strategy without ``streams = True`` (a third party's) gets whole arrays: the three inputs and its result,
+outside the memory bound by contract (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -25,6 +28,10 @@ from theta.updates.stream import side_by_side
 
 # elements per chunk of elementwise work: 1 Mi elements = 4 MiB per float32 temporary
 CHUNK = 1 << 20
+# elements per block of the pass that computes a result (and of a merge's result, block by block): the strategies'
+# temporaries are a dozen blocks of float32 at a time. Element-wise, so the result does not depend on it; the
+# passes before it (TIES' thresholds, SLERP's sums) keep CHUNK, the order their sums were always taken in
+BLOCK = 1 << 18
 # slerp falls back to linear interpolation when |cos θ| exceeds this (vectors nearly parallel)
 SLERP_PARALLEL = 0.9995
 
@@ -43,8 +50,8 @@ def _slices(n: int) -> Iterator[slice]:
         yield slice(start, min(n, start + CHUNK))
 
 
-def _side_by_side(*inputs: Any) -> Iterator[tuple]:
-    return side_by_side(inputs, CHUNK)
+def _side_by_side(*inputs: Any, n: int | None = None) -> Iterator[tuple]:
+    return side_by_side(inputs, n or CHUNK)
 
 
 class Strategy:
@@ -92,6 +99,10 @@ class Strategy:
 
     def merge(self, name: str, ours: np.ndarray, theirs: np.ndarray, ancestor: np.ndarray | None,
               **params: Any) -> np.ndarray:
+        return self.compute(name, ours, theirs, ancestor, self.check(name, ours, theirs, ancestor, params))
+
+    def check(self, name: str, ours: Any, theirs: Any, ancestor: Any, params: dict[str, Any]) -> dict[str, float]:
+        """The parameters, checked, once the inputs are checked to fit this strategy (MergeError otherwise)."""
         p = self.params(params)
         arrays = [("ours", ours), ("theirs", theirs)] + ([("ancestor", ancestor)] if ancestor is not None else [])
         for side, arr in arrays[1:]:
@@ -103,22 +114,57 @@ class Strategy:
         if self.picks is None and dtypes.from_numpy(ours.dtype).kind != "float":
             raise MergeError(f"group {name!r}: strategy {self.name!r} only merges floating-point groups, "
                              f"not {dtypes.from_numpy(ours.dtype).name}")
-        return self.compute(name, ours, theirs, ancestor, p)
+        return p
 
     def compute(self, name: str, A: np.ndarray, B: np.ndarray, O: np.ndarray | None,
                 p: dict[str, float]) -> np.ndarray:
         raise NotImplementedError
 
 
-def _elementwise(A: np.ndarray, B: np.ndarray, O: np.ndarray | None,
-                 fn: Callable[[slice, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]) -> np.ndarray:
-    """Apply ``fn(slice, a, b, o)`` on float chunks, writing into a result of A's dtype and shape."""
+Blockwise = Callable[[slice, np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray]
+
+
+def _blocks(A: Any, B: Any, O: Any, fn: Blockwise) -> Iterator[tuple[slice, np.ndarray, list]]:
+    """``(slice, fn(slice, a, b, o) in A's dtype, [a, b, o] as read)`` for each chunk, in order: ``fn`` gets the
+    chunk's values in the work dtype (fresh arrays it may modify)."""
     wd = work_dtype(A)
+    for sl, a, b, o in _side_by_side(A, B, O, n=min(BLOCK, CHUNK)):
+        out = fn(sl, a.astype(wd), b.astype(wd), o.astype(wd) if o is not None else None).astype(A.dtype)
+        yield sl, out, [x for x in (a, b, o) if x is not None]
+
+
+def _elementwise(A: Any, B: Any, O: Any, fn: Blockwise) -> np.ndarray:
+    """:func:`_blocks` written into a result of A's dtype and shape."""
     out = np.empty(A.shape, dtype=A.dtype)
     fout = out.reshape(-1)
-    for sl, a, b, o in _side_by_side(A, B, O):
-        fout[sl] = fn(sl, a.astype(wd), b.astype(wd), o.astype(wd) if o is not None else None).astype(A.dtype)
+    for sl, block, _ in _blocks(A, B, O, fn):
+        fout[sl] = block
     return out
+
+
+class Elementwise(Strategy):
+    """A strategy whose result, once :meth:`prepare` has read what it needs of the whole inputs (thresholds, an
+    angle), is ``fn`` applied chunk by chunk: computed whole (:meth:`merge`) or given block by block
+    (:meth:`merge_blocks`), the same bits."""
+
+    streams = True
+    uses_ancestor: ClassVar[bool] = False  # fn reads the ancestor's chunk
+
+    def prepare(self, name: str, A: Any, B: Any, O: Any, p: dict[str, float]) -> Blockwise:
+        raise NotImplementedError
+
+    def compute(self, name, A, B, O, p):
+        fn = self.prepare(name, A, B, O, p)
+        return _elementwise(A, B, O if self.uses_ancestor else None, fn)
+
+    def merge_blocks(self, name: str, ours: Any, theirs: Any, ancestor: Any,
+                     **params: Any) -> Iterator[tuple[slice, np.ndarray, list]]:
+        """The merged value in order, block by block: ``(slice of the flattened value, the block in the group's
+        dtype, the inputs' blocks at those positions as read)``, after the checks of :meth:`merge`. The inputs
+        are arrays or sources of blocks; a few chunks of each are held, never a whole group."""
+        p = self.check(name, ours, theirs, ancestor, params)
+        fn = self.prepare(name, ours, theirs, ancestor, p)
+        return _blocks(ours, theirs, ancestor if self.uses_ancestor else None, fn)
 
 
 class _Pick(Strategy):
@@ -139,25 +185,25 @@ class Ancestor(_Pick):
     summary = "go back to the common ancestor's version"
 
 
-class Average(Strategy):
-    name, streams = "average", True
+class Average(Elementwise):
+    name = "average"
     summary = "alpha·ours + (1−alpha)·theirs"
     defaults = {"alpha": 0.5}
 
-    def compute(self, name, A, B, O, p):
+    def prepare(self, name, A, B, O, p):
         alpha = p["alpha"]
-        return _elementwise(A, B, None, lambda sl, a, b, o: a * alpha + b * (1.0 - alpha))
+        return lambda sl, a, b, o: a * alpha + b * (1.0 - alpha)
 
 
-class TaskArithmetic(Strategy):
-    name, streams = "task-arithmetic", True
+class TaskArithmetic(Elementwise):
+    name = "task-arithmetic"
     summary = "ancestor + λ_ours·(ours−ancestor) + λ_theirs·(theirs−ancestor)"
-    needs_ancestor = True
+    needs_ancestor = uses_ancestor = True
     defaults = {"lambda_ours": 1.0, "lambda_theirs": 1.0}
 
-    def compute(self, name, A, B, O, p):
+    def prepare(self, name, A, B, O, p):
         lo, lt = p["lambda_ours"], p["lambda_theirs"]
-        return _elementwise(A, B, O, lambda sl, a, b, o: o + (a - o) * lo + (b - o) * lt)
+        return lambda sl, a, b, o: o + (a - o) * lo + (b - o) * lt
 
 
 def _check_density(strategy: str, density: float) -> None:
@@ -203,14 +249,14 @@ def _trim_threshold(X: Any, O: Any, n: int, density: float, wd: np.dtype) -> flo
     return kth_largest_magnitude(chunks, k, wd)
 
 
-class Ties(Strategy):
-    name, streams = "ties", True
+class Ties(Elementwise):
+    name = "ties"
     summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
-    needs_ancestor = True
+    needs_ancestor = uses_ancestor = True
     defaults = {"density": 0.2, "lambda": 1.0}
     ranges = {"density": (0.0, 1.0, False)}
 
-    def compute(self, name, A, B, O, p):
+    def prepare(self, name, A, B, O, p):
         density, lam = p["density"], p["lambda"]
         _check_density(self.name, density)
         wd = work_dtype(A)
@@ -229,7 +275,7 @@ class Ties(Strategy):
             count = agree_a.astype(wd) + agree_b.astype(wd)
             return o + lam * (total / np.maximum(count, 1))
 
-        return _elementwise(A, B, O, chunk)
+        return chunk
 
 
 def dare_seed(name: str, side: str, seed: int) -> np.random.SeedSequence:
@@ -238,15 +284,15 @@ def dare_seed(name: str, side: str, seed: int) -> np.random.SeedSequence:
     return np.random.SeedSequence(int.from_bytes(digest[:16], "little"))
 
 
-class Dare(Strategy):
-    name, streams = "dare", True
+class Dare(Elementwise):
+    name = "dare"
     summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
-    needs_ancestor = True
+    needs_ancestor = uses_ancestor = True
     defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
     ranges = {"density": (0.0, 1.0, False), "seed": (0.0, float(2 ** 53), True)}
     integers = frozenset({"seed"})
 
-    def compute(self, name, A, B, O, p):
+    def prepare(self, name, A, B, O, p):
         density = p["density"]
         _check_density(self.name, density)
         seed = int(p["seed"])
@@ -261,19 +307,19 @@ class Dare(Strategy):
             keep_b = rng_b.random(n) < density
             return o + np.where(keep_a, a - o, 0) * lo + np.where(keep_b, b - o, 0) * lt
 
-        return _elementwise(A, B, O, chunk)
+        return chunk  # (its streams start anew with each prepare: one pass over the chunks per call)
 
 
-class Slerp(Strategy):
-    name, streams = "slerp", True
+class Slerp(Elementwise):
+    name = "slerp"
     summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
     defaults = {"t": 0.5}
     ranges = {"t": (0.0, 1.0, True)}  # an interpolation: beyond [0, 1] sin((1-t)θ) gives finite garbage
 
-    def compute(self, name, A, B, O, p):
+    def prepare(self, name, A, B, O, p):
         t = p["t"]
         wd = work_dtype(A)
-        dot = na = nb = 0.0
+        dot = na = nb = 0.0  # the first pass: the angle, from chunks of CHUNK summed in order
         for _, a, b in _side_by_side(A, B):
             a, b = a.astype(np.float64), b.astype(np.float64)
             dot += float(a @ b)
@@ -287,4 +333,4 @@ class Slerp(Strategy):
                 ca = math.sin((1.0 - t) * theta) / math.sin(theta)
                 cb = math.sin(t * theta) / math.sin(theta)
         ca, cb = wd.type(ca), wd.type(cb)
-        return _elementwise(A, B, None, lambda sl, a, b, o: a * ca + b * cb)
+        return lambda sl, a, b, o: a * ca + b * cb

@@ -3,6 +3,9 @@
 A version ("side") is either theta metadata (values rebuilt from the LFS store on demand) or a checkpoint
 file in the working tree (read lazily with zipslice). Groups whose content hashes are equal are skipped
 without reading data when both sides are metadata; a working-tree checkpoint must be read once to hash it.
+Values are read block by block on both sides (a side's ``value``: a chain streamed from its blobs,
+:mod:`theta.updates.stream`, or a file's tensor frame by frame, :mod:`zipslice.frames`), so hashing, signing and
+comparing a group costs a few frames, not the group twice.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Iterable, Protocol
 import numpy as np
 
 import zipslice
+from zipslice import dtypes, frames
 from zipslice.clistyle import natural_key
 from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.structure import walk_leaves
@@ -24,7 +28,7 @@ from theta.base.errors import CheckpointError
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import BlobRef, LfsStore
 from theta.storage.transfer import fetch_missing
-from theta.updates import content_hash
+from theta.updates import stream
 from theta.updates.rebuild import reconstruct
 
 CHUNK = 1 << 20  # elements per chunk of the statistics pass
@@ -83,15 +87,43 @@ class ChangeSums:
                            max_abs=self.mx)
 
 
-def change_stats(old: np.ndarray, new: np.ndarray) -> ChangeStats:
-    """Statistics of ``new − old`` for arrays of one shape, in chunks (a few MiB of temporaries)."""
-    if old.shape != new.shape:
+def change_stats(old, new) -> ChangeStats:
+    """Statistics of ``new − old`` for values of one shape -- arrays, or sources of blocks (a side's ``value``) --
+    CHUNK elements at a time, side by side (a few MiB of temporaries, never a value whole)."""
+    if tuple(old.shape) != tuple(new.shape):
         raise ValueError(f"change_stats needs equal shapes, got {old.shape} and {new.shape}")
-    fo, fn = np.ascontiguousarray(old).reshape(-1), np.ascontiguousarray(new).reshape(-1)
     sums = ChangeSums()
-    for s in range(0, fo.size, CHUNK):
-        sums.add(fo[s:s + CHUNK], fn[s:s + CHUNK])
+    for _, fo, fn in stream.side_by_side((old, new), CHUNK):
+        sums.add(fo, fn)
     return sums.stats()
+
+
+class FileValue:
+    """A tensor of a checkpoint file as a source of blocks (``shape``, ``dtype``, ``chunks(n)``: what
+    :func:`theta.updates.stream.side_by_side` reads), read frame by frame through zipslice."""
+
+    def __init__(self, ckpt, name: str):
+        info = ckpt.info(name)
+        self.ckpt, self.name = ckpt, name
+        self.shape, self.dtype = tuple(info.shape), dtypes.get(info.dtype).to_numpy()
+        self.size = info.numel
+
+    def chunks(self, n: int):
+        at = 0
+        for raw in frames.iter_frames(self.ckpt, self.name, n):
+            block = raw.view(self.dtype)
+            yield slice(at, at + block.size), block
+            at += block.size
+
+
+def signature_of(value) -> list[int] | None:
+    """The LSH signature of a value (an array or a source of blocks), folded block by block."""
+    folder = lsh.PieceFolder()
+    size = 0
+    for _, block in stream.blocks(value, CHUNK):
+        folder.add(block)
+        size += block.size * (2 if block.dtype.kind == "c" else 1)
+    return lsh.signature_of_fold(folder.result(), size)
 
 
 @dataclass(frozen=True)
@@ -158,6 +190,12 @@ class MetaSide:
     def array(self, name: str, cache: dict | None = None) -> np.ndarray:
         return reconstruct(self.meta.groups[name], self.store, cache, file=self.label)
 
+    def value(self, name: str):
+        """The group's value as a source of blocks (its chain read frame by frame, its name checked at the end of
+        the first pass); an empty group or a chain that does not stream, rebuilt whole."""
+        g = self.meta.groups[name]
+        return stream.source(g, self.store, self.label) or reconstruct(g, self.store, file=self.label)
+
 
 class OpaqueSide:
     """A file theta stores as one opaque blob (not a checkpoint): compared by its sha256 and size only."""
@@ -218,17 +256,20 @@ class CheckpointSide:
     computes_hashes = True
 
     def hash(self, name: str, like: str | None = None) -> str:
-        return hashed_once(self._hashes, name, like, self.ckpt.numpy)
+        return hashed_once(self._hashes, name, like, self.value)
 
     def signature(self, name: str) -> list[int] | None:
         i = self.ckpt.info(name)
-        return lsh.signature(self.ckpt.numpy(name)) if lsh.hashable(i.dtype) else None
+        return signature_of(self.value(name)) if lsh.hashable(i.dtype) else None
 
     def prefetch(self, names: Iterable[str]) -> None:
         pass
 
     def array(self, name: str, cache: dict | None = None) -> np.ndarray:
         return self.ckpt.numpy(name)
+
+    def value(self, name: str) -> FileValue:
+        return FileValue(self.ckpt, name)
 
     def close(self) -> None:
         close = getattr(self.ckpt, "close", None)
@@ -284,11 +325,15 @@ def _plain_values(structure) -> dict[str, str]:
 
 
 def hashed_once(cache: dict, name: str, like: str | None, value) -> str:
-    """The name of ``value(name)`` (in ``like``'s algorithm when given: theta.base.valuehash), computed once per
-    algorithm and kept in ``cache``: a side that hashes its own values (a file) answers this way."""
+    """The name of ``value(name)`` -- an array, or a source of blocks hashed block by block -- (in ``like``'s
+    algorithm when given: theta.base.valuehash), computed once per algorithm and kept in ``cache``: a side that
+    hashes its own values (a file) answers this way."""
     key = (name, like is not None and not valuehash.is_blake3(like))
     if key not in cache:
-        cache[key] = content_hash(value(name), like=like)
+        h = valuehash.new() if like is None else valuehash.like(like)
+        for _, block in stream.blocks(value(name), CHUNK):
+            h.update(dtypes.le_bytes(block))
+        cache[key] = h.hexdigest()
     return cache[key]
 
 
@@ -300,6 +345,13 @@ def same_value(old: Side, new: Side, name: str) -> bool:
         return old.hash(name, like=b) == b
     a = old.hash(name)
     return new.hash(name, like=a) == a
+
+
+def _value(side, name: str):
+    """``side``'s value of ``name`` as a source of blocks where the side can give one (theta metadata, a file),
+    else whole (a Git-Theta version: its groups are stored whole)."""
+    value = getattr(side, "value", None)
+    return value(name) if value is not None else side.array(name)
 
 
 def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = False) -> FileDiff:
@@ -361,11 +413,7 @@ def diff_sides(old: Side | None, new: Side | None, path: str, estimate: bool = F
     old.prefetch(modified)
     new.prefetch(modified)
     for name in modified:
-        cache: dict = {}  # the new value's update chain often starts from the old value: reuse it
-        a = old.array(name, cache)
-        b = new.array(name, cache)
-        stats = change_stats(a, b)
-        del a, b, cache
+        stats = change_stats(_value(old, name), _value(new, name))  # block by block, side by side
         if stats.changed == 0:  # one value named in two forms (sha256, BLAKE3: theta.base.valuehash), read: the same bits
             fd.groups.remove(by_name[name])
             fd.unchanged += 1

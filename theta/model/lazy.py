@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import zipslice
@@ -30,12 +32,14 @@ from zipslice import dtypes, structure
 from zipslice.base import LazyCheckpoint
 from zipslice.errors import NotACheckpointError, ZipsliceError
 from zipslice.info import TensorInfo, contiguous_stride
+from zipslice.slicing import RangeReader, read_selection
 
-from theta.base.errors import GitError, ThetaError
+from theta.base.errors import GitError, ThetaError, UpdateTypeError
 from theta.git import repo as gitutil
 from theta.storage.metadata import MAGIC, CheckpointMeta, is_metadata, loads
 from theta.storage.store import LfsStore
 from theta.storage.transfer import fetch_missing
+from theta.updates import bounds, stream
 from theta.updates.rebuild import reconstruct
 
 PLACEHOLDER_HINT = ("a git-theta placeholder: the metadata of a checkpoint versioned with git-theta, not the "
@@ -93,19 +97,65 @@ class ThetaCheckpoint(LazyCheckpoint):
         except ThetaError as e:
             raise ZipsliceError(self.path, str(e)) from None
 
-    def _read_span(self, info: TensorInfo) -> bytes:
-        """The group's value as contiguous little-endian bytes, rebuilt and checked against its hash."""
+    def _fetched(self, info: TensorInfo):
+        """The group behind ``info``, its blobs fetched when missing (with ``fetch``)."""
         if self._closed:
             raise ZipsliceError(self.path, "checkpoint is closed")
         group = self.meta.group_for(info.name)
+        refs = [s.blob for s in group.steps]
+        if self.fetch_missing and self.store.missing(refs):
+            fetch_missing(self.repo, refs, store=self.store)
+        return group
+
+    def _read_span(self, info: TensorInfo) -> bytes:
+        """The group's value as contiguous little-endian bytes, rebuilt and checked against its hash."""
         try:
-            refs = [s.blob for s in group.steps]
-            if self.fetch_missing and self.store.missing(refs):
-                fetch_missing(self.repo, refs, store=self.store)
+            group = self._fetched(info)
             value = reconstruct(group, self.store, file=os.path.basename(self.path), verify=True)
         except ThetaError as e:
             raise ZipsliceError(self.path, str(e), info.name) from None
         return dtypes.le_bytes(value)
+
+    def value_frames(self, key: str, elements: int):
+        """The group's value frame by frame (zipslice.frames: convert, show, diff of a version): its chain read in
+        one pass (:func:`theta.updates.stream.source`), checked against the group's name at the end of the pass;
+        None for a chain that does not stream (zipslice then reads it box by box, or whole)."""
+        info = self.info(key)
+        try:
+            src = stream.source(self._fetched(info), self.store, os.path.basename(self.path))
+        except ThetaError as e:
+            raise ZipsliceError(self.path, str(e), key) from None
+        if src is None:
+            return None
+        return self._frames(src, key, elements, dtypes.get(info.dtype).carrier)
+
+    def _frames(self, src, key: str, elements: int, carrier):
+        try:
+            for _, block in src.chunks(elements):
+                yield block.view(carrier)
+        except ThetaError as e:
+            raise ZipsliceError(self.path, str(e), key) from None
+
+    def _read_selection(self, info: TensorInfo, sel):
+        """``get_slice``: only the frames of the group's blobs the slice covers are decoded (its chain read by
+        position, :func:`theta.updates.stream.open_levels`), block by block as zipslice reads a file
+        (:func:`zipslice.slicing.read_selection`). Each frame's zstd checksum is verified as it is decoded; the
+        value's name can only be checked against the whole value (``lsd[key]``). A chain of update types not read
+        by position (a plugin's) is rebuilt whole, then sliced."""
+        file = os.path.basename(self.path)
+        try:
+            group = self._fetched(info)
+            bounds.check_group(group, file)
+            with ExitStack() as stack:
+                try:
+                    level = stream.open_levels(group, self.store, file, stack)
+                except UpdateTypeError:
+                    level = None  # not read by position: whole, below
+                if level is not None and level.dtype == dtypes.get(info.dtype).to_numpy():
+                    return read_selection(_LevelRange(level, info), replace(info, offset=0), sel)
+        except ThetaError as e:
+            raise ZipsliceError(self.path, str(e), info.name) from None
+        return super()._read_selection(info, sel)
 
     def data_file_bytes(self) -> int:
         return sum(i.span_nbytes for i in self._infos.values())
@@ -128,6 +178,19 @@ def reduce_as_checkpoint(lsd: LazyCheckpoint, tree: dict | None, protocol: int):
     elif type(obj) is not OrderedDict:
         obj = OrderedDict(obj)
     return obj.__reduce_ex__(protocol)
+
+
+class _LevelRange(RangeReader):
+    """Byte ranges of a group's value read through its chain's last level (a zipslice ``RangeReader``)."""
+
+    def __init__(self, level, info: TensorInfo):
+        self.level, self.item = level, dtypes.get(info.dtype).itemsize
+        self.size = info.numel * self.item
+
+    def fill(self, buf, offset: int) -> None:
+        a = offset // self.item
+        values = self.level.read(a, a + memoryview(buf).nbytes // self.item)
+        memoryview(buf).cast("B")[:] = dtypes.le_bytes(values)
 
 
 # -- opening ------------------------------------------------------------------------------------------------

@@ -116,6 +116,8 @@ class LazyArray:
     from several threads at once. ``planes``: byte-plane every frame (see :func:`iter_encode_array`).
     ``after(start, stop)``, when given, is called for each frame in order, in the thread consuming the blob,
     once the frame is compressed (e.g. to hash, in order, what ``read`` read on the codec threads).
+    ``sequential``: ``read`` is called instead in order, in the thread consuming the blob (values computed in
+    order from inputs that are themselves decoded on the codec threads); the codec threads only compress.
     """
 
     dtype: np.dtype
@@ -123,6 +125,7 @@ class LazyArray:
     read: Callable[[int, int], np.ndarray]
     planes: bool | None = None
     after: Callable[[int, int], None] | None = None
+    sequential: bool = False
 
     @property
     def size(self) -> int:
@@ -182,7 +185,9 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
         return got.reshape(-1).view(np.uint8)
 
     def work(b: tuple[int, int]) -> list[bytes]:
-        frame = frame_bytes(b)
+        return compress(frame_bytes(b))
+
+    def compress(frame: np.ndarray) -> list[bytes]:
         c = _compressor(level, planes)
         if planes:
             noisy = _compressor(level, planes, noise=True)  # c itself unless level 0 (theta's preset)
@@ -190,9 +195,13 @@ def iter_encode_array(arr: ArrayLike, level: int = DEFAULT_LEVEL, planes: bool |
                     for p in _to_planes(frame, item)]
         return [c.compress(frame.data)]
 
+    if lazy is not None and lazy.sequential:  # frames read here, in order, as the window takes them
+        results = _ordered(compress, (frame_bytes(b) for b in bounds))
+    else:
+        results = _ordered(work, bounds)
     yield ARRAY_MAGIC
     frames = []
-    for b, ps in zip(bounds, _ordered(work, bounds)):
+    for b, ps in zip(bounds, results):
         frames.append([b[1] - b[0], [len(p) for p in ps]])
         if after is not None:
             after(*b)

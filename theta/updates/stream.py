@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from theta.storage.store import LfsStore
 
 STREAMED_STEPS = ("delta", "sparse", "ia3", "low-rank", "rows")
+BLOCK = 1 << 20  # elements per block of a pass over a whole value (a squash, a check): 4 MiB of float32
 
 
 class _Cursor:
@@ -277,9 +278,11 @@ class GroupSource(_Source):
     """The value of a group whose chain is a dense step followed by delta/sparse/ia3/low-rank steps, block by block.
 
     ``shape``, ``dtype`` and ``size`` are the value's; :meth:`chunks` yields ``(slice, flat block)`` in order
-    and may be called again for another pass. A block is fresh memory the caller may keep or modify."""
+    and may be called again for another pass. A block is fresh memory the caller may keep or modify.
+    ``on_step(i, values)``, when given, sees the values of step ``i``'s value in the block as each step is applied
+    (every step's value in order, in one pass: how a check hashes each step's value)."""
 
-    def chunks(self, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+    def chunks(self, n: int, on_step=None) -> Iterator[tuple[slice, np.ndarray]]:
         g, steps = self.group, self.group.steps
         word = raw_words(np.empty(1, self.dtype)).dtype
         per = raw_words(np.empty(1, self.dtype)).size  # words per element (complex128: 2)
@@ -323,11 +326,15 @@ class GroupSource(_Source):
                     block = np.empty(m, self.dtype)  # ours to update in place
                     block[:length[0]] = first.take(length[0])
                     words = raw_words(block)
+                    if on_step is not None:
+                        on_step(0, block[:length[0]])
                     for i, ap in enumerate(later, start=1):
                         if isinstance(ap, _Rows):
                             ap.fill(block, start, length[i])
                         elif length[i]:
                             ap.apply(block[:length[i]], words[:length[i] * per], start)
+                        if on_step is not None:
+                            on_step(i, block[:length[i]])
                     if h is not None:
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + m), block
@@ -626,24 +633,10 @@ class PositionalSource(_Source):
         g, steps = self.group, self.group.steps
         h = None if self.checked else valuehash.like(g.hash)
         with ExitStack() as stack:
-            i = 0
+            at = [0]  # the step an error is located at
             try:
-                level: _Level | None = None
-                before: tuple = ()
-                for i, s in enumerate(steps):
-                    blobs = codec.part_blobs(stack.enter_context(self.store.mapped(s.blob, group=g.name,
-                                                                                   file=self.file)))
-                    dtype_name, shape = step_layout(s, g)
-                    dt = dtypes.get(dtype_name).to_numpy()
-                    size = int(np.prod(shape, dtype=np.int64))
-                    if i == 0:
-                        level = _DenseLevel(blobs, dt, size)
-                    elif s.type == "rows":
-                        level = _RowsLevel(level, blobs, before, shape, dt)
-                    else:
-                        level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
-                    before = shape
-                i = len(steps) - 1
+                level = open_levels(g, self.store, self.file, stack, at)
+                at[0] = len(steps) - 1
                 for start in range(0, self.size, n):
                     block = level.read(start, min(self.size, start + n))
                     if block.dtype != self.dtype:
@@ -652,7 +645,31 @@ class PositionalSource(_Source):
                         h.update(dtypes.le_bytes(block))
                     yield slice(start, start + block.size), block
             except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
-                raise _step_failed(e, self.file, g, steps, i, "cannot be read by position") from None
+                raise _step_failed(e, self.file, g, steps, at[0], "cannot be read by position") from None
         if h is not None:
             _check_rebuilt(h, self.file, g, steps)
             self.checked = True
+
+
+def open_levels(group: "GroupMeta", store: "LfsStore", file: str | None, stack: ExitStack,
+                at: list | None = None) -> _Level:
+    """The last level of ``group``'s chain read by position (see above): ``read(start, stop)`` gives any range of
+    the group's value, decoding only the frames it covers. The blobs stay mapped while ``stack`` is open.
+    ``at[0]``: the step being opened (for an error's location)."""
+    level: _Level | None = None
+    before: tuple = ()
+    for i, s in enumerate(group.steps):
+        if at is not None:
+            at[0] = i
+        blobs = codec.part_blobs(stack.enter_context(store.mapped(s.blob, group=group.name, file=file)))
+        dtype_name, shape = step_layout(s, group)
+        dt = dtypes.get(dtype_name).to_numpy()
+        size = int(np.prod(shape, dtype=np.int64))
+        if i == 0:
+            level = _DenseLevel(blobs, dt, size)
+        elif s.type == "rows":
+            level = _RowsLevel(level, blobs, before, shape, dt)
+        else:
+            level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
+        before = shape
+    return level
