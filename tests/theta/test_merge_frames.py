@@ -10,7 +10,8 @@ import pytest
 
 from theta.base import lsh
 from theta.base.errors import MergeConflict
-from theta.merges import get as get_strategy, plan as merge, strategies
+from theta.merges import get as get_strategy, plan as merge
+from theta.merges.strategies import base as strategies
 from theta.merges.plan import MergePlan, Pending, execute
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta

@@ -14,7 +14,7 @@ import pytest
 
 import theta.merges as merges
 from theta.base.errors import MergeError
-from theta.merges import strategies
+from theta.merges.strategies import base as strategies, sparsified
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.float32
@@ -197,7 +197,7 @@ def test_kth_largest_magnitude_matches_sort(wd):
     x[1100] = -0.0
     srt = np.sort(np.abs(x))
     for k in [1, 2, 50, 1100, 3999, 4000, 4001, 4900, 5000]:
-        got = strategies.kth_largest_magnitude(lambda: iter(np.array_split(x, 7)), k, np.dtype(wd))
+        got = sparsified.kth_largest_magnitude(lambda: iter(np.array_split(x, 7)), k, np.dtype(wd))
         assert got == srt[-k], k
 
 
@@ -319,7 +319,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 def test_kth_largest_and_ties_properties(x, density):
     srt = np.sort(np.abs(x))
     k = max(1, int(round(density * x.size)))
-    got = strategies.kth_largest_magnitude(lambda: iter(np.array_split(x, 3)), k, np.dtype(np.float32))
+    got = sparsified.kth_largest_magnitude(lambda: iter(np.array_split(x, 3)), k, np.dtype(np.float32))
     assert got == srt[-k]
     O = np.zeros_like(x)
     B = x[::-1].copy()

@@ -139,7 +139,7 @@ def test_streamed_merge_equals_the_merge_of_whole_values(tmp_path, strategy, par
 @pytest.mark.parametrize("strategy", ["task-arithmetic", "ties"])
 def test_streamed_merge_holds_the_result_not_three_groups(tmp_path, monkeypatch, strategy):
     from theta.base import lsh
-    from theta.merges import strategies
+    from theta.merges.strategies import base as strategies
     # frames and work chunks small next to the group, as in real use (4 MiB each next to groups of up to GiBs)
     monkeypatch.setattr(codec, "FRAME_BYTES", 128 << 10)
     monkeypatch.setattr(strategies, "CHUNK", 1 << 15)

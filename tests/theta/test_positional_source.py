@@ -203,7 +203,7 @@ def test_a_positional_chain_whose_value_differs_from_its_hash_is_refused(store):
 @pytest.mark.parametrize("strategy", ["average", "task-arithmetic", "ties"])
 def test_merge_of_moved_rows_chains_holds_the_result_not_the_inputs(tmp_path, monkeypatch, strategy):
     from theta.base import lsh
-    from theta.merges import strategies
+    from theta.merges.strategies import base as strategies
 
     monkeypatch.setattr(codec, "FRAME_BYTES", 128 << 10)
     monkeypatch.setattr(strategies, "CHUNK", 1 << 15)

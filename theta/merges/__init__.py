@@ -28,10 +28,10 @@ from theta.base.errors import MergeError
 
 ENTRY_POINT_GROUP = "theta.merges"
 _REGISTRY = Registry(ENTRY_POINT_GROUP, {  # in menu order
-    "ours": "theta.merges.strategies:Ours", "theirs": "theta.merges.strategies:Theirs",
-    "ancestor": "theta.merges.strategies:Ancestor", "average": "theta.merges.strategies:Average",
-    "task-arithmetic": "theta.merges.strategies:TaskArithmetic", "ties": "theta.merges.strategies:Ties",
-    "dare": "theta.merges.strategies:Dare", "slerp": "theta.merges.strategies:Slerp"})
+    "ours": "theta.merges.strategies.pick:Ours", "theirs": "theta.merges.strategies.pick:Theirs",
+    "ancestor": "theta.merges.strategies.pick:Ancestor", "average": "theta.merges.strategies.linear:Average",
+    "task-arithmetic": "theta.merges.strategies.linear:TaskArithmetic", "ties": "theta.merges.strategies.sparsified:Ties",
+    "dare": "theta.merges.strategies.sparsified:Dare", "slerp": "theta.merges.strategies.slerp:Slerp"})
 _BUILTIN = tuple(_REGISTRY.builtins)
 
 

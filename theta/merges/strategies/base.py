@@ -1,4 +1,5 @@
-"""The built-in merge strategies (registered as ``theta.merges`` entry points in pyproject.toml).
+"""The base of the built-in merge strategies: :class:`Strategy` (checks, parameters) and :class:`Elementwise`
+(a result computed chunk by chunk, whole or block by block), and the chunking they share.
 
 Notation: A = ours, B = theirs, O = ancestor, τ_A = A − O and τ_B = B − O (task vectors).
 Arithmetic runs in float32 (float64 for float64 groups), chunk by chunk, so beyond the inputs and the
@@ -15,7 +16,6 @@ outside the memory bound by contract (docs/extending.md).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -32,25 +32,21 @@ CHUNK = 1 << 20
 # temporaries are a dozen blocks of float32 at a time. Element-wise, so the result does not depend on it; the
 # passes before it (TIES' thresholds, SLERP's sums) keep CHUNK, the order their sums were always taken in
 BLOCK = 1 << 18
-# slerp falls back to linear interpolation when |cos θ| exceeds this (vectors nearly parallel)
-SLERP_PARALLEL = 0.9995
-
-
 def work_dtype(arr: np.ndarray) -> np.dtype:
     """float64 for float64 groups, float32 for every narrower float (bf16, fp16, float8, fp32)."""
     return np.dtype(np.float64) if arr.dtype == np.float64 else np.dtype(np.float32)
 
 
-def _flat(a: np.ndarray) -> np.ndarray:
+def flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
 
 
-def _slices(n: int) -> Iterator[slice]:
+def slices(n: int) -> Iterator[slice]:
     for start in range(0, n, CHUNK):
         yield slice(start, min(n, start + CHUNK))
 
 
-def _side_by_side(*inputs: Any, n: int | None = None) -> Iterator[tuple]:
+def chunks_side_by_side(*inputs: Any, n: int | None = None) -> Iterator[tuple]:
     return side_by_side(inputs, n or CHUNK)
 
 
@@ -128,7 +124,7 @@ def _blocks(A: Any, B: Any, O: Any, fn: Blockwise) -> Iterator[tuple[slice, np.n
     """``(slice, fn(slice, a, b, o) in A's dtype, [a, b, o] as read)`` for each chunk, in order: ``fn`` gets the
     chunk's values in the work dtype (fresh arrays it may modify)."""
     wd = work_dtype(A)
-    for sl, a, b, o in _side_by_side(A, B, O, n=min(BLOCK, CHUNK)):
+    for sl, a, b, o in chunks_side_by_side(A, B, O, n=min(BLOCK, CHUNK)):
         out = fn(sl, a.astype(wd), b.astype(wd), o.astype(wd) if o is not None else None).astype(A.dtype)
         yield sl, out, [x for x in (a, b, o) if x is not None]
 
@@ -165,172 +161,3 @@ class Elementwise(Strategy):
         p = self.check(name, ours, theirs, ancestor, params)
         fn = self.prepare(name, ours, theirs, ancestor, p)
         return _blocks(ours, theirs, ancestor if self.uses_ancestor else None, fn)
-
-
-class _Pick(Strategy):
-    def compute(self, name, A, B, O, p):
-        return {"ours": A, "theirs": B, "ancestor": O}[self.picks]
-
-
-class Ours(_Pick):
-    name, picks, summary = "ours", "ours", "keep our version of the group"
-
-
-class Theirs(_Pick):
-    name, picks, summary = "theirs", "theirs", "take their version of the group"
-
-
-class Ancestor(_Pick):
-    name, picks, needs_ancestor = "ancestor", "ancestor", True
-    summary = "go back to the common ancestor's version"
-
-
-class Average(Elementwise):
-    name = "average"
-    summary = "alpha·ours + (1−alpha)·theirs"
-    defaults = {"alpha": 0.5}
-
-    def prepare(self, name, A, B, O, p):
-        alpha = p["alpha"]
-        return lambda sl, a, b, o: a * alpha + b * (1.0 - alpha)
-
-
-class TaskArithmetic(Elementwise):
-    name = "task-arithmetic"
-    summary = "ancestor + λ_ours·(ours−ancestor) + λ_theirs·(theirs−ancestor)"
-    needs_ancestor = uses_ancestor = True
-    defaults = {"lambda_ours": 1.0, "lambda_theirs": 1.0}
-
-    def prepare(self, name, A, B, O, p):
-        lo, lt = p["lambda_ours"], p["lambda_theirs"]
-        return lambda sl, a, b, o: o + (a - o) * lo + (b - o) * lt
-
-
-def _check_density(strategy: str, density: float) -> None:
-    if not 0.0 < density <= 1.0:
-        raise MergeError(f"merge strategy {strategy!r}: density must be in (0, 1], got {density}")
-
-
-def kth_largest_magnitude(chunks: Callable[[], Iterator[np.ndarray]], k: int, wd: np.dtype) -> float:
-    """The k-th largest |x| (1 ≤ k ≤ n) over the arrays ``chunks()`` yields, with O(chunk) memory.
-
-    Radix selection: non-negative IEEE floats order like their bit patterns read as unsigned integers, so
-    16 bits are resolved per pass over the data (2 passes for float32, 4 for float64), exactly.
-    """
-    bits = wd.itemsize * 8
-    key_type = np.dtype(f"u{wd.itemsize}")
-    prefix, resolved = 0, 0
-    for shift in range(bits - 16, -1, -16):
-        hist = np.zeros(1 << 16, dtype=np.int64)
-        for chunk in chunks():
-            keys = np.abs(chunk).view(key_type)
-            if resolved:
-                keys = keys[(keys >> (shift + 16)) == prefix]
-            hist += np.bincount(((keys >> shift) & 0xFFFF).astype(np.intp), minlength=1 << 16)
-        from_top = np.cumsum(hist[::-1])
-        idx = int(np.searchsorted(from_top, k))  # first bucket (from the top) reaching rank k
-        k -= int(from_top[idx - 1]) if idx else 0
-        prefix = (prefix << 16) | (0xFFFF - idx)
-        resolved += 16
-    return float(np.array([prefix], dtype=key_type).view(wd)[0])
-
-
-def _trim_threshold(X: Any, O: Any, n: int, density: float, wd: np.dtype) -> float:
-    """Magnitude threshold keeping the k = max(1, round(density·n)) largest |τ| = |X − O| (ties at the
-    threshold are kept); X and O are arrays or sources, read once per radix pass."""
-    k = max(1, int(round(density * n)))
-    if k >= n:
-        return 0.0
-
-    def chunks():
-        for _, x, o in _side_by_side(X, O):
-            yield x.astype(wd) - o.astype(wd)
-
-    return kth_largest_magnitude(chunks, k, wd)
-
-
-class Ties(Elementwise):
-    name = "ties"
-    summary = "TIES: trim task vectors to the top density, elect signs, disjoint mean; ancestor + λ·merged"
-    needs_ancestor = uses_ancestor = True
-    defaults = {"density": 0.2, "lambda": 1.0}
-    ranges = {"density": (0.0, 1.0, False)}
-
-    def prepare(self, name, A, B, O, p):
-        density, lam = p["density"], p["lambda"]
-        _check_density(self.name, density)
-        wd = work_dtype(A)
-        n = int(np.prod(A.shape, dtype=np.int64))
-        th_a = _trim_threshold(A, O, n, density, wd)
-        th_b = _trim_threshold(B, O, n, density, wd)
-
-        def chunk(sl, a, b, o):
-            ta, tb = a - o, b - o
-            ta[np.abs(ta) < th_a] = 0
-            tb[np.abs(tb) < th_b] = 0
-            elected = np.sign(ta + tb)
-            agree_a = (ta != 0) & (np.sign(ta) == elected)
-            agree_b = (tb != 0) & (np.sign(tb) == elected)
-            total = np.where(agree_a, ta, 0) + np.where(agree_b, tb, 0)
-            count = agree_a.astype(wd) + agree_b.astype(wd)
-            return o + lam * (total / np.maximum(count, 1))
-
-        return chunk
-
-
-def dare_seed(name: str, side: str, seed: int) -> np.random.SeedSequence:
-    """The documented, reproducible random stream of DARE for one group and side."""
-    digest = hashlib.sha256(f"theta-dare\0{seed}\0{name}\0{side}".encode()).digest()
-    return np.random.SeedSequence(int.from_bytes(digest[:16], "little"))
-
-
-class Dare(Elementwise):
-    name = "dare"
-    summary = "DARE: drop task-vector entries with prob. 1−density, rescale by 1/density, task arithmetic"
-    needs_ancestor = uses_ancestor = True
-    defaults = {"density": 0.2, "lambda_ours": 1.0, "lambda_theirs": 1.0, "seed": 0}
-    ranges = {"density": (0.0, 1.0, False), "seed": (0.0, float(2 ** 53), True)}
-    integers = frozenset({"seed"})
-
-    def prepare(self, name, A, B, O, p):
-        density = p["density"]
-        _check_density(self.name, density)
-        seed = int(p["seed"])
-        # one stream per side, consumed chunk after chunk: the same values as one draw of n numbers
-        rng_a = np.random.default_rng(dare_seed(name, "ours", seed))
-        rng_b = np.random.default_rng(dare_seed(name, "theirs", seed))
-        lo, lt = p["lambda_ours"] / density, p["lambda_theirs"] / density
-
-        def chunk(sl, a, b, o):
-            n = sl.stop - sl.start
-            keep_a = rng_a.random(n) < density
-            keep_b = rng_b.random(n) < density
-            return o + np.where(keep_a, a - o, 0) * lo + np.where(keep_b, b - o, 0) * lt
-
-        return chunk  # (its streams start anew with each prepare: one pass over the chunks per call)
-
-
-class Slerp(Elementwise):
-    name = "slerp"
-    summary = "spherical interpolation from ours (t=0) to theirs (t=1); linear when nearly parallel"
-    defaults = {"t": 0.5}
-    ranges = {"t": (0.0, 1.0, True)}  # an interpolation: beyond [0, 1] sin((1-t)θ) gives finite garbage
-
-    def prepare(self, name, A, B, O, p):
-        t = p["t"]
-        wd = work_dtype(A)
-        dot = na = nb = 0.0  # the first pass: the angle, from chunks of CHUNK summed in order
-        for _, a, b in _side_by_side(A, B):
-            a, b = a.astype(np.float64), b.astype(np.float64)
-            dot += float(a @ b)
-            na += float(a @ a)
-            nb += float(b @ b)
-        ca, cb = 1.0 - t, t
-        if na > 0 and nb > 0:
-            cos = max(-1.0, min(1.0, dot / math.sqrt(na * nb)))
-            if abs(cos) <= SLERP_PARALLEL:
-                theta = math.acos(cos)
-                ca = math.sin((1.0 - t) * theta) / math.sin(theta)
-                cb = math.sin(t * theta) / math.sin(theta)
-        ca, cb = wd.type(ca), wd.type(cb)
-        return lambda sl, a, b, o: a * ca + b * cb
