@@ -198,8 +198,7 @@ def cast_source(src: TensorSource, dtype: str) -> TensorSource:
             yield out
             del out
 
-    return dataclasses.replace(src, dtype=dtype, read=lambda s=src: cast_bytes(s.read(), s.dtype, dtype),
-                               crc32=None, chunks=chunks)  # other bytes: the source's CRC no longer applies
+    return src.with_bytes(lambda s=src: cast_bytes(s.read(), s.dtype, dtype), dtype, chunks)
 
 
 # -- layout ----------------------------------------------------------------------------------------

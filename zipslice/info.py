@@ -1,6 +1,8 @@
 """What is known about a tensor without reading its data."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, Iterator
@@ -103,6 +105,13 @@ class TensorSource:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * dtypes.get(self.dtype).itemsize
+
+    def with_bytes(self, read: Callable[[], "bytes | bytearray | memoryview"], dtype: str | None = None,
+                   chunks: "Callable[[], Iterable[bytes | bytearray | memoryview]] | None" = None,
+                   **changes) -> "TensorSource":
+        """This source with other values: ``read``, ``crc32`` and ``chunks`` all describe one tensor's bytes, so
+        new bytes replace the three together (a ``chunks`` left from the old values would be written instead)."""
+        return dataclasses.replace(self, read=read, dtype=dtype or self.dtype, chunks=chunks, crc32=None, **changes)
 
     def pieces(self) -> "Iterator[memoryview]":
         """The values as consecutive flat byte views: ``chunks()`` when the source has them (never whole in

@@ -315,8 +315,8 @@ with zipslice.load("HEAD:n.pt") as lsd:
     out["REV:PATH"] = {"w": lsd.numpy("w").sum().item(), "slice": fails(lambda: lsd.get_slice("w")[0])}
 out["tempo"] = fails(lambda: __import__("tempo"))
 out["callback"] = fails(lambda: theta.ThetaTrainerCallback)
-from theta.peers.gittheta import format as gt
-out["zarr"] = fails(lambda: gt.decode_group_blob(open(blob, "rb").read()))
+from theta.peers.gittheta import blobs as gt_blobs
+out["zarr"] = fails(lambda: gt_blobs.decode_group_blob(open(blob, "rb").read()))
 print(json.dumps(out))
 """
 

@@ -23,7 +23,7 @@ from support.gitrepo import GitEnv
 
 from theta.base.errors import (BlobCorruptError, BlobMissingError, GitThetaFormatError,  # noqa: E402
                                GitThetaUpdateTypeError, MetadataError, ThetaDependencyError, ThetaError)
-from theta.peers.gittheta import format as gt  # noqa: E402
+from theta.peers.gittheta import arithmetic as gt_arithmetic, blobs as gt_blobs, chains as gt_chains, metadata as gt_metadata  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "git_theta"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
@@ -38,12 +38,12 @@ class GitReader:
 
     def __init__(self, env: GitEnv):
         self.env = env
-        self.calls: list[gt.ObjectRef] = []
+        self.calls: list[gt_chains.ObjectRef] = []
         self._lfs: dict[str, bytes | None] = {}  # each object smudged once per reader
 
     def __call__(self, repo_dir, ref):
         self.calls.append(ref)
-        if isinstance(ref, gt.GitBlob):
+        if isinstance(ref, gt_chains.GitBlob):
             spec = f"{ref.commit}:{ref.path}"
             if self.env.run(["git", "cat-file", "-e", spec], cwd=repo_dir, check=False).returncode != 0:
                 return None
@@ -95,11 +95,11 @@ def test_every_group_of_every_commit_checks_out_as_git_theta_does(peer_repo, val
     compared = 0
     for commit in EXPECTED["commits"]:
         for path, tensors in commit["files"].items():
-            meta = gt.parse_metadata(metadata_at(env, repo, commit["sha"], path), f"{commit['sha']}:{path}")
+            meta = gt_metadata.parse_metadata(metadata_at(env, repo, commit["sha"], path), f"{commit['sha']}:{path}")
             # Git-Theta sorts groups by name and writes the checkout in that order.
             assert [g.name for g in meta.groups.values()] == sorted(tensors)
-            resolver = gt.ChainResolver(repo, path, reader)
-            for name, got in gt.resolve_file(repo, path, meta, reader):
+            resolver = gt_chains.ChainResolver(repo, path, reader)
+            for name, got in gt_chains.resolve_file(repo, path, meta, reader):
                 want = tensors[name]
                 group = meta.group(name)
                 types = tuple(g.theta.update_type for g, _ in resolver.chain(group, meta.file))
@@ -137,12 +137,12 @@ def test_resolve_group_follows_a_three_step_chain_across_commits(peer_repo, valu
     c4 = EXPECTED["commits"][4]
     assert c4["subject"].startswith("C4 low-rank")
     reader = GitReader(env)
-    got = gt.resolve_group(repo, "model.pt", c4["sha"], "fc1.weight", reader)
+    got = gt_chains.resolve_group(repo, "model.pt", c4["sha"], "fc1.weight", reader)
     np.testing.assert_allclose(got, values[c4["files"]["model.pt"]["fc1.weight"]["sha256"]], rtol=1e-6, atol=1e-6)
     # It read C4's metadata, then C3's (sparse) and C2's (dense): one text per commit, and three LFS objects.
-    commits_read = [r.commit for r in reader.calls if isinstance(r, gt.GitBlob)]
+    commits_read = [r.commit for r in reader.calls if isinstance(r, gt_chains.GitBlob)]
     assert commits_read == [c4["sha"], EXPECTED["commits"][3]["sha"], EXPECTED["commits"][2]["sha"]]
-    assert sum(isinstance(r, gt.LfsObject) for r in reader.calls) == 3
+    assert sum(isinstance(r, gt_chains.LfsObject) for r in reader.calls) == 3
 
 
 def test_sparse_chain_is_bit_exact_and_equals_scipy_reference(peer_repo, values):
@@ -151,15 +151,15 @@ def test_sparse_chain_is_bit_exact_and_equals_scipy_reference(peer_repo, values)
     env, repo = peer_repo
     c3, c2 = EXPECTED["commits"][3], EXPECTED["commits"][2]
     reader = GitReader(env)
-    meta = gt.parse_metadata(metadata_at(env, repo, c3["sha"], "model.pt"), "model.pt")
+    meta = gt_metadata.parse_metadata(metadata_at(env, repo, c3["sha"], "model.pt"), "model.pt")
     group = meta.group("emb.weight")
     assert group.theta.update_type == "sparse" and group.theta.last_commit == c2["sha"]
-    update = gt.decode_group_blob(reader(repo, gt.LfsObject(group.lfs.oid, group.lfs.size, group.lfs.pointer_text())))
+    update = gt_blobs.decode_group_blob(reader(repo, gt_chains.LfsObject(group.lfs.oid, group.lfs.size, group.lfs.pointer_text())))
     previous = values[c2["files"]["model.pt"]["emb.weight"]["sha256"]]
     reference = np.reshape(scipy_sparse.csr_matrix((update["data"], update["indices"], update["indptr"]),
                                                    shape=(1, np.prod(update["shape"]))).toarray(),
                            update["shape"]) + previous
-    got = gt.resolve_group(repo, "model.pt", c3["sha"], "emb.weight", reader)
+    got = gt_chains.resolve_group(repo, "model.pt", c3["sha"], "emb.weight", reader)
     assert le_sha256(got) == le_sha256(reference) == c3["files"]["model.pt"]["emb.weight"]["sha256"]
 
 
@@ -169,8 +169,8 @@ def test_metadata_parse_keeps_every_field_git_theta_wrote(peer_repo):
     for commit in EXPECTED["commits"][1:]:
         for path in commit["files"]:
             raw = metadata_at(env, repo, commit["sha"], path)
-            assert gt.is_git_theta_metadata(raw)
-            meta = gt.parse_metadata(raw, path)
+            assert gt_metadata.is_git_theta_metadata(raw)
+            meta = gt_metadata.parse_metadata(raw, path)
             tree = json.loads(raw)
             assert list(meta.groups) == [(k,) for k in tree]
             for (name,), g in meta.groups.items():
@@ -196,12 +196,12 @@ def test_multi_chunk_group_decodes(peer_repo, values):
     """big.mask (1100 x 1000 uint8) is stored by tensorstore as two zarr chunks, the second one padded."""
     env, repo = peer_repo
     c1 = EXPECTED["commits"][1]
-    meta = gt.parse_metadata(metadata_at(env, repo, c1["sha"], "model.pt"))
+    meta = gt_metadata.parse_metadata(metadata_at(env, repo, c1["sha"], "model.pt"))
     g = meta.group("big.mask")
     blob = (FIXTURE / "lfs" / "objects" / g.lfs.oid[:2] / g.lfs.oid[2:4] / g.lfs.oid).read_bytes()
     files = msgpack.unpackb(blob, raw=False)["parameter"]
     assert sorted(files) == [".zarray", "0.0", "1.0"]
-    parts = gt.decode_group_blob(blob, file="model.pt", group="big.mask")
+    parts = gt_blobs.decode_group_blob(blob, file="model.pt", group="big.mask")
     np.testing.assert_array_equal(parts["parameter"], values[c1["files"]["model.pt"]["big.mask"]["sha256"]])
 
 
@@ -209,14 +209,14 @@ def test_multi_chunk_group_decodes(peer_repo, values):
 
 def test_sniff_tells_git_theta_metadata_from_ours_and_from_checkpoints(peer_repo):
     env, repo = peer_repo
-    assert gt.is_git_theta_metadata(metadata_at(env, repo, EXPECTED["commits"][7]["sha"], "head.pt"))
-    assert gt.is_git_theta_metadata(b"{}")  # an empty checkpoint's metadata
-    assert not gt.is_git_theta_metadata(b'theta-metadata 1\n{"checkpoint":{}}\n')
-    assert not gt.is_git_theta_metadata(b"PK\x03\x04" + bytes(100))
-    assert not gt.is_git_theta_metadata(b"[1, 2]")
-    assert not gt.is_git_theta_metadata(b"\xff\xfe{")
-    assert not gt.is_git_theta_metadata(b'{"w": {"lfs_metadata": {}}}')  # no tensor/theta sections
-    assert not gt.is_git_theta_metadata(b'{"w": 3}')
+    assert gt_metadata.is_git_theta_metadata(metadata_at(env, repo, EXPECTED["commits"][7]["sha"], "head.pt"))
+    assert gt_metadata.is_git_theta_metadata(b"{}")  # an empty checkpoint's metadata
+    assert not gt_metadata.is_git_theta_metadata(b'theta-metadata 1\n{"checkpoint":{}}\n')
+    assert not gt_metadata.is_git_theta_metadata(b"PK\x03\x04" + bytes(100))
+    assert not gt_metadata.is_git_theta_metadata(b"[1, 2]")
+    assert not gt_metadata.is_git_theta_metadata(b"\xff\xfe{")
+    assert not gt_metadata.is_git_theta_metadata(b'{"w": {"lfs_metadata": {}}}')  # no tensor/theta sections
+    assert not gt_metadata.is_git_theta_metadata(b'{"w": 3}')
 
 
 # ---------------------------------------------------------------- hostile metadata
@@ -255,7 +255,7 @@ def _leaf(**over) -> dict:
 def test_bad_metadata_fields_are_named(over, field, problem):
     text = json.dumps({"enc.weight": _leaf(**over)})
     with pytest.raises(GitThetaFormatError) as e:
-        gt.parse_metadata(text, "model.pt")
+        gt_metadata.parse_metadata(text, "model.pt")
     msg = str(e.value)
     assert "model.pt" in msg and "'enc.weight'" in msg and field in msg and problem in msg, msg
     assert (e.value.file, e.value.group, e.value.field) == ("model.pt", "enc.weight", field)
@@ -275,7 +275,7 @@ def test_bad_metadata_fields_are_named(over, field, problem):
 ])
 def test_malformed_metadata_texts_are_refused(text, problem):
     with pytest.raises(GitThetaFormatError, match=problem):
-        gt.parse_metadata(text, "model.pt")
+        gt_metadata.parse_metadata(text, "model.pt")
 
 
 def test_averaged_merge_leaf_of_git_theta_is_refused_by_name():
@@ -283,14 +283,14 @@ def test_averaged_merge_leaf_of_git_theta_is_refused_by_name():
     leaf = _leaf()
     leaf["lfs_metadata"] = [leaf["lfs_metadata"], None]
     with pytest.raises(GitThetaFormatError) as e:
-        gt.parse_metadata(memoryview(json.dumps({"dec.bias": leaf}).encode()), "model.pt")
+        gt_metadata.parse_metadata(memoryview(json.dumps({"dec.bias": leaf}).encode()), "model.pt")
     assert (e.value.group, e.value.field) == ("dec.bias", "lfs_metadata")
     assert "missing or not an object" in str(e.value)
 
 
 def test_nested_metadata_groups_are_keyed_by_path():
     """Nested checkpoints (flax, tensorflow) give nested metadata; torch state dicts a flat one."""
-    meta = gt.parse_metadata(json.dumps({"enc": {"layer": {"w": _leaf()}}, "b": _leaf()}), "m")
+    meta = gt_metadata.parse_metadata(json.dumps({"enc": {"layer": {"w": _leaf()}}, "b": _leaf()}), "m")
     assert list(meta.groups) == [("enc", "layer", "w"), ("b",)]
     assert meta.group("enc/layer/w").key == ("enc", "layer", "w")
     assert meta.group(("b",)).tensor.shape == (2, 3)
@@ -306,7 +306,7 @@ class DictReader:
         self.texts, self.blobs = texts, blobs
 
     def __call__(self, repo_dir, ref):
-        if isinstance(ref, gt.GitBlob):
+        if isinstance(ref, gt_chains.GitBlob):
             t = self.texts.get((ref.commit, ref.path))
             return None if t is None else t.encode()
         return self.blobs.get(ref.oid)
@@ -347,7 +347,7 @@ def test_unknown_update_type_names_file_group_and_type(peer_blobs):
     bad = _with_blob(leaf, blob, update_type="delta", last_commit="b" * 40)
     reader = _one_group_repo(bad, blob, name="fc1.weight")
     with pytest.raises(GitThetaUpdateTypeError) as e:
-        gt.resolve_group("/nonexistent", "model.pt", "c" * 40, "fc1.weight", reader)
+        gt_chains.resolve_group("/nonexistent", "model.pt", "c" * 40, "fc1.weight", reader)
     msg = str(e.value)
     assert "'delta'" in msg and "'fc1.weight'" in msg and "model.pt" in msg and "theta_metadata.update_type" in msg
 
@@ -356,7 +356,7 @@ def test_incremental_update_without_previous_commit_is_refused(peer_blobs):
     blob, leaf = peer_blobs["fc2.weight"]  # an ia3 group in C5
     reader = _one_group_repo(_with_blob(leaf, blob, last_commit=None), blob, name="fc2.weight")
     with pytest.raises(GitThetaFormatError, match="without a previous version"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
 
 
 def test_previous_commit_without_the_group_or_file_is_refused(peer_blobs):
@@ -365,10 +365,10 @@ def test_previous_commit_without_the_group_or_file_is_refused(peer_blobs):
     leaf = _with_blob(leaf, blob, last_commit="b" * 40)
     reader = _one_group_repo(leaf, blob, name="fc2.weight")
     with pytest.raises(GitThetaFormatError, match="commit b{40} has no model.pt"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
     reader.texts[("b" * 40, "model.pt")] = json.dumps({"fc2.bias": other_leaf})
     with pytest.raises(GitThetaFormatError, match="has no such group"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.weight", reader)
 
 
 def test_chain_loop_is_refused(peer_blobs):
@@ -378,7 +378,7 @@ def test_chain_loop_is_refused(peer_blobs):
     reader = DictReader({("c" * 40, "model.pt"): json.dumps({"w": a}), ("b" * 40, "model.pt"): json.dumps({"w": b})},
                         {a["lfs_metadata"]["oid"]: blob})
     with pytest.raises(GitThetaFormatError, match="loops back"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "w", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "w", reader)
 
 
 def test_missing_and_corrupt_lfs_objects(peer_blobs):
@@ -386,11 +386,11 @@ def test_missing_and_corrupt_lfs_objects(peer_blobs):
     reader = _one_group_repo(leaf, blob, name="fc2.bias")
     reader.blobs.clear()
     with pytest.raises(BlobMissingError) as e:
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
     assert leaf["lfs_metadata"]["oid"] in str(e.value) and "'fc2.bias'" in str(e.value)
     reader.blobs[leaf["lfs_metadata"]["oid"]] = blob[:-1] + bytes([blob[-1] ^ 1])
     with pytest.raises(BlobCorruptError, match="fc2.bias"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
 
 
 def test_dense_blob_disagreeing_with_its_metadata_is_refused(peer_blobs):
@@ -399,13 +399,13 @@ def test_dense_blob_disagreeing_with_its_metadata_is_refused(peer_blobs):
     leaf["tensor_metadata"]["shape"] = "(5,)"
     reader = _one_group_repo(leaf, blob, name="fc2.bias")
     with pytest.raises(GitThetaFormatError, match=r"blob holds float32\[4\], the metadata says float32\[5\]"):
-        gt.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "fc2.bias", reader)
 
 
 def test_sparse_indices_out_of_range_are_refused(peer_blobs):
     blob, leaf = peer_blobs["emb.weight"]  # sparse on a dense base
     outer = msgpack.unpackb(blob, raw=False)
-    idx = gt.decode_group_blob(blob)["indices"]
+    idx = gt_blobs.decode_group_blob(blob)["indices"]
     assert idx.tolist() == [14]  # one entry, the last of 5 x 3
     # Re-encode 'indices' as [15] with the same zarr settings: numcodecs' blosc is what tensorstore used.
     from numcodecs import Blosc
@@ -422,7 +422,7 @@ def test_sparse_indices_out_of_range_are_refused(peer_blobs):
     reader = _one_group_repo(_with_blob(leaf, bad_blob, last_commit="b" * 40), bad_blob, name="emb.weight",
                              previous=(base_leaf, base_blob))
     with pytest.raises(GitThetaFormatError, match=r"indices must lie in \[0, 15\)") as e:
-        gt.resolve_group("/x", "model.pt", "c" * 40, "emb.weight", reader)
+        gt_chains.resolve_group("/x", "model.pt", "c" * 40, "emb.weight", reader)
     assert "'emb.weight'" in str(e.value)
 
 
@@ -491,7 +491,7 @@ def test_bad_blobs_are_refused_before_zarr_reads_them(peer_blobs, mutation, prob
     blob, _ = peer_blobs["fc2.bias"]  # dense zeros(4) float32: one 18-byte blosc chunk
     bad = _mutate(blob, "parameter", mutation)
     with pytest.raises(GitThetaFormatError) as e:
-        gt.decode_group_blob(bad, file="model.pt", group="fc2.bias")
+        gt_blobs.decode_group_blob(bad, file="model.pt", group="fc2.bias")
     msg = str(e.value)
     assert problem in msg and "model.pt" in msg and "'fc2.bias'" in msg and "part 'parameter'" in msg, msg
 
@@ -506,21 +506,21 @@ def test_bad_blobs_are_refused_before_zarr_reads_them(peer_blobs, mutation, prob
 ])
 def test_blobs_that_are_not_git_theta_maps_are_refused(blob, problem):
     with pytest.raises(GitThetaFormatError, match=problem):
-        gt.decode_group_blob(blob, file="model.pt", group="g")
+        gt_blobs.decode_group_blob(blob, file="model.pt", group="g")
 
 
 def test_max_bytes_bounds_what_decoding_allocates(peer_blobs):
     blob, _ = peer_blobs["big.mask"]
-    assert gt.decode_group_blob(blob, max_bytes=1_100_000)["parameter"].nbytes == 1_100_000
+    assert gt_blobs.decode_group_blob(blob, max_bytes=1_100_000)["parameter"].nbytes == 1_100_000
     with pytest.raises(GitThetaFormatError, match="over the limit of 1099999"):
-        gt.decode_group_blob(blob, file="model.pt", group="big.mask", max_bytes=1_099_999)
+        gt_blobs.decode_group_blob(blob, file="model.pt", group="big.mask", max_bytes=1_099_999)
 
 
 def test_missing_zarr_says_what_to_install(peer_blobs, monkeypatch):
     blob, _ = peer_blobs["fc2.bias"]
     monkeypatch.setitem(sys.modules, "zarr", None)  # what an environment without the extra looks like
     with pytest.raises(ThetaDependencyError) as e:
-        gt.decode_group_blob(blob)
+        gt_blobs.decode_group_blob(blob)
     assert str(e.value) == ("zarr is not installed, and reading Git-Theta's parameter blobs needs zarr >= 3.1: "
                             'pip install "zipslice-theta[gittheta]"')
     assert isinstance(e.value, ThetaError) and isinstance(e.value, ModuleNotFoundError) and e.value.name == "zarr"
@@ -537,22 +537,22 @@ def test_update_math_matches_git_theta_formulas():
     want = prev.copy().reshape(-1)
     want[5] = (np.float32(0) + np.float32(1.5) + np.float32(2.0)) + want[5]
     want[0] = (np.float32(0) + np.float32(-0.0)) + want[0]
-    got = gt.apply_update("sparse", parts, prev)
+    got = gt_arithmetic.apply_update("sparse", parts, prev)
     assert got.dtype == np.float32 and got.tobytes() == want.reshape(4, 3).tobytes()
     # low-rank: R @ C + previous, or a stored difference
     R, C = rng.standard_normal((4, 2)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
-    assert gt.apply_update("low-rank", {"R": R, "C": C}, prev).tobytes() == (R @ C + prev).tobytes()
+    assert gt_arithmetic.apply_update("low-rank", {"R": R, "C": C}, prev).tobytes() == (R @ C + prev).tobytes()
     d = rng.standard_normal((4, 3)).astype(np.float32)
-    assert gt.apply_update("low-rank", {"parameter": d}, prev).tobytes() == (d + prev).tobytes()
+    assert gt_arithmetic.apply_update("low-rank", {"parameter": d}, prev).tobytes() == (d + prev).tobytes()
     # ia3: broadcast product; numpy promotion decides the dtype, as in Git-Theta
     s = rng.standard_normal((4, 1))
-    got = gt.apply_update("ia3", {"ia3": s}, prev)
+    got = gt_arithmetic.apply_update("ia3", {"ia3": s}, prev)
     assert got.dtype == np.float64 and got.tobytes() == (prev * s).tobytes()
     with pytest.raises(GitThetaFormatError, match=r"turns shape \[4, 3\] into \[2, 4, 3\]"):
-        gt.apply_update("ia3", {"ia3": np.ones((2, 1, 1))}, prev, file="m", group="g")
+        gt_arithmetic.apply_update("ia3", {"ia3": np.ones((2, 1, 1))}, prev, file="m", group="g")
     with pytest.raises(GitThetaFormatError, match="holds named parts"):
-        gt.apply_update("sparse", {"parameter": prev}, prev)
+        gt_arithmetic.apply_update("sparse", {"parameter": prev}, prev)
     with pytest.raises(GitThetaFormatError, match="cannot apply the low-rank update"):
-        gt.apply_update("low-rank", {"R": R}, prev)
+        gt_arithmetic.apply_update("low-rank", {"R": R}, prev)
     with pytest.raises(GitThetaUpdateTypeError, match="'rows'"):
-        gt.apply_update("rows", {}, prev)
+        gt_arithmetic.apply_update("rows", {}, prev)

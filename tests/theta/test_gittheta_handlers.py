@@ -2,7 +2,7 @@
 --only handlers in Git-Theta's environment): for each group (0 to 4 dimensions; float16/32/64 and integer) and
 update (sparse deltas, broadcast ia3 vectors, stacked or vector low-rank factors, parts of another dtype), the
 parts its format_update made and the value its apply_update gave. theta must give that value bit for bit,
-both where it reads Git-Theta's commits (theta.peers.gittheta.format.apply_update) and where it takes the same
+both where it reads Git-Theta's commits (theta.peers.gittheta.arithmetic.apply_update) and where it takes the same
 parts side-loaded from an update file (torch.save, as Git-Theta's end-to-end model writes them) and stores
 them as its own steps; and refuse, naming the file and the group, what Git-Theta's apply_update refused."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from support.gittheta import le_sha256
 from theta.base.errors import GitThetaFormatError, UpdateDataError
-from theta.peers.gittheta import format as gt
+from theta.peers.gittheta import arithmetic as gt_arithmetic
 from theta.peers.gittheta.update_files import UpdateData
 from theta.storage.codec import LazyArray
 from theta.updates import get as update_type
@@ -59,7 +59,7 @@ def test_git_thetas_value_read_and_side_loaded(case, arrays, tmp_path):
     assert le_sha256(want) == case["value"]["sha256"]
     parts = parts_of(case, arrays)
     # reading a Git-Theta commit: its arithmetic
-    got = gt.apply_update(case["update_type"], parts, previous)
+    got = gt_arithmetic.apply_update(case["update_type"], parts, previous)
     assert got.dtype == want.dtype and got.shape == want.shape and le_sha256(got) == le_sha256(want)
     # side-loading the same parts into theta: checked, stored as theta's steps, rebuilt bit for bit
     data = UpdateData.open(update_file(tmp_path, parts), case["update_type"])
@@ -82,7 +82,7 @@ def test_git_thetas_value_read_and_side_loaded(case, arrays, tmp_path):
 def test_what_git_theta_refuses_theta_refuses_naming_file_and_group(case, arrays, tmp_path):
     previous, parts = arrays[f"{case['name']}/previous"], parts_of(case, arrays)
     with pytest.raises(GitThetaFormatError, match="model.pt.*'g'|'g'.*model.pt"):
-        gt.apply_update(case["update_type"], parts, previous, file="model.pt", group="g")
+        gt_arithmetic.apply_update(case["update_type"], parts, previous, file="model.pt", group="g")
     path = update_file(tmp_path, parts)
     data = UpdateData.open(path, case["update_type"])
     try:

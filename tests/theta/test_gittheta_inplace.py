@@ -1,4 +1,4 @@
-"""Git-Theta's update arithmetic (theta.peers.gittheta.format.apply_update: what a Git-Theta checkout computes and
+"""Git-Theta's update arithmetic (theta.peers.gittheta.arithmetic.apply_update: what a Git-Theta checkout computes and
 what the original-form side-load writes) adds the previous value into the product or densified update it has
 just computed, in place: the same bits as ``update + previous`` (the same operands in the same order, element by
 element), holding the result once instead of the update and the result (the rewrite: previous and the result,
@@ -6,7 +6,7 @@ element), holding the result once instead of the update and the result (the rewr
 import numpy as np
 import pytest
 
-from theta.peers.gittheta.format import apply_update
+from theta.peers.gittheta.arithmetic import apply_update
 from support.traced import traced_peak
 
 

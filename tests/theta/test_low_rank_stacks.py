@@ -12,7 +12,7 @@ import pytest
 from theta.base.errors import GitThetaFormatError, UpdateTypeError
 from theta.base.matmul import matmul_shape
 from theta.storage import codec
-from theta.peers.gittheta import format as gt
+from theta.peers.gittheta import arithmetic as gt_arithmetic
 from theta.updates.low_rank import Factors, LowRankUpdate, add_low_rank, check_factors, exact_encoding_by_rows
 
 # (group shape, R shape, C shape): numpy's matmul gives the group's shape
@@ -92,9 +92,9 @@ def test_git_thetas_product_is_refused_before_it_is_made():
     4000 float64, 128 MB, for a 2 x 2 group) is refused from the shapes, naming the file and the group."""
     R, C = np.ones((4000, 1)), np.ones((1, 4000))
     with pytest.raises(GitThetaFormatError) as e:
-        gt.apply_update("low-rank", {"R": R, "C": C}, np.zeros((2, 2)), file="model.pt", group="w")
+        gt_arithmetic.apply_update("low-rank", {"R": R, "C": C}, np.zeros((2, 2)), file="model.pt", group="w")
     msg = str(e.value)
     assert "gives shape [4000, 4000], not the previous value's" in msg and "model.pt" in msg and "'w'" in msg
     prev = np.zeros((16, 3, 3, 3), np.float32)
     Rs, Cs = np.ones((16, 3, 3, 2), np.float32), np.ones((2, 3), np.float32)
-    assert gt.apply_update("low-rank", {"R": Rs, "C": Cs}, prev).tobytes() == (prev + Rs @ Cs).tobytes()
+    assert gt_arithmetic.apply_update("low-rank", {"R": Rs, "C": Cs}, prev).tobytes() == (prev + Rs @ Cs).tobytes()

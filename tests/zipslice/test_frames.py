@@ -301,3 +301,15 @@ def test_a_float32_output_over_4_gib_is_a_zip64_file_torch_reads(tmp_path):
             s = f.get_slice(name)
             for r in range(0, rows, 4096):
                 assert torch.equal(got[name][r:r + 4096].view(torch.int32), s[r:r + 4096].float().view(torch.int32))
+
+
+def test_a_source_given_new_bytes_forgets_the_old_chunks_and_crc():
+    """read, crc32 and chunks describe one tensor's bytes: new bytes replace all three (a writer that prefers
+    chunks would otherwise write the old values)."""
+    old = np.arange(8, dtype="<f4")
+    src = TensorSource("w", "float32", (8,), lambda: old.tobytes(), crc32=lambda: 123,
+                       chunks=lambda: iter([old[:4].tobytes(), old[4:].tobytes()]))
+    new = src.with_bytes(lambda: (old * 2).tobytes())
+    assert new.chunks is None and new.crc32 is None
+    assert b"".join(bytes(p) for p in new.pieces()) == (old * 2).tobytes()
+    assert b"".join(bytes(p) for p in src.pieces()) == old.tobytes()  # the original is unchanged

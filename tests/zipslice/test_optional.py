@@ -20,7 +20,8 @@ def test_every_extra_named_installs_its_package():
 
 
 def test_a_missing_package_is_one_line_and_a_module_not_found_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets without the package
+    for name in ("matplotlib", "matplotlib.pyplot"):  # what `import matplotlib` meets without the package,
+        monkeypatch.setitem(sys.modules, name, None)  # even after another test imported it
     with pytest.raises(MissingDependencyError) as e:
         optional.require("matplotlib.pyplot", "--png needs it", "--html draws the same heat map")
     assert str(e.value) == ('matplotlib is not installed, and --png needs it: pip install "zipslice-theta[plot]" '

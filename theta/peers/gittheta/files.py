@@ -6,7 +6,7 @@ Git-Theta's JSON metadata. :class:`GitThetaFile` turns that metadata into what G
 * :meth:`GitThetaFile.fetch` brings every LFS object of every group's update chain (earlier commits'
   blobs included) into the store in one git-lfs run (:func:`theta.storage.transfer.fetch_missing`);
 * :meth:`GitThetaFile.sources` are zipslice :class:`~zipslice.TensorSource` s in Git-Theta's order whose
-  ``read()`` rebuilds one group (:mod:`theta.peers.gittheta.format`: same numpy operations as Git-Theta), so a
+  ``read()`` rebuilds one group (:mod:`theta.peers.gittheta.arithmetic`: same numpy operations as Git-Theta), so a
   checkout streams one group at a time;
 * :meth:`GitThetaFile.matches` says whether a work-tree checkpoint holds exactly those values (then the
   clean filter hands git the committed Git-Theta text back and ``git status`` stays clean);
@@ -34,12 +34,12 @@ from theta.base.errors import BlobMissingError, GitThetaFormatError, ThetaError
 from theta.git import repo as gitutil
 from theta.model.clean import clean_checkpoint
 from theta.model.diff import GroupInfo, hashed_once
-from theta.peers.gittheta import format as gt
+from theta.peers.gittheta import blobs as gt_blobs, chains as gt_chains, metadata as gt_metadata
 from theta.storage.store import BlobRef, LfsStore
 from theta.storage.transfer import fetch_missing
 
 
-def group_names(meta: "gt.FileMetadata") -> dict[str, tuple[str, ...]]:
+def group_names(meta: "gt_metadata.FileMetadata") -> dict[str, tuple[str, ...]]:
     """``{name: key}`` in text order; a name is the key's path joined with "/" (Git-Theta's own rule: it never
     splits a key, so ``("x/y",)`` and ``("x", "y")`` would both be "x/y": refused, naming both)."""
     names: dict[str, tuple[str, ...]] = {}
@@ -94,7 +94,7 @@ def key_paths(node: dict, prefix: tuple = ()) -> "dict[str, tuple] | None":
 
 def is_git_theta(data: "bytes | None") -> bool:
     """True when a blob is Git-Theta metadata (cheap for anything else: only JSON objects are parsed)."""
-    return data is not None and data[:1] == b"{" and gt.is_git_theta_metadata(data)
+    return data is not None and data[:1] == b"{" and gt_metadata.is_git_theta_metadata(data)
 
 
 class GitThetaFile:
@@ -103,21 +103,21 @@ class GitThetaFile:
     def __init__(self, text: bytes, path: str, repo_dir: "str | os.PathLike", store: LfsStore,
                  label: str | None = None):
         self.path, self.repo_dir, self.store = path, Path(repo_dir), store
-        self.meta = gt.parse_metadata(text, label or path)
-        self.resolver = gt.ChainResolver(self.repo_dir, path, self._read_object)
+        self.meta = gt_metadata.parse_metadata(text, label or path)
+        self.resolver = gt_chains.ChainResolver(self.repo_dir, path, self._read_object)
         self._chains: dict[tuple[str, ...], list] = {}
         self._dtypes: dict[tuple[str, ...], np.dtype] = {}
         self.keys = group_names(self.meta)  # name -> path of keys; refuses two groups with one name
         self.structure = structure_of(self.keys)  # None: a flat state dict
 
     # -- reading -------------------------------------------------------------------------------------
-    def _read_object(self, repo_dir, ref: "gt.ObjectRef") -> bytes | None:
-        if isinstance(ref, gt.GitBlob):
+    def _read_object(self, repo_dir, ref: "gt_chains.ObjectRef") -> bytes | None:
+        if isinstance(ref, gt_chains.GitBlob):
             return gitutil.read_blob(f"{ref.commit}:{ref.path}", repo_dir)
         blob = BlobRef(ref.oid, ref.size)
         return self.store.get(blob) if self.store.has(blob) else None
 
-    def _group(self, name: str) -> "gt.GroupMetadata":
+    def _group(self, name: str) -> "gt_metadata.GroupMetadata":
         return self.meta.groups[self.keys[name]]
 
     def names(self) -> list[str]:
@@ -150,10 +150,10 @@ class GitThetaFile:
             chain = self.chain(name)
             dt = np.dtype(chain[-1][0].tensor.dtype)
             for g, gfile in reversed(chain[:-1]):
-                blob = self._read_object(self.repo_dir, gt.LfsObject(g.lfs.oid, g.lfs.size, g.lfs.pointer_text()))
+                blob = self._read_object(self.repo_dir, gt_chains.LfsObject(g.lfs.oid, g.lfs.size, g.lfs.pointer_text()))
                 if blob is None:
                     raise BlobMissingError(g.lfs.oid, group=g.name, file=gfile, size=g.lfs.size)
-                dt = gt.result_dtype(g.theta.update_type, gt.part_dtypes(blob, file=gfile, group=g.name), dt)
+                dt = gt_blobs.result_dtype(g.theta.update_type, gt_blobs.part_dtypes(blob, file=gfile, group=g.name), dt)
             self._dtypes[group.key] = dt
         return self._dtypes[group.key]
 
@@ -300,7 +300,7 @@ class GitThetaSide:
         self._hashes: dict[tuple[str, bool], str] = {}  # (name, in sha256) -> name (hashed_once)
         self._fetched = False
 
-    def _group(self, name: str) -> "gt.GroupMetadata":
+    def _group(self, name: str) -> "gt_metadata.GroupMetadata":
         return self.meta.groups[self.keys[name]]
 
     def names(self) -> list[str]:

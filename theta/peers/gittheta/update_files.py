@@ -35,7 +35,8 @@ from zipslice.convert import plan_write
 
 from theta.base.errors import GitThetaFormatError, UpdateDataError
 from theta.base.matmul import matmul_shape
-from theta.peers.gittheta.format import apply_update, result_dtype
+from theta.peers.gittheta.arithmetic import apply_update
+from theta.peers.gittheta.blobs import result_dtype
 from theta.updates import Encoded, row_blocks
 from theta.updates.delta import changed_mask
 from theta.updates.ia3 import BLOCK_ELEMENTS, check_vector, check_vector_shape, compute_dtype, scaled_blocks
@@ -472,16 +473,14 @@ def apply_to_worktree(path: "str | os.PathLike", data: UpdateData, previous_valu
             return lambda: dtypes.le_bytes(git_theta_apply(data.update_type, data.parts(name), previous_value(name),
                                                            name, data.path))  # promoted, as Git-Theta
 
-        for src in plan.sources:
-            if src.name in replace:
-                src.read = updated(src.name)
-                src.dtype, src.tie = dtypes.from_numpy(promoted[src.name]).name, None
+        sources = [src.with_bytes(updated(src.name), dtypes.from_numpy(promoted[src.name]).name, tie=None)
+                   if src.name in replace else src for src in plan.sources]
         options = {"structure": plan.structure, "metadata": plan.metadata or None}
         if ckpt.format == "torch":
             options["record_prefix"] = torch_writer.default_prefix(path)
         options = {k: v for k, v in options.items() if v is not None}
         # zipslice.save writes beside the file and renames: the original is intact until the new one is whole
-        zipslice.save(path + ".theta-sideload.tmp", [(s.name, s) for s in plan.sources], format=ckpt.format,
+        zipslice.save(path + ".theta-sideload.tmp", [(s.name, s) for s in sources], format=ckpt.format,
                       **options)
     os.replace(path + ".theta-sideload.tmp", path)
     return form
