@@ -152,7 +152,7 @@ def smudge_checkpoint(meta: CheckpointMeta, store: LfsStore, out_path: str | os.
     check_rebuildable(meta, name, fmt, max_output)
     check_blobs(meta, store, name)
     target = view.format
-    job = _Job(meta, store, name, target, progress, verify, stream_frames=target == "torch")  # a temp file
+    job = _Job(meta, store, name, target, progress, verify, stream_frames=True)  # a file: any writer may seek
     options: dict = {}
     if view.structure is not None:
         options["structure"] = view.structure
@@ -206,7 +206,7 @@ def smudge_sharded(meta: CheckpointMeta, store: LfsStore, index_path: str | os.P
     max_shard_bytes = max_shard_bytes or sharded.DEFAULT_MAX_SHARD_BYTES
     tmp_dir = os.path.join(out_dir, f".{Path(index_path).name}.theta-{scratch.owner_tag()}.tmp")
     os.makedirs(tmp_dir)
-    job = _Job(meta, store, name, shard_fmt, progress, verify, max_shard_bytes=max_shard_bytes)
+    job = _Job(meta, store, name, shard_fmt, progress, verify, max_shard_bytes=max_shard_bytes, stream_frames=True)
     try:
         tmp_index = os.path.join(tmp_dir, Path(index_path).name)
         with _writer_errors(index_path, shard_fmt):
@@ -326,14 +326,20 @@ class _Job:
                                         tie=("theta", g.name), is_parameter=owner.is_parameter,
                                         requires_grad=owner.requires_grad))
         order = _expected_read_order(sources, target, meta, max_shard_bytes)
-        # stream_frames (a torch file the writer can seek in): the groups a checkout in "frames" mode may trust
-        # without hashing are handed to the writer frame by frame as they are decoded (_FrameStream); the
-        # others are rebuilt whole, one ahead, as before
-        streamed = set()
-        if stream_frames and verify == "frames":
-            streamed = {g for g in dict.fromkeys(order) if _single_dense(meta.groups[g])
-                        and store.bound(meta.groups[g].steps[0].blob.oid, meta.groups[g].hash)}
-        self.rebuild = rebuild = _Rebuilder(meta, store, name, [g for g in order if g not in streamed],
+        # stream_frames (the writer takes a tensor piece by piece: a torch file it can seek in, safetensors): no
+        # group bigger than WHOLE_GROUP_BYTES is ever whole in memory. The groups a checkout in "frames" mode may
+        # trust without hashing are handed over frame by frame as they are decoded (_FrameStream); the other big
+        # ones block by block from their chain, hashed as they pass (theta.updates.stream); the small ones are
+        # rebuilt whole, one ahead, and hashed on another thread
+        streamed, blocked = set(), set()
+        if stream_frames:
+            for gname in dict.fromkeys(order):
+                group = meta.groups[gname]
+                if verify == "frames" and _single_dense(group) and store.bound(group.steps[0].blob.oid, group.hash):
+                    streamed.add(gname)
+                elif _nbytes(group) > WHOLE_GROUP_BYTES:
+                    blocked.add(gname)
+        self.rebuild = rebuild = _Rebuilder(meta, store, name, [g for g in order if g not in streamed | blocked],
                                             frames_ok=verify == "frames", with_crc=target == "torch")
         self.frames = frames = _FrameStream(meta, store, name, [g for g in dict.fromkeys(order) if g in streamed])
         handed: list[memoryview] = []
@@ -384,12 +390,20 @@ class _Job:
                     yield frame
             return chunks
 
+        def blocks_of(group_name: str):
+            def chunks():
+                before_new()
+                yield from _blocks(meta.groups[group_name], store, name, bar)
+            return chunks
+
         for src in sources:
             group_name = meta.group_for(src.name).name
             src.read = reader(group_name)
             src.crc32 = crc_of(group_name)
             if group_name in streamed:
                 src.chunks = chunker(group_name)
+            elif group_name in blocked:
+                src.chunks = blocks_of(group_name)
         self.sources = sources
 
     def close(self) -> None:
@@ -397,6 +411,33 @@ class _Job:
         self.rebuild.close()
         self.checker.finish(raise_errors=False)
         self.bar.close()
+
+
+# groups above this size are never rebuilt whole when the writer takes pieces: two of them (the one written and
+# the one rebuilt ahead) and the frames in flight are a checkout's memory, whatever the model's tensors
+WHOLE_GROUP_BYTES = parallel.READ_AHEAD_BYTES
+
+
+def _blocks(group, store: LfsStore, file: str, bar: Bar):
+    """A group's little-endian bytes block by block (a codec frame's worth each) from its chain, checked
+    against the group's hash at the end (ChainError: the caller discards the output); a single dense step
+    that checks out is bound in the store, so a later checkout in "frames" mode trusts its frames."""
+    from theta.storage import codec
+    from theta.updates import stream
+
+    src = stream.source(group, store, file)
+    if src is None:  # a chain that cannot be read in order: rebuilt whole (reconstruct reports what is wrong)
+        value = reconstruct(group, store, None, file=file)
+        bar.advance(value.nbytes)
+        yield dtypes.le_bytes(value)
+        return
+    n = max(1, codec.FRAME_BYTES // dtypes.get(group.dtype).itemsize)
+    for _, block in src.chunks(n):
+        bar.advance(block.nbytes)
+        yield dtypes.le_bytes(block)
+        del block
+    if _single_dense(group):
+        store.bind(group.steps[0].blob.oid, group.hash)
 
 
 def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta,
