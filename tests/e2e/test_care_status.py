@@ -54,7 +54,11 @@ def test_status_json_and_text(genv):
     save_pt(repo / "a.pt", a3)
     repo.git("add", "a.pt")
 
-    doc = json.loads(repo.theta("status", "--json").stdout)
+    res = repo.theta("status", "--json", check=False)
+    assert res.returncode == 1  # b.pt holds a placeholder that should be its checkpoint
+    doc = json.loads(res.stdout)
+    assert [p["path"] for p in doc["placeholders"]] == ["b.pt"]
+    assert "metadata text" in doc["placeholders"][0]["why"]
     files = {f["path"]: f for f in doc["files"]}
     assert sorted(files) == ["a.pt", "b.pt", "c.pt", "d.pt"]
     a, b, cc, d = files["a.pt"], files["b.pt"], files["c.pt"], files["d.pt"]
@@ -69,15 +73,16 @@ def test_status_json_and_text(genv):
     assert d["state"] == "absent" and d["worktree_bytes"] is None
     # the staged group counts against HEAD, for the modify/add/remove case
     repo.git("reset", "-q", "--soft", "HEAD~1")
-    files = {f["path"]: f for f in json.loads(repo.theta("status", "--json").stdout)["files"]}
+    files = {f["path"]: f for f in json.loads(repo.theta("status", "--json", check=False).stdout)["files"]}
     assert files["a.pt"]["staged"] == {"added": 1, "removed": 1, "modified": 2, "new_file": False}
     assert files["c.pt"]["staged"]["new_file"]
 
-    proc = repo.theta("status")
+    proc = repo.theta("status", check=False)
+    assert proc.returncode == 1
     text, err = proc.stdout.decode(), proc.stderr.decode()
     assert "a.pt  materialized" in text and "staged: 2 modified, 1 added, 1 removed group(s)" in text
     assert "b.pt  placeholder" in text and "(1 missing)" in text and "c.pt  materialized" in text
-    assert "staged: new file" in text and "git theta pull" in err
+    assert "staged: new file" in text and "git theta pull" in err and "b.pt is a placeholder (" in err
 
 
 def test_ls_files_json(genv):

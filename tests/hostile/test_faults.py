@@ -207,19 +207,17 @@ def test_checkout_on_a_full_disk_leaves_nothing_under_the_real_name(genv, small_
     res = limited_git(repo, "checkout", "--", "model.pt")
     err = res.err.decode(errors="replace") if isinstance(res.err, bytes) else res.err
     assert "Traceback" not in err and "model.pt" in err, err
-    # never a partial checkpoint under the real name: either git refused (nothing there) or theta left the
-    # placeholder (its metadata text, `git status` clean) and named the command that finishes the job
+    # never a partial checkpoint under the real name, and the command fails: either theta refused up front
+    # (nothing there) or it left the placeholder (its metadata text, `git status` clean) and said why
     path = repo / "model.pt"
-    if res.returncode != 0:
-        assert "free" in err and not path.exists()
-    else:
-        assert "No space left" in err and "git theta checkout" in err, err
-        assert path.read_bytes().startswith(b"theta-metadata ")
-    filler.unlink()
+    assert res.returncode != 0
     if path.exists():
-        repo.theta("checkout", "model.pt")
+        assert "model.pt is a placeholder (No space left on device); run `git theta checkout model.pt`" in err, err
+        assert path.read_bytes().startswith(b"theta-metadata ") and repo.status() == ""
     else:
-        repo.git("checkout", "--", "model.pt")
+        assert "free" in err
+    filler.unlink()
+    repo.git("checkout", "--", "model.pt")  # the same command again completes the work
     got = torch.load(repo / "model.pt", weights_only=True)
     assert torch.equal(got["w"], sd["w"])
     assert leftovers(repo) == []

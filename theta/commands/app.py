@@ -29,8 +29,8 @@ app = clistyle.make_app(
     version=version)
 
 
-_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-commit", "merge-driver", "diff-driver",
-             "diff-textconv")
+_INTERNAL = ("filter-process", "clean", "smudge", "pre-push", "post-checkout", "post-index-change", "post-commit",
+             "merge-driver", "diff-driver", "diff-textconv")
 
 
 def help_cmd(ctx: typer.Context,
@@ -107,6 +107,8 @@ VERBS = (
     ("smudge", smudge, {"hidden": True}),
     ("post-commit", hooks.post_commit, {"hidden": True}),
     ("pre-push", hooks.pre_push, {"hidden": True}),
+    ("post-checkout", hooks.post_checkout, {"hidden": True}),
+    ("post-index-change", hooks.post_index_change, {"hidden": True}),
     ("merge-driver", merge.merge_driver, {"hidden": True}),
     ("diff-driver", diff.diff_driver, {"hidden": True, "context_settings": _PASS_THROUGH}),
     ("diff-textconv", diff.diff_textconv, {"hidden": True}),

@@ -1,8 +1,12 @@
-"""theta's pre-push hook: upload the LFS blobs referenced by the theta metadata in the pushed commits.
+"""theta's git hooks: pre-push uploads the LFS blobs referenced by the theta metadata in the pushed commits;
+post-checkout and post-index-change write the checkpoints a git command left as placeholders.
 
 git-lfs's own pre-push hook only sees LFS pointer files; theta's metadata files are not pointers, so theta
-adds its own hook. An existing pre-push hook (git-lfs's, or the user's) is never overwritten: it is kept
-as ``pre-push.theta-chained`` and run after theta's upload with the same arguments and stdin.
+adds its own hook. post-checkout's exit status becomes that of checkout, switch, restore and clone (githooks(5)):
+theta's writes the checkpoints there, so such a command fails when one cannot be written
+(:mod:`theta.commands.filter.handoff`, :mod:`theta.commands.filter.checkout_hooks`). An existing hook (git-lfs's, or the
+user's) is never overwritten: it is kept as ``<hook>.theta-chained`` and run after theta's with the same
+arguments (and stdin, for pre-push).
 """
 from __future__ import annotations
 
@@ -46,37 +50,92 @@ exit 2
 """
 
 
-def is_installed(cwd=None) -> bool:
-    hook = gitutil.hooks_dir(cwd) / "pre-push"
+# The hooks that write the checkpoints a git command left as placeholders (theta.commands.filter.handoff): the shell
+# starts theta only when a filter handed out placeholders in this work tree (handed-*) or some were left
+# (placeholders.json), and post-index-change only for `git reset` (its parent's command line, where /proc says).
+_WHEN = {
+    "post-checkout": 'true',
+    "post-index-change": '[ "$1" = 1 ] && case " $(tr "\\000" " " </proc/$PPID/cmdline 2>/dev/null)" in '
+                         '" "|*" reset "*) true ;; *) false ;; esac',
+}
+_WHY = {
+    "post-checkout": "git makes this hook's exit status the exit status of checkout, switch, restore and clone",
+    "post-index-change": "after `git reset --hard`; git ignores this hook's exit status",
+}
+
+
+def writing_hook_script(name: str) -> str:
+    """The post-checkout / post-index-change hook: write the placeholders' checkpoints, then run the chained
+    hook (its failure fails the hook when ours did not)."""
+    py = shlex.quote(sys.executable)
+    return f"""#!/bin/sh
+# git-theta {name} hook {SIGNATURE}
+# Writes the checkpoints git checked out as placeholders ({_WHY[name]}),
+# then runs the hook that was here before (kept as {name}{CHAINED_SUFFIX}).
+status=0
+dir=$(git rev-parse --git-path theta 2>/dev/null)
+if [ -n "$dir" ] && {{ [ -e "$dir/placeholders.json" ] || ls "$dir"/handed-* >/dev/null 2>&1; }} && {_WHEN[name]}; then
+    if command -v git-theta >/dev/null 2>&1; then
+        git-theta {name} "$@"; status=$?
+    elif [ -x {py} ] && {py} -c "import theta" 2>/dev/null; then
+        {py} -m theta.commands.cli {name} "$@"; status=$?
+    else
+        echo >&2 "git-theta: 'git-theta' is not on your PATH: checkpoints left as placeholders stay so;"
+        echo >&2 "git-theta: install it, or remove .git/hooks/{name}"
+        status=2
+    fi
+fi
+chained="$(dirname "$0")/{name}{CHAINED_SUFFIX}"
+if [ -x "$chained" ]; then
+    "$chained" "$@"; chained_status=$?
+    [ "$status" -eq 0 ] && status=$chained_status
+fi
+exit $status
+"""
+
+
+HOOKS = {"pre-push": hook_script, "post-checkout": lambda: writing_hook_script("post-checkout"),
+         "post-index-change": lambda: writing_hook_script("post-index-change")}
+
+
+def _ours(path: Path, name: str) -> bool:
     try:
-        return MARKER in hook.read_text(errors="replace")
-    except FileNotFoundError:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError):
         return False
+    return MARKER in text if name == "pre-push" else f"git-theta {name} hook" in text
+
+
+def is_installed(cwd=None) -> bool:
+    hooks = gitutil.hooks_dir(cwd)
+    return all(_ours(hooks / name, name) for name in HOOKS)
 
 
 def install_hooks(cwd=None) -> list[str]:
-    """Install theta's pre-push hook, chaining to any existing one. Idempotent. Returns what it did."""
+    """Install theta's hooks (pre-push; post-checkout and post-index-change, which write placeholders'
+    checkpoints), each chaining to the hook that was there. Idempotent. Returns what it did."""
     hooks = gitutil.hooks_dir(cwd)
-    hook = hooks / "pre-push"
-    if is_installed(cwd):
-        return []
-    hooks.mkdir(parents=True, exist_ok=True)
     done = []
-    if hook.exists() or hook.is_symlink():
-        chained = hooks / CHAINED
-        # e.g. `git lfs update --force` rewrote git-lfs's hook over ours: the chain already holds it
-        if chained.exists() and _same_content(chained, hook):
-            os.unlink(chained)
-        if chained.exists():
-            raise ThetaError(f"{hook} exists and so does {chained}; merge them by hand, then rerun "
-                             "`git theta install`")
-        os.replace(hook, chained)
-        done.append(f"kept the existing pre-push hook as {chained.name} (theta's hook runs it)")
-    tmp = hook.with_name(".pre-push.theta.tmp")
-    tmp.write_text(hook_script())
-    tmp.chmod(0o755)
-    os.replace(tmp, hook)
-    done.append(f"installed {hook}")
+    for name, script in HOOKS.items():
+        hook = hooks / name
+        if _ours(hook, name):
+            continue
+        hooks.mkdir(parents=True, exist_ok=True)
+        if hook.exists() or hook.is_symlink():
+            chained = hooks / (name + CHAINED_SUFFIX)
+            # e.g. `git lfs update --force` rewrote git-lfs's hook over ours: the chain already holds it
+            if chained.exists() and _same_content(chained, hook):
+                os.unlink(chained)
+            if chained.exists():
+                raise ThetaError(f"{hook} exists and so does {chained}; merge them by hand, then rerun "
+                                 "`git theta install`")
+            os.replace(hook, chained)
+            done.append(f"kept the existing {name} hook as {chained.name} (theta's hook runs it)")
+        tmp = hook.with_name(f".{name}.theta.tmp")
+        tmp.write_text(script())
+        tmp.chmod(0o755)
+        os.replace(tmp, hook)
+        done.append(f"installed {hook}")
     return done
 
 
@@ -130,7 +189,12 @@ def ensure_installed_quietly(cwd=None) -> None:
         return
     if not is_installed(cwd):
         try:
-            for line in install_hooks(cwd):
+            lines = install_hooks(cwd)
+            installed = [Path(line.split(" ", 1)[1]) for line in lines if line.startswith("installed ")]
+            if len(installed) > 1:  # one line: a clone prints it
+                lines = [line for line in lines if not line.startswith("installed ")] + [
+                    f"installed the {', '.join(p.name for p in installed)} hooks in {installed[0].parent}"]
+            for line in lines:
                 print(f"git-theta: {line}", file=sys.stderr)
         except (ThetaError, OSError) as e:
             print(f"git-theta: warning: could not install the pre-push hook: {e}", file=sys.stderr)
@@ -217,3 +281,20 @@ def post_commit() -> None:
 def pre_push(remote: str = typer.Argument(..., metavar="REMOTE"), url: str = typer.Argument("", metavar="URL")) -> None:
     """The pre-push hook: upload blobs referenced by pushed commits, then run the chained hook."""
     raise typer.Exit(run_pre_push(remote, url, sys.stdin.buffer.read()))
+
+
+def post_checkout(previous: str = typer.Argument("", metavar="PREVIOUS"), new: str = typer.Argument("", metavar="NEW"),
+                  branch: str = typer.Argument("", metavar="FLAG")) -> None:
+    """The post-checkout hook: write the checkpoints left as placeholders; exit 1 when one cannot be."""
+    # (imported here: the filter imports this module at its start, and writes placeholders only at its end)
+    from theta.commands.filter.checkout_hooks import post_checkout as write_left
+
+    raise typer.Exit(write_left())
+
+
+def post_index_change(worktree: str = typer.Argument("0", metavar="WORKTREE"),
+                      skip: str = typer.Argument("0", metavar="SKIP_WORKTREE")) -> None:
+    """The post-index-change hook: after `git reset`, write the checkpoints left as placeholders."""
+    from theta.commands.filter.checkout_hooks import post_index_change as write_left
+
+    raise typer.Exit(write_left(worktree == "1"))

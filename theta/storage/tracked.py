@@ -94,6 +94,7 @@ class FileStatus:
     worktree_bytes: int | None = None
     staged: Staged = field(default_factory=Staged)
     error: str | None = None    # the index's metadata cannot be read
+    why: str | None = None      # a placeholder: why the work tree does not hold the checkpoint (the status command)
 
     @property
     def blobs_missing(self) -> int:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from theta import settings
 from theta.base.errors import IndexBusyError, IndexUnsupportedError, MetadataError, ThetaError, TransferError
+from theta.commands.filter import handoff
+from theta.commands.filter.watchdog import Watchdog
 from theta.git import index as gitindex
 from theta.git import repo as gitutil
 
@@ -40,6 +42,7 @@ from theta.git import repo as gitutil
 # placeholder to write (tests/cli/test_startup_imports.py).
 
 HEADER = b"theta-metadata "
+KILLED = "the process writing it was killed before it finished"  # what a record says until the file is done
 MAX_PLACEHOLDER_BYTES = 256 << 20  # a work-tree file larger than this is never a placeholder: not read whole
 
 
@@ -217,6 +220,11 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     updates: dict[str, tuple[str, os.stat_result]] = {}
     work = _work_dir(root)
     pending = [p.path for p, _, _ in todo]
+    oids = {p.path: p.oid for p, _, _ in todo}
+    # recorded before the first byte: a process killed meanwhile leaves the record (theta.commands.filter.handoff),
+    # and the watchdog says so on stderr
+    handoff.note(root, {path: (oids[path], KILLED) for path in pending})
+    dog = Watchdog([(path, f"git theta checkout {_quote(path)}") for path in pending])
     # only a file the index will record may be dated back (see _settle); any other keeps its real mtime
     held = _stage0_entries(root, set(pending), hash_name)
     settled = set()
@@ -238,11 +246,15 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
                     if settle:
                         settled.add(p.path)
             pending.remove(p.path)
+            dog.done(p.path)
     except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded below
         out.left.extend((path, "interrupted") for path in pending)
         out.interrupted = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        dog.close()
+    why = dict(out.left)
+    handoff.note(root, {path: (oid, why[path]) if path in why else None for path, oid in oids.items()})
     recorded = _record(root, updates, hash_name, out)
     for path in settled - recorded:  # git changed the index meanwhile: undo the dating back (see _settle)
         try:
@@ -326,13 +338,15 @@ def _write_one(root: Path, work: Path, p: Placeholder, meta, store, before: os.s
 
 def _build(meta, store, tmp: Path, name: str, fmt: str | None, verify: str, progress: bool, path: str) -> None:
     """The checkpoint of ``meta`` written into ``tmp`` (in format ``fmt``; ``name``: the file's real name)."""
+    from zipslice.fileio import WriteBehindFile
+
     from theta.model.smudge import smudge_checkpoint, smudge_to_stream, streams
 
     if streams(meta, fmt, path):
         # written straight into the temp file (no second temp file, no fsync: git does not fsync the
         # work tree either; a kill leaves the placeholder, the exchange publishes the whole file)
-        with open(tmp, "wb") as f:
-            smudge_to_stream(meta, store, f, name, fmt=fmt, progress=progress, verify=verify)
+        with open(tmp, "wb") as f:  # its dirty pages bounded, as zipslice's writers keep theirs
+            smudge_to_stream(meta, store, WriteBehindFile(f), name, fmt=fmt, progress=progress, verify=verify)
     else:
         smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=name)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from theta import settings
 from theta.base.errors import MetadataError
 from theta.commands.filter.clean import CleanRequests
+from theta.commands.filter.handoff import Ledger
 from theta.commands.filter.messages import log
 from theta.commands.filter.smudge import SmudgeRequests
 from theta.git import repo as gitutil
@@ -34,6 +35,7 @@ class Filter(CleanRequests, SmudgeRequests):
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
+        self.ledger: Ledger | None = None     # the same, where a hook can take them (filter.handoff)
         self._verify: str | None = None
         self._max_output: int | None = None
         self._checkout = None

@@ -19,6 +19,7 @@ from typing import Iterable
 from theta import settings
 from theta.base import faults
 from theta.base.errors import TransferError
+from theta.commands.filter.handoff import Ledger
 from theta.commands.filter.materialize import Outcome, Placeholder, data_bytes, materialize, report
 from theta.commands.filter.messages import log, report_error
 from theta.commands.filter.receive import Received, receive
@@ -70,7 +71,10 @@ class SmudgeRequests:
             if self._as_placeholder(meta):
                 if not self.checkout_settings().skip and not self._for_a_diff():
                     oid = blob or gitutil.blob_id(text, self._hash_name())
-                    self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
+                    p = self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
+                    if self.ledger is None:
+                        self.ledger = Ledger(self.cwd)
+                    self.ledger.add(path, oid, p.issued_ns)
                 out(io.BytesIO(text))
                 return False
             # everything the metadata alone can refuse is refused before any download or byte of output
@@ -153,11 +157,16 @@ class SmudgeRequests:
     def finish(self) -> None:
         """git has closed the request stream: it has written the work tree and the index and waits for this
         process to exit. Replace the placeholders handed out with their checkpoints (see
-        theta.commands.filter.materialize); say what is left and how to finish it."""
+        theta.commands.filter.materialize) unless a hook took them (theta.commands.filter.handoff); say what is
+        left and how to finish it."""
         if not self.placeholders:
             return
         pending = list(self.placeholders.values())
         self.placeholders.clear()
+        if self.ledger is not None:
+            if self.ledger.taken():  # a hook wrote them, or said why not
+                return
+            self.ledger.remove()
         t0 = time.perf_counter()
         try:
             outcome = materialize(self.cwd, pending, store=self.store, verify=self.verify(),

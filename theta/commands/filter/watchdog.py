@@ -1,0 +1,117 @@
+"""A small process that says which checkpoints were left as placeholders when the process writing them is killed.
+
+A process killed by the kernel (out of memory in its cgroup, kill -9) says nothing, and when it is theta's
+filter or a hook whose exit status git ignores, the git command would end with exit 0 and the placeholders
+unexplained. The writer therefore starts a watchdog first: a separate interpreter (``python -S``, the standard
+library only: a few MiB, the last process an out-of-memory kill picks) that holds the read end of a pipe. The
+writer sends each file's path when its checkpoint is in place, and ``end`` when it finishes normally. If the
+pipe closes without ``end`` -- the writer died -- the watchdog prints, on the writer's stderr, one line per file
+not done: its name, that the process writing it was killed (for want of memory when its memory cgroup counted
+an OOM kill meanwhile), and the command that completes the work.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_CODE = r"""
+import json, os, signal, sys
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the writer too: it reports for itself
+
+def oom_kills():
+    # the OOM-kill count of this process's memory cgroup (v2 memory.events, v1 memory.oom_control)
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctl, rel = line.split(":", 2)
+        for base, name, ok in (("/sys/fs/cgroup", "memory.events", ctl == ""),
+                               ("/sys/fs/cgroup/memory", "memory.oom_control", "memory" in ctl.split(","))):
+            if not ok:
+                continue
+            try:
+                for entry in open(base + rel + "/" + name).read().splitlines():
+                    key, _, value = entry.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+            except (OSError, ValueError):
+                pass
+    return None
+
+stdin = sys.stdin.buffer
+first = stdin.readline()
+try:
+    todo = json.loads(first)
+except ValueError:
+    sys.exit(0)
+before = oom_kills()
+done, ended = set(), False
+for line in stdin:
+    try:
+        path = json.loads(line)
+    except ValueError:
+        break  # a line cut short: the writer died while sending it
+    if path is None:
+        ended = True
+        break
+    done.add(path)
+if not ended:
+    after = oom_kills()
+    why = ("the process writing it was killed for want of memory (an out-of-memory kill in its memory cgroup)"
+           if before is not None and after is not None and after > before else
+           "the process writing it was killed before it finished")
+    for path, command in todo:
+        if path not in done:
+            os.write(2, ("git-theta: %s is a placeholder (%s); run `%s`\n" % (path, why, command))
+                     .encode("utf-8", "surrogateescape"))
+"""
+
+
+class Watchdog:
+    """Report the files not done if this process dies (see the module docstring). ``todo``: (path, the command
+    that completes it) pairs. Use as a context manager; :meth:`done` after each file."""
+
+    def __init__(self, todo: list[tuple[str, str]]):
+        self._proc = None
+        if not todo:
+            return
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-S", "-c", _CODE], stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, close_fds=True)
+            self._send(json.dumps(todo) + "\n")
+        except OSError:
+            self._proc = None  # no watchdog: the writer's own reports still cover every failure but a kill
+
+    def _send(self, text: str) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._proc.stdin.write(text.encode("utf-8", "surrogateescape"))
+            self._proc.stdin.flush()
+        except OSError:
+            self._proc = None
+
+    def done(self, path: str) -> None:
+        self._send(json.dumps(path) + "\n")
+
+    def close(self) -> None:
+        """The writer finished (or raised: then it reports for itself): the watchdog leaves silently."""
+        if self._proc is None:
+            return
+        self._send("null\n")
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> "Watchdog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
