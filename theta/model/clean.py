@@ -464,7 +464,8 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                                   f"match its content hash (corrupt object?)")
 
     if got.frames is not None:
-        steps = _clean_streamed(got, store, same_lsh, options, stats, path, previous_value, check_previous)
+        steps = _clean_streamed(got, store, same_lsh, options, stats, path, previous_value, check_previous,
+                                checking.append)
         if steps is None:
             return keep(prev)
         return _written(got, steps, got.sig, store, stats, 0)
@@ -528,7 +529,7 @@ def _recorded_norms(got: _Read) -> Norms | None:
 
 def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
                     path: str, previous_value: Callable[[], np.ndarray | None],
-                    check_previous: Callable[[], None]) -> list[Step] | None:
+                    check_previous: Callable[[], None], on_check: Callable) -> list[Step] | None:
     """:func:`_clean_group`'s decisions for a group cleaned frame by frame (theta.model.framewise): its steps, or
     None when it is unchanged or close to its previous version (``got``'s digest, fast hash and signature are
     set either way). The stored bytes are counted in ``stats.new_blob_bytes`` here."""
@@ -537,7 +538,8 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
     before = store.written_bytes
     with ExitStack() as stack:
         def previous_frames():
-            return stack.enter_context(framewise.previous_frames(prev, store, path, frames.bounds, previous_value))
+            return stack.enter_context(framewise.previous_frames(prev, store, path, frames.bounds, previous_value,
+                                                                 on_check))
 
         old = previous_frames() if delta_base else None
         first = framewise.first_pass(frames, old, options.level, store)

@@ -32,16 +32,17 @@ import xxhash
 
 from zipslice import dtypes
 
-from theta.base import lsh, numeric, valuehash
+from theta.base import lsh, numeric, parallel, valuehash
 from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, MetadataError
-from theta.base.malloc import give_back_freed_memory
 from theta.model import norms
 from theta.storage import codec
 from theta.storage.store import Staged
-from theta.updates import Encoded, get
-from theta.updates.rebuild import proven_dense_frames
+from theta.updates import Encoded
+from theta.updates.rebuild import chain_proven, proven_dense_frames
 from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
-from theta.updates.delta import combine, raw_words
+from theta.updates.delta import changed_mask, combine, raw_words
+from theta.updates.sparse import FixCollector, index_dtype
+from theta.updates.stream import PositionalReader, source
 
 # Groups this big or bigger are streamed. Smaller ones are read whole: their buffers come from the heap,
 # which glibc keeps for the next group (theta.base.malloc.reuse_freed_memory), so they cost fresh pages
@@ -135,11 +136,42 @@ class _ArrayFrames:
         return self._value
 
 
+class _ChainFrames:
+    """The previous value read by position through its chain (:class:`theta.updates.stream.PositionalReader`):
+    any frame, from any codec thread, a frame per blob per thread in memory."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self._reader.read(start, stop)
+
+    def whole(self) -> np.ndarray:
+        return self._reader.read(0, self._reader.size).reshape(self._reader.group.shape)
+
+
+def _hashed_chain(prev, store, path: str) -> str:
+    """The name of ``prev``'s value as its chain gives it, read block by block in order ("" when the chain
+    cannot be read: the caller's check then fails, naming the group)."""
+    try:
+        src = source(prev, store, path)
+        if src is None:
+            return ""
+        for _ in src.chunks(max(1, codec.FRAME_BYTES // dtypes.get(prev.dtype).itemsize)):
+            pass
+    except IntegrityError:
+        return ""
+    return prev.hash  # (the source checked the value's name at the end of its pass)
+
+
 @contextmanager
-def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None]) -> Iterator:
+def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None],
+                    on_check: Callable | None = None) -> Iterator:
     """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blob when it is one
-    proven dense blob cut into ``bounds`` (:func:`theta.updates.rebuild.proven_dense_frames`), else ``rebuilt()``'s
-    value (None when there is none: not fetched, or broken -- ``rebuilt`` reports that)."""
+    proven dense blob cut into ``bounds`` (:func:`theta.updates.rebuild.proven_dense_frames`), else read by
+    position through its chain (never whole: :class:`_ChainFrames`; unless the store proves the chain, its value's
+    name is checked by a pass on the hash thread, handed to ``on_check`` as a future of the name it found), else
+    ``rebuilt()``'s value (None when there is none: not fetched, or broken -- ``rebuilt`` reports that)."""
     if prev is None:
         yield None
         return
@@ -153,6 +185,17 @@ def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], 
             yield _BlobFrames(*proven)
             return
         stack.close()
+        try:
+            reader = stack.enter_context(PositionalReader(prev, store, path))
+            if not chain_proven(prev, store, path):
+                check = parallel.pool("hash").submit(_hashed_chain, prev, store, path)
+                if on_check is not None:
+                    on_check(check)
+        except (BlobMissingError, IntegrityError, MetadataError):
+            reader = None  # rebuilt() meets it again and reports it
+        if reader is not None:
+            yield _ChainFrames(reader)
+            return
         value = rebuilt()
         yield None if value is None else _ArrayFrames(value)
 
@@ -239,17 +282,44 @@ def allclose(frames: GroupFrames, old, rtol: float, atol: float) -> bool:
         results.close()  # stopped at the first far frame: the frames in flight are let go
 
 
+# the most a sparse candidate's indices and values may hold (they are collected in one pass, then encoded)
+SPARSE_HELD_BYTES = 64 << 20
+
+
+def sparse_changes(frames: GroupFrames, old, changed: int) -> Encoded | None:
+    """The sparse candidate (theta.updates.sparse: the same parts, the same blob) from one pass over the frames of
+    the value and of its previous version, on the codec threads, kept in order; None when its ``changed``
+    indices and values would hold more than SPARSE_HELD_BYTES (the delta, already staged, then stands: its
+    zeros cost little where sparse would have won)."""
+    if changed * (index_dtype(frames.size).itemsize + frames.item) > SPARSE_HELD_BYTES:
+        return None
+    found = FixCollector(frames.size, frames.dtype)
+
+    def compare(b: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        new = frames.verified(*b)
+        idx = np.flatnonzero(changed_mask(new, old.read(*b)))
+        return idx + b[0], new[idx]
+
+    results = codec.ordered(compare, frames.bounds)
+    try:
+        for idx, values in results:
+            found.add(idx, values)
+    finally:
+        results.close()
+    return Encoded(parts=found.parts(names=("gaps", "values")), params={"count": found.count})
+
+
 def best_change(first: FirstPass, frames: GroupFrames, old, level: int, store) -> Choice:
     """The smallest exact encoding among auto's candidates (theta.updates.auto.choose), the delta of
-    ``first`` being one: sparse when at most half of the elements changed (both values then read whole),
-    dense when its sample says it may win (streamed from proven frames)."""
+    ``first`` being one: sparse when at most half of the elements changed and its changes fit
+    SPARSE_HELD_BYTES (:func:`sparse_changes`), dense when its sample says it may win (streamed from proven
+    frames)."""
     picker = _Picker(level, store)
     try:
         if 2 * first.changed <= frames.size:
-            give_back_freed_memory()  # (the pass's frames, kept by glibc, would come on top of both values)
-            new, prev = frames.whole(), old.whole()
-            picker.consider("sparse", get("sparse").encode(new, prev))
-            del new, prev
+            changes = sparse_changes(frames, old, first.changed)
+            if changes is not None:
+                picker.consider("sparse", changes)
         picker.consider_staged("delta", {"op": DELTA_OP}, first.staged)
         if dense_might_win(frames.size, picker.tried["delta"], level, new_sample=first.sample):
             picker.consider("dense", Encoded(parts={"values": frames.lazy()}, params={}))

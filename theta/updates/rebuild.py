@@ -109,6 +109,22 @@ def _proven(step, base_hash: str | None, blob, store: "LfsStore") -> bool:
     return key is not None and store.bound(step.blob.oid, key) and codec.frames_checksummed(blob)
 
 
+def chain_proven(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> bool:
+    """Whether this store proves every step of ``group``'s chain (:func:`bind_steps`: bound here, every frame
+    checksummed) up to the group's own value: its value needs no hashing (as :func:`reconstruct_proven`
+    decides while rebuilding), without decoding anything."""
+    steps = group.steps
+    if not steps or steps[-1].hash != group.hash:
+        return False
+    for i, step in enumerate(steps):
+        if i and step.type not in TRUSTED_INCREMENTAL:
+            return False
+        with store.mapped(step.blob, group=group.name, file=file) as blob:
+            if not _proven(step, steps[i - 1].hash if i else None, blob, store):
+                return False
+    return True
+
+
 def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None,
                 file: str | None = None, verify: bool = True) -> np.ndarray:
     """The value of ``group``: walk its steps from the last cached one, checking every step's hash.

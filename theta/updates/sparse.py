@@ -130,11 +130,12 @@ class FixCollector:
             self.values.append(np.asarray(values, self.dtype))
             self.count += int(indices.size)
 
-    def parts(self, lazy: bool = True) -> dict:
+    def parts(self, lazy: bool = True, names: tuple[str, str] = FIX_PARTS) -> dict:
+        """The fixes' parts (``names``: a sparse step's own are ``("gaps", "values")``: the same layout)."""
         if not lazy:
             idx = np.concatenate(self.indices) if self.indices else np.empty(0, self.idt)
             vals = np.concatenate(self.values) if self.values else np.empty(0, self.dtype)
-            return {"fix_gaps": encode_indices(idx, self.size), "fix_values": vals}
+            return {names[0]: encode_indices(idx, self.size), names[1]: vals}
         starts = np.cumsum([0] + [a.size for a in self.indices])
 
         def gather(pieces: list, a: int, b: int, dtype) -> np.ndarray:
@@ -159,9 +160,9 @@ class FixCollector:
                 return out
             return np.subtract(idx[1:], idx[:-1])
 
-        return {"fix_gaps": codec.LazyArray(self.idt, (self.count,), gaps),
-                "fix_values": codec.LazyArray(self.dtype, (self.count,), lambda a, b: gather(self.values, a, b,
-                                                                                          self.dtype))}
+        return {names[0]: codec.LazyArray(self.idt, (self.count,), gaps),
+                names[1]: codec.LazyArray(self.dtype, (self.count,), lambda a, b: gather(self.values, a, b,
+                                                                                      self.dtype))}
 
 
 def apply_fix_blobs(value: np.ndarray, blobs: dict, what: str) -> np.ndarray:

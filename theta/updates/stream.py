@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import threading
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -673,3 +674,57 @@ def open_levels(group: "GroupMeta", store: "LfsStore", file: str | None, stack: 
             level = _ElementwiseLevel(level, s.type, blobs, s.params, dt, shape)
         before = shape
     return level
+
+
+class PositionalReader:
+    """A group's value for any range of elements, from any thread (:meth:`read`): each thread reads through
+    levels of its own (:func:`open_levels`: a frame per blob and a block per level in memory, per thread), so
+    the codec threads read side by side. Nothing is hashed: the caller checks the value (a pass of
+    :func:`source`'s blocks) unless the store proves the chain (:func:`theta.updates.rebuild.chain_proven`).
+    Use as a context manager (the blobs stay mapped until it exits)."""
+
+    def __init__(self, group: "GroupMeta", store: "LfsStore", file: str | None = None):
+        bounds.check_group(group, file)
+        self.group, self.store, self.file = group, store, file
+        self.dtype = dtypes.get(group.dtype).to_numpy()
+        self.size = group.numel
+        self._stack = ExitStack()
+        self._lock = threading.Lock()  # (an ExitStack is not for several threads at once)
+        self._local = threading.local()
+        try:
+            self._local.level = self._open()  # every structural refusal now, before any caller relies on it
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _open(self) -> _Level:
+        at = [0]
+        try:
+            with self._lock:
+                return open_levels(self.group, self.store, self.file, self._stack, at)
+        except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+            raise _step_failed(e, self.file, self.group, self.group.steps, at[0], "cannot be read by position") \
+                from None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Elements ``start:stop`` of the flattened value (fresh memory, the group's dtype)."""
+        g = self.group
+        level = getattr(self._local, "level", None)
+        if level is None:
+            level = self._local.level = self._open()
+        try:
+            block = level.read(start, stop)
+            if block.dtype != self.dtype:
+                raise UpdateTypeError(f"the chain gives {block.dtype}, the group is {self.dtype}")
+            return block
+        except (IntegrityError, UpdateTypeError, ValueError, TypeError, IndexError, OverflowError) as e:
+            raise _step_failed(e, self.file, g, g.steps, len(g.steps) - 1, "cannot be read by position") from None
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "PositionalReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
