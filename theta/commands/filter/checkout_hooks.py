@@ -40,7 +40,34 @@ def placeholders_to_write(root: Path) -> list[Placeholder]:
             continue
         out.append(Placeholder(path, text, rec["oid"], issued_ns=rec.get("issued_ns")))
     handoff.note(root, stale)
+    _recheck(root, {path: wanted[path]["oid"] for path in stale}, hash_name)
     return out
+
+
+def _recheck(root: Path, paths: dict[str, str], hash_name: str) -> None:
+    """Have git check the content of files a killed writer put in place without recording them (killed between
+    the swap and the index update: the index holds the placeholder's stat data, whose size git would take as a
+    change without reading the file): their entries' size is recorded as 0, as git marks an entry whose content
+    must be checked. Only entries still holding the placeholder's blob; any other file is left as it is."""
+    from types import SimpleNamespace
+
+    from theta.errors import IndexBusyError, IndexUnsupportedError
+    from theta.git import index as gitindex
+
+    updates = {}
+    for path, oid in paths.items():
+        try:
+            st = os.stat(root / path)
+        except OSError:
+            continue
+        fields = {k: getattr(st, k) for k in ("st_ctime", "st_ctime_ns", "st_mtime", "st_mtime_ns", "st_dev",
+                                              "st_ino", "st_uid", "st_gid")}
+        updates[path] = (oid, SimpleNamespace(**fields, st_size=0))
+    if updates:
+        try:
+            gitindex.record_stat(gitutil.git_path("index", root), updates, hash_name)
+        except (OSError, IndexBusyError, IndexUnsupportedError):
+            pass  # git status then shows the file modified until `git add` finds its committed metadata
 
 
 def _placeholder_text(path: Path) -> bytes | None:

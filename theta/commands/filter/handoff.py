@@ -103,9 +103,14 @@ def _record(line: str) -> dict | None:
 
 
 # -- what was left --------------------------------------------------------------------------------------------
+def record_path(root: str | os.PathLike) -> Path:
+    """Where the record of what is left lives (``<git-dir>/theta/placeholders.json``)."""
+    return gitutil.git_path("theta", root) / LEFT
+
+
 def left(root: str | os.PathLike) -> dict[str, dict]:
     """``{path: {"oid", "why"}}``: the placeholders recorded as left (see the module docstring)."""
-    p = gitutil.git_path("theta", root) / LEFT
+    p = record_path(root)
     try:
         if p.stat().st_size > MAX_RECORD_BYTES:
             return {}

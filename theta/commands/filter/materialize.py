@@ -224,7 +224,8 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     # recorded before the first byte: a process killed meanwhile leaves the record (theta.commands.filter.handoff),
     # and the watchdog says so on stderr
     handoff.note(root, {path: (oids[path], KILLED) for path in pending})
-    dog = Watchdog([(path, f"git theta checkout {_quote(path)}") for path in pending])
+    dog = Watchdog([(path, f"git theta checkout {_quote(path)}") for path in pending], [str(work)],
+                   str(handoff.record_path(root)))
     # only a file the index will record may be dated back (see _settle); any other keeps its real mtime
     held = _stage0_entries(root, set(pending), hash_name)
     settled = set()

@@ -4,10 +4,10 @@ A process killed by the kernel (out of memory in its cgroup, kill -9) says nothi
 filter or a hook whose exit status git ignores, the git command would end with exit 0 and the placeholders
 unexplained. The writer therefore starts a watchdog first: a separate interpreter (``python -S``, the standard
 library only: a few MiB, the last process an out-of-memory kill picks) that holds the read end of a pipe. The
-writer sends each file's path when its checkpoint is in place, and ``end`` when it finishes normally. If the
-pipe closes without ``end`` -- the writer died -- the watchdog prints, on the writer's stderr, one line per file
-not done: its name, that the process writing it was killed (for want of memory when its memory cgroup counted
-an OOM kill meanwhile), and the command that completes the work.
+writer sends each file's path when its checkpoint is in place, and a last line when it finishes normally. If
+the pipe closes without it -- the writer died -- the watchdog removes the writer's temp files and prints, on the
+writer's stderr, one line per file not done: its name, that the process writing it was killed (for want of
+memory when its memory cgroup counted an OOM kill meanwhile), and the command that completes the work.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 _CODE = r"""
-import json, os, signal, sys
+import json, os, shutil, signal, sys
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the writer too: it reports for itself
 
@@ -45,7 +45,7 @@ def oom_kills():
 stdin = sys.stdin.buffer
 first = stdin.readline()
 try:
-    todo = json.loads(first)
+    todo, scratch, record = json.loads(first)
 except ValueError:
     sys.exit(0)
 before = oom_kills()
@@ -60,29 +60,44 @@ for line in stdin:
         break
     done.add(path)
 if not ended:
+    for d in scratch:  # the dead writer's temp files: nothing of it is left behind
+        shutil.rmtree(d, ignore_errors=True)
     after = oom_kills()
     why = ("the process writing it was killed for want of memory (an out-of-memory kill in its memory cgroup)"
            if before is not None and after is not None and after > before else
-           "the process writing it was killed before it finished")
-    for path, command in todo:
-        if path not in done:
-            os.write(2, ("git-theta: %s is a placeholder (%s); run `%s`\n" % (path, why, command))
-                     .encode("utf-8", "surrogateescape"))
+           "the process writing it was killed before it finished")  # (theta.commands.materialize.KILLED)
+    left = [(path, command) for path, command in todo if path not in done]
+    try:  # the record of what is left says why too (git theta status)
+        with open(record, encoding="utf-8") as f:
+            entries = json.load(f)
+        for path, _ in left:
+            if isinstance(entries.get(path), dict):
+                entries[path]["why"] = why
+        with open(record + ".watchdog", "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+        os.replace(record + ".watchdog", record)
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    for path, command in left:
+        os.write(2, ("git-theta: %s is a placeholder (%s); run `%s`\n" % (path, why, command))
+                 .encode("utf-8", "surrogateescape"))
 """
 
 
 class Watchdog:
     """Report the files not done if this process dies (see the module docstring). ``todo``: (path, the command
-    that completes it) pairs. Use as a context manager; :meth:`done` after each file."""
+    that completes it) pairs; ``scratch``: directories of this process's temp files, removed if it dies;
+    ``record``: the JSON file of what is left (theta.commands.handoff), whose entries for the files not done then
+    say why. Use as a context manager; :meth:`done` after each file."""
 
-    def __init__(self, todo: list[tuple[str, str]]):
+    def __init__(self, todo: list[tuple[str, str]], scratch: list[str] = (), record: str = ""):
         self._proc = None
         if not todo:
             return
         try:
             self._proc = subprocess.Popen([sys.executable, "-S", "-c", _CODE], stdin=subprocess.PIPE,
                                           stdout=subprocess.DEVNULL, close_fds=True)
-            self._send(json.dumps(todo) + "\n")
+            self._send(json.dumps([todo, list(scratch), record]) + "\n")
         except OSError:
             self._proc = None  # no watchdog: the writer's own reports still cover every failure but a kill
 
