@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 from theta import settings
+from theta.base.errors import IndexBusyError, IndexUnsupportedError
 from theta.commands.filter import handoff
 from theta.commands.filter.materialize import HEADER, MAX_PLACEHOLDER_BYTES, Outcome, Placeholder, materialize, report
+from theta.git import index as gitindex
 from theta.git import repo as gitutil
 
 
@@ -49,11 +52,6 @@ def _recheck(root: Path, paths: dict[str, str], hash_name: str) -> None:
     the swap and the index update: the index holds the placeholder's stat data, whose size git would take as a
     change without reading the file): their entries' size is recorded as 0, as git marks an entry whose content
     must be checked. Only entries still holding the placeholder's blob; any other file is left as it is."""
-    from types import SimpleNamespace
-
-    from theta.errors import IndexBusyError, IndexUnsupportedError
-    from theta.git import index as gitindex
-
     updates = {}
     for path, oid in paths.items():
         try:
