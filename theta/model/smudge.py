@@ -31,7 +31,8 @@ from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash
-from theta.updates.rebuild import bounds_located, decode_proven_dense, proven_dense_frames, reconstruct
+from theta.updates import stream
+from theta.updates.rebuild import bounds_located, chain_proven, decode_proven_dense, proven_dense_frames, reconstruct
 
 _COPY_CHUNK = 8 << 20
 
@@ -393,7 +394,7 @@ class _Job:
         def blocks_of(group_name: str):
             def chunks():
                 before_new()
-                yield from _blocks(meta.groups[group_name], store, name, bar)
+                yield from _blocks(meta.groups[group_name], store, name, bar, verify)
             return chunks
 
         for src in sources:
@@ -418,19 +419,19 @@ class _Job:
 WHOLE_GROUP_BYTES = parallel.READ_AHEAD_BYTES
 
 
-def _blocks(group, store: LfsStore, file: str, bar: Bar):
+def _blocks(group, store: LfsStore, file: str, bar: Bar, verify: str):
     """A group's little-endian bytes block by block (a codec frame's worth each) from its chain, checked
-    against the group's hash at the end (ChainError: the caller discards the output); a single dense step
-    that checks out is bound in the store, so a later checkout in "frames" mode trusts its frames."""
-    from theta.storage import codec
-    from theta.updates import stream
-
+    against the group's hash at the end (ChainError: the caller discards the output) -- unless in "frames" mode
+    the store proves every step (:func:`theta.updates.rebuild.chain_proven`: bound here, every frame
+    checksummed, as a single dense step is trusted). A single dense step that checks out is bound in the store,
+    so a later checkout in "frames" mode trusts its frames."""
     src = stream.source(group, store, file)
     if src is None:  # a chain that cannot be read in order: rebuilt whole (reconstruct reports what is wrong)
         value = reconstruct(group, store, None, file=file)
         bar.advance(value.nbytes)
         yield dtypes.le_bytes(value)
         return
+    src.checked = verify == "frames" and chain_proven(group, store, file)
     n = max(1, codec.FRAME_BYTES // dtypes.get(group.dtype).itemsize)
     for _, block in src.chunks(n):
         bar.advance(block.nbytes)
