@@ -32,14 +32,16 @@ from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash
 from theta.updates import stream
-from theta.updates.rebuild import bounds_located, chain_proven, decode_proven_dense, proven_dense_frames, reconstruct
+from theta.updates.rebuild import (bounds_located, chain_proven, decode_proven_dense, proven_dense_frames, reconstruct,
+                                   reconstruct_proven)
 
 _COPY_CHUNK = 8 << 20
 
 # How smudge verifies each rebuilt group:
 #   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.base.valuehash; always
 #               for chains, low-rank, ...);
-#   "frames" -- a group stored as ONE dense step is trusted when this store has proven that its blob decodes
+#   "frames" -- a group stored as ONE dense step, or a chain every step of which this store proves
+#               (theta.updates.rebuild.chain_proven), is trusted when this store has proven that its blobs decode
 #               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
 #               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
 #               by zstd while decoding: every decoded byte is the byte that was encoded) and the decoded dtype
@@ -484,6 +486,12 @@ class _Rebuilder:
             if value is not None:
                 self._verified.add(group_name)
                 return value
+        if self.frames_ok and len(group.steps) > 1:
+            # a chain this store proves (bound here, frames checksummed) needs no hash, as a big one streamed
+            value, proven = reconstruct_proven(group, self.store, self.file)
+            if proven:
+                self._verified.add(group_name)
+            return value
         return reconstruct(group, self.store, None, file=self.file, verify=False)
 
     def whole(self, group_name: str) -> np.ndarray:
