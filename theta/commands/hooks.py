@@ -73,16 +73,18 @@ def writing_hook_script(name: str) -> str:
 # Writes the checkpoints git checked out as placeholders ({_WHY[name]}),
 # then runs the hook that was here before (kept as {name}{CHAINED_SUFFIX}).
 status=0
-dir=$(git rev-parse --git-path theta 2>/dev/null)
-if [ -n "$dir" ] && {{ [ -e "$dir/placeholders.json" ] || ls "$dir"/handed-* >/dev/null 2>&1; }} && {_WHEN[name]}; then
-    if command -v git-theta >/dev/null 2>&1; then
-        git-theta {name} "$@"; status=$?
-    elif [ -x {py} ] && {py} -c "import theta" 2>/dev/null; then
-        {py} -m theta.commands.cli {name} "$@"; status=$?
-    else
-        echo >&2 "git-theta: 'git-theta' is not on your PATH: checkpoints left as placeholders stay so;"
-        echo >&2 "git-theta: install it, or remove .git/hooks/{name}"
-        status=2
+if {_WHEN[name]}; then
+    dir=$(git rev-parse --git-path theta 2>/dev/null)
+    if [ -n "$dir" ] && {{ [ -e "$dir/placeholders.json" ] || ls "$dir"/handed-* >/dev/null 2>&1; }}; then
+        if command -v git-theta >/dev/null 2>&1; then
+            git-theta {name} "$@"; status=$?
+        elif [ -x {py} ] && {py} -c "import theta" 2>/dev/null; then
+            {py} -m theta.commands.cli {name} "$@"; status=$?
+        else
+            echo >&2 "git-theta: 'git-theta' is not on your PATH: checkpoints left as placeholders stay so;"
+            echo >&2 "git-theta: install it, or remove .git/hooks/{name}"
+            status=2
+        fi
     fi
 fi
 chained="$(dirname "$0")/{name}{CHAINED_SUFFIX}"
