@@ -66,8 +66,13 @@ WRITER = textwrap.dedent("""
     dog = Watchdog([("a.pt", "git theta checkout a.pt"), ("b\\nc.pt", "git theta checkout 'b\\nc.pt'")],
                    [scratch], record)
     dog.done("a.pt")
+    lock = os.path.join(os.path.dirname(record), "index.lock")
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    dog.locked(lock, os.fstat(fd).st_ino)
     if sys.argv[3] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    os.unlink(lock)
+    dog.locked(None, 0)
     dog.close()
 """)
 
@@ -82,12 +87,14 @@ def test_the_watchdog_names_what_a_killed_writer_left(tmp_path, end):
     if end == "finish":
         assert proc.returncode == 0 and err == ""
         assert scratch.exists()  # the writer's own to remove
+        assert not (tmp_path / "index.lock").exists()
         return
     assert proc.returncode == -signal.SIGKILL
     # (the watchdog held the writer's stderr: run() returned once it had written its line and exited)
     assert err == ("git-theta: b\nc.pt is a placeholder (the process writing it was killed before it finished); "
                    "run `git theta checkout 'b\nc.pt'`\n")
     assert not scratch.exists()
+    assert not (tmp_path / "index.lock").exists()  # the lock it held: removed (its inode was the writer's)
     entries = json.loads(record.read_text())
     assert entries["b\nc.pt"]["why"] == "the process writing it was killed before it finished"
     assert entries["a.pt"]["why"] == "x"  # done: not the watchdog's to say

@@ -152,9 +152,10 @@ def patched(data: bytes, updates: dict[str, tuple[str, os.stat_result]], hash_na
 
 
 def record_stat(index_path: str | os.PathLike, updates: dict[str, tuple[str, os.stat_result]],
-                hash_name: str = "sha1") -> list[str]:
+                hash_name: str = "sha1", locked=None) -> list[str]:
     """Record each file's new stat data in the index at ``index_path`` (see :func:`patched`), under
-    ``index.lock``. Returns the paths updated.
+    ``index.lock``. Returns the paths updated. ``locked(path, inode)``, when given, is called once the lock
+    file is ours and ``locked(None, 0)`` once it is gone (a watchdog removes it if this process dies between).
 
     Raises IndexBusyError if the lock is held (another git command is running) and IndexUnsupportedError
     for an index theta must not edit; the index is then unchanged.
@@ -171,6 +172,8 @@ def record_stat(index_path: str | os.PathLike, updates: dict[str, tuple[str, os.
         fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         raise IndexBusyError(f"{lock} exists: another git command is using the index") from None
+    if locked is not None:
+        locked(lock, os.fstat(fd).st_ino)
     try:
         with open(index_path, "rb") as f:
             now = f.read()
@@ -192,4 +195,6 @@ def record_stat(index_path: str | os.PathLike, updates: dict[str, tuple[str, os.
                 os.unlink(lock)
             except FileNotFoundError:
                 pass
+        if locked is not None:
+            locked(None, 0)
     return done

@@ -230,6 +230,27 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
     held = _stage0_entries(root, set(pending), hash_name)
     settled = set()
     try:
+        _write_all(root, work, store, todo, out, dog, remote, progress, verify, held, updates, settled)
+        why = dict(out.left)
+        handoff.note(root, {path: (oid, why[path]) if path in why else None for path, oid in oids.items()})
+        recorded = _record(root, updates, hash_name, out, dog.locked)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        dog.close()
+    for path in settled - recorded:  # git changed the index meanwhile: undo the dating back (see _settle)
+        try:
+            os.utime(root / path)
+        except OSError:
+            pass
+    return out
+
+
+def _write_all(root: Path, work: Path, store, todo, out: Outcome, dog: Watchdog, remote, progress: bool, verify,
+               held: dict, updates: dict, settled: set) -> None:
+    """Fetch, then write each file of ``todo`` (see :func:`materialize`): ``updates`` gets each written file's
+    (blob, stat), ``settled`` those dated back, ``out`` what is done and left; Ctrl-C leaves the rest."""
+    pending = [p.path for p, _, _ in todo]
+    try:
         todo = _fetch(root, store, todo, out, remote, progress)
         pending = [p.path for p, _, _ in todo]
         verify = verify or settings.verify_mode(root)
@@ -248,21 +269,11 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
                         settled.add(p.path)
             pending.remove(p.path)
             dog.done(p.path)
-    except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded below
+    except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded
         out.left.extend((path, "interrupted") for path in pending)
         out.interrupted = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        dog.close()
-    why = dict(out.left)
-    handoff.note(root, {path: (oid, why[path]) if path in why else None for path, oid in oids.items()})
-    recorded = _record(root, updates, hash_name, out)
-    for path in settled - recorded:  # git changed the index meanwhile: undo the dating back (see _settle)
-        try:
-            os.utime(root / path)
-        except OSError:
-            pass
-    return out
 
 
 def _fetch(root: Path, store, todo, out: Outcome, remote: str | None, progress: bool):
@@ -404,14 +415,14 @@ def _umask() -> int:
     return mask
 
 
-def _record(root: Path, updates: dict, hash_name: str, out: Outcome) -> set[str]:
+def _record(root: Path, updates: dict, hash_name: str, out: Outcome, locked=None) -> set[str]:
     """Record the materialized files' stat data in the index (git status then trusts them unread); the
-    paths recorded."""
+    paths recorded. ``locked``: told when index.lock is held (gitindex.record_stat)."""
     if not updates:
         return set()
     index_file = gitutil.git_path("index", root)
     try:
-        return set(gitindex.record_stat(index_file, updates, hash_name))
+        return set(gitindex.record_stat(index_file, updates, hash_name, locked))
     except FileNotFoundError:
         return set()  # a temporary index (GIT_INDEX_FILE) that git already removed
     except IndexBusyError as e:

@@ -5,8 +5,8 @@ filter or a hook whose exit status git ignores, the git command would end with e
 unexplained. The writer therefore starts a watchdog first: a separate interpreter (``python -S``, the standard
 library only: a few MiB, the last process an out-of-memory kill picks) that holds the read end of a pipe. The
 writer sends each file's path when its checkpoint is in place, and a last line when it finishes normally. If
-the pipe closes without it -- the writer died -- the watchdog removes the writer's temp files and prints, on the
-writer's stderr, one line per file not done: its name, that the process writing it was killed (for want of
+the pipe closes without it -- the writer died -- the watchdog removes the writer's temp files (and index.lock
+while the writer held it) and prints, on the writer's stderr, one line per file not done: its name, that the process writing it was killed (for want of
 memory when its memory cgroup counted an OOM kill meanwhile), and the command that completes the work.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ try:
 except ValueError:
     sys.exit(0)
 before = oom_kills()
-done, ended = set(), False
+done, ended, lock = set(), False, None
 for line in stdin:
     try:
         path = json.loads(line)
@@ -58,10 +58,18 @@ for line in stdin:
     if path is None:
         ended = True
         break
+    if isinstance(path, list):  # [index.lock's path, its inode] while the writer holds it, [null, 0] after
+        lock = path if path[0] else None
+        continue
     done.add(path)
 if not ended:
     for d in scratch:  # the dead writer's temp files: nothing of it is left behind
         shutil.rmtree(d, ignore_errors=True)
+    try:  # the index lock it held (its own file, by inode: never another git's)
+        if lock is not None and os.stat(lock[0]).st_ino == lock[1]:
+            os.unlink(lock[0])
+    except OSError:
+        pass
     after = oom_kills()
     why = ("the process writing it was killed for want of memory (an out-of-memory kill in its memory cgroup)"
            if before is not None and after is not None and after > before else
@@ -112,6 +120,10 @@ class Watchdog:
 
     def done(self, path: str) -> None:
         self._send(json.dumps(path) + "\n")
+
+    def locked(self, path: str | None, inode: int) -> None:
+        """The writer now holds the lock file ``path`` (inode ``inode``; None: no longer): removed if it dies."""
+        self._send(json.dumps([path, inode]) + "\n")
 
     def close(self) -> None:
         """The writer finished (or raised: then it reports for itself): the watchdog leaves silently."""
