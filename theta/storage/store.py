@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from zipslice.fileio import WriteBehindFile
+
 from theta.base import faults, parallel, scratch, valuehash
 from theta.base.errors import BlobCorruptError, BlobMissingError, GitError, StoreError
 from theta.git import repo as gitutil
@@ -336,7 +338,7 @@ class LfsStore:
             scratch.sweep(tmp_dir)  # named temp files of killed theta processes (file systems without O_TMPFILE)
             fd, name = scratch.anonymous(tmp_dir)
             with os.fdopen(fd, "wb", closefd=False) as f:
-                fill(f)
+                fill(WriteBehindFile(f))  # its dirty pages bounded: a memory cgroup counts them
             faults.point("store:written")
             ref = ref_of()
             if self.has(ref):
@@ -543,7 +545,8 @@ def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "s
             scratch.sweep(tmp_dir)  # once per process (a `git add` stages a blob per changed group)
             _swept.add(tmp_dir)
         fd, name = scratch.anonymous(tmp_dir, readable=True)
-        with os.fdopen(fd, "wb", closefd=False) as f:
+        with os.fdopen(fd, "wb", closefd=False) as raw:
+            f = WriteBehindFile(raw)  # its dirty pages bounded: a memory cgroup counts them
             for c in chunks:
                 h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
                 f.write(c)
