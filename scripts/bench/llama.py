@@ -11,13 +11,15 @@ from the fine-tune (rebased onto main, cherry-picked).
 
 Steps (each measured alone; unmeasured setup between them, e.g. the copy of a version into the work tree):
 add base, add fine-tune, add partial (git add + git commit); checkout HEAD~1; switch main; reset --hard
-HEAD~2; reset --hard ORIG_HEAD; stash (of a modified shard); stash pop; restore; merge ft2 with average,
-task-arithmetic, TIES, DARE, SLERP (theta only: GIT_THETA_MERGE_STRATEGY; undone by an unmeasured reset);
+HEAD~2; reset --hard ORIG_HEAD; stash (of a modified shard); stash pop; restore. Before the git steps that change
+the history, theta only: the operations that are not git commands (scripts/bench/llama_ops.py): zipslice convert
+--dtype float32 (a 7.7 GB zip64 torch file), zipslice show and diff, git theta diff, git diff through the diff
+driver, git theta fsck, squash, export, merge-resolve with each numeric strategy, theta.load(...).get_slice. Then
 rebase side onto main; push (pre-push uploads the blobs to a file:// remote); clone; cherry-pick side; pull
-(fast-forward, in the clone). Before the git steps that change the history, theta only: the operations that are
-not git commands (scripts/bench/llama_ops.py): zipslice convert --dtype float32 (a 7.7 GB zip64 torch file),
-zipslice show and diff, git theta diff, git diff through the diff driver, git theta fsck, squash, export,
-merge-resolve with each numeric strategy, theta.load(...).get_slice.
+(fast-forward, in the clone); then, remote and clone deleted, merge ft2 with average, task-arithmetic, TIES, DARE,
+SLERP (theta only: GIT_THETA_MERGE_STRATEGY; each undone by an unmeasured reset, its blobs pruned). git-lfs cannot
+merge a checkpoint: it gets no merge branches, and its rebase, cherry-pick, pull and merges are "n/a". Disk: about
+20 GB of versions under --workdir/data, and up to ~35 GB of repositories at a time.
 
 Per step and tool: wall time, the kernel's peak for the step's cgroup (page cache included), the peak RSS of
 the process tree, the exit status, and whether the work tree then equals bit for bit what was committed
@@ -83,12 +85,16 @@ class Ctx:
         return lm.write_version(self.data, name, self.dims, progress=True)
 
     def expected(self, name: str) -> dict:
-        """path in the repository -> sha256 of version ``name``'s file."""
+        """path in the repository -> sha256 of version ``name``'s file (versions only compared against, never
+        copied in -- "rebased" -- are deleted once hashed: the disk)."""
         if name not in self.digests:
-            d = self.version(name)
-            cache = d / "sha256.json"
+            d = lm.version_dir(self.data, name, self.dims)
+            cache = d.with_name(d.name + ".sha256.json")
             if not cache.exists():
+                self.version(name)
                 cache.write_text(json.dumps(lm.sha256_files(d, lm.SHARDS + (lm.INDEX,))))
+                if name == "rebased":
+                    shutil.rmtree(d)
             self.digests[name] = {f"model/{k}": v for k, v in json.loads(cache.read_text()).items()}
         return self.digests[name]
 
@@ -222,17 +228,18 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
         else:
             c.git("add", "model")
             c.git("commit", "-q", "-m", version)
-    # branches for the merges, the rebase and the cherry-pick (unmeasured, no limit)
-    c.git("checkout", "-q", "-b", "ft2", "HEAD~2")
-    c.put("finetune2")
-    c.git("add", "model")
-    c.git("commit", "-q", "-m", "finetune2")
-    c.git("checkout", "-q", "-B", "side", "main~1")
-    c.put("side")
-    c.git("add", "model")
-    c.git("commit", "-q", "-m", "side")
-    c.git("checkout", "-q", "-f", "main")
+    # branches for the merges, the rebase and the cherry-pick (unmeasured, no limit); git-lfs cannot merge a
+    # checkpoint, so it gets none (their 7.7 GB, pushed and all, would not fit beside the rest on the disk)
     if theta:
+        c.git("checkout", "-q", "-b", "ft2", "HEAD~2")
+        c.put("finetune2")
+        c.git("add", "model")
+        c.git("commit", "-q", "-m", "finetune2")
+        c.git("checkout", "-q", "-B", "side", "main~1")
+        c.put("side")
+        c.git("add", "model")
+        c.git("commit", "-q", "-m", "side")
+        c.git("checkout", "-q", "-f", "main")
         c.git("theta", "checkout", check=False)
         # the operations that are not git commands (zipslice convert/show/diff, theta diff/fsck/squash/export,
         # merge-resolve, get_slice): on this history, before the git steps change it
@@ -266,29 +273,21 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
     run("stash pop", [["git", "stash", "pop", "-q"]], mixed, modified=(SHARD2,))
     run("restore", [["git", "restore", "model"]], "partial")
 
-    # -- merges (theta only: git-lfs cannot merge a checkpoint) --------------------------------------------
-    for strategy in STRATEGIES:
-        step = f"merge ({strategy})"
-        if not theta or not wanted(step):
-            continue
-        run(step, [["git", "merge", "-q", "--no-edit", "ft2"]], None,
-            env={**c.env, "GIT_THETA_MERGE_STRATEGY": strategy}, redo=[["git", "merge", "--abort"]])
-        c.git("reset", "-q", "--hard", "main@{1}" if _merged(c) else "HEAD")
-        c.git("theta", "checkout", check=False)
-
     # -- rebase side onto main (a merge of disjoint groups: theta without numeric work; git-lfs conflicts) ---
-    c.git("checkout", "-q", "-f", "side")
     if theta:
+        c.git("checkout", "-q", "-f", "side")
         c.git("theta", "checkout", check=False)
-    run("rebase side onto main", [["git", "rebase", "-q", "main"]], "rebased",
-        redo=[["git", "rebase", "--abort"]])
-    c.git("checkout", "-q", "-f", "main")
-    if theta:
+        run("rebase side onto main", [["git", "rebase", "-q", "main"]], "rebased",
+            redo=[["git", "rebase", "--abort"]])
+        c.git("checkout", "-q", "-f", "main")
         c.git("theta", "checkout", check=False)
+    else:
+        out.append(Result("rebase side onto main", c.tool, None, "n/a", "git-lfs cannot merge a checkpoint"))
 
     # -- remote: push, clone, then a commit on main (cherry-pick of side) pulled into the clone --------------
-    run("push", [["git", "push", "-q", "origin", "main", "side"]], "")
-    c.git("push", "-q", "origin", "main", "side", check=False)  # (when the step above was skipped)
+    branches = ["main", "side"] if theta else ["main"]
+    run("push", [["git", "push", "-q", "origin", *branches]], "")
+    c.git("push", "-q", "origin", *branches, check=False)  # (when the step above was skipped)
     c.clone = c.root / f"{c.tool}-clone"
     shutil.rmtree(c.clone, ignore_errors=True)
     if wanted("clone"):
@@ -298,14 +297,43 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
     else:
         subprocess.run(["git", "clone", "-q", f"file://{c.bare}", str(c.clone)], cwd=c.root, env=c.env,
                        capture_output=True)
-    before = c.git("rev-parse", "HEAD").stdout
-    run("cherry-pick side", [["git", "cherry-pick", "side"]], "rebased", redo=[["git", "cherry-pick", "--abort"]])
-    if c.git("rev-parse", "HEAD").stdout == before:
-        out.append(Result("pull (fast-forward)", c.tool, None, "n/a", "not run: the cherry-pick made no commit"))
+    if theta:
+        before = c.git("rev-parse", "HEAD").stdout
+        run("cherry-pick side", [["git", "cherry-pick", "side"]], "rebased",
+            redo=[["git", "cherry-pick", "--abort"]])
+        if c.git("rev-parse", "HEAD").stdout == before:
+            out.append(Result("pull (fast-forward)", c.tool, None, "n/a", "not run: the cherry-pick made no commit"))
+        else:
+            c.git("push", "-q", "origin", "main", check=False)
+            run("pull (fast-forward)", [["git", "pull", "-q", "--ff-only", "origin", "main"]], "rebased",
+                repo=c.clone)
+        c.git("reset", "-q", "--hard", "HEAD~1")
+        c.git("theta", "checkout", check=False)
     else:
-        c.git("push", "-q", "origin", "main", check=False)
-        run("pull (fast-forward)", [["git", "pull", "-q", "--ff-only", "origin", "main"]], "rebased", repo=c.clone)
+        for step in ("cherry-pick side", "pull (fast-forward)"):
+            out.append(Result(step, c.tool, None, "n/a", "git-lfs cannot merge a checkpoint"))
+    shutil.rmtree(c.clone, ignore_errors=True)  # (the disk: the merges below store a dense model each)
+    shutil.rmtree(c.bare, ignore_errors=True)
+
+    # -- merges (theta only: git-lfs cannot merge a checkpoint) --------------------------------------------
+    for strategy in STRATEGIES if theta else ():
+        step = f"merge ({strategy})"
+        if not wanted(step):
+            continue
+        run(step, [["git", "merge", "-q", "--no-edit", "ft2"]], None,
+            env={**c.env, "GIT_THETA_MERGE_STRATEGY": strategy}, redo=[["git", "merge", "--abort"]])
+        c.git("reset", "-q", "--hard", "main@{1}" if _merged(c) else "HEAD")
+        c.git("theta", "checkout", check=False)
+        forget_merge(c)
     return out
+
+
+def forget_merge(c: Ctx) -> None:
+    """Let go of an undone merge's blobs (a dense model each: five would not fit on the disk beside the rest):
+    no reflog or ORIG_HEAD keeps its commit, then `git theta prune`."""
+    c.git("update-ref", "-d", "ORIG_HEAD", check=False)
+    c.git("reflog", "expire", "--expire=now", "--all")
+    c.git("theta", "prune", check=False)
 
 
 def _merged(c: Ctx) -> bool:
