@@ -9,11 +9,21 @@ import os
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
+from zipslice import memory
+
 CORES = os.cpu_count() or 1
 # clean reads, and smudge rebuilds, the next group(s) ahead only up to this many bytes, and clean only within
 # 2 x the largest group minus what the group being encoded holds (so read-ahead never
 # adds more than this to peak memory)
 READ_AHEAD_BYTES = 64 << 20
+READ_AHEAD_SHARE = 4  # ...and never more than this share of the memory the process really has
+
+
+def read_ahead_budget() -> int:
+    """READ_AHEAD_BYTES, or less in a small memory cgroup: a quarter of the memory available to the process
+    (the host's, within its cgroup's limit; page cache not counted: zipslice.memory), so read-ahead never
+    decides whether a small container's add fits."""
+    return min(READ_AHEAD_BYTES, memory.available() // READ_AHEAD_SHARE)
 READ_AHEAD_THREADS = 1  # 2 measured no faster on 2 cores, and held more memory
 # groups clean may have queued on the reader at once (within READ_AHEAD_BYTES): with one, the reader idled
 # while the clean thread encoded a changed group, then the clean thread waited for the sha256 and LSH of the

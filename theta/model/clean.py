@@ -31,7 +31,7 @@ from zipslice.progress import Bar
 from theta.base import lsh, numeric, parallel, valuehash
 from theta.base.errors import (BlobMissingError, CheckpointError, CleanStopped, FileChanged, IntegrityError,
                                MetadataError, NotCheckpointError, ThetaError, UpdateTypeError)
-from theta.base.parallel import READ_AHEAD_BYTES, READ_AHEAD_GROUPS
+from theta.base.parallel import READ_AHEAD_GROUPS
 from theta.model import framewise, norms
 from theta.peers.gittheta.update_files import open_for_clean
 from theta.storage import codec
@@ -212,8 +212,9 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             tie_owner[tie] = key
         group_keys.append(key)
     # Pipeline: a reader thread reads and hashes the next groups (up to READ_AHEAD_GROUPS, at most
-    # READ_AHEAD_BYTES in all, so read-ahead never adds more than that to peak memory) while this thread
-    # encodes and stores group i (hashlib, preadv, zstd and numpy release the GIL).
+    # READ_AHEAD_BYTES in all -- less in a small cgroup: parallel.read_ahead_budget -- so read-ahead never adds
+    # more than that to peak memory) while this thread encodes and stores group i (hashlib, preadv, zstd and
+    # numpy release the GIL).
     # The memory bound is 2 x the largest group: while a changed group is encoded against its previous value
     # (2 x its size), read-ahead only fills what is left of that, so it never adds to the peak.
     sent = _lay_out(lsd, path, group_keys, git_bytes) if git_bytes is not None else None
@@ -229,6 +230,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
     stream = update_data is None and options.update_type in ("auto", "dense")  # what a frame pass can store
     pending: list = []  # (index, future) in order
     nxt = 0  # the next group index not yet read or submitted
+    ahead_cap = parallel.read_ahead_budget()
     try:
         for i, key in enumerate(group_keys):
             if stop is not None and stop.is_set():
@@ -240,7 +242,7 @@ def _clean(lsd, path: str, store: LfsStore, previous: CheckpointMeta | None, opt
             nxt = max(nxt, i + 1)
             ahead = sum(lsd.info(group_keys[j]).nbytes for j, _ in pending)
             held = _held(got)
-            budget = min(READ_AHEAD_BYTES, max(2 * largest - held, 0))
+            budget = min(ahead_cap, max(2 * largest - held, 0))
             while nxt < len(group_keys) and len(pending) < READ_AHEAD_GROUPS:
                 size = lsd.info(group_keys[nxt]).nbytes
                 if ahead + size > budget:
