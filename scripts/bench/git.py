@@ -23,7 +23,7 @@ then the issues' ratio lines and the memory bound 2 x largest group + 150 MiB. E
 or the bound is missed.
 
 --mem-limit GIB runs every measured git command in a fresh memory cgroup of that size (root; v1 or v2; page
-cache included, as on a machine with that much RAM: tests/support/memcg.py) and adds, per step, the kernel's
+cache included, as on a machine with that much RAM: scripts/bench/memcg.py) and adds, per step, the kernel's
 peak for the whole cgroup and whether it killed a process (a killed step is a result: what git left behind is
 reported, the repository is repaired without the limit, and the next step goes on).
 
@@ -59,8 +59,8 @@ import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
-from harness import MemCgroup, Measure, MiB, dir_bytes, git_env, new_repo, run_measured, sh
 
+from harness import Measure, MemCgroup, MiB, dir_bytes, git_env, new_repo, run_measured, sh
 
 
 def stored_bytes(repo: Path) -> int:
@@ -244,6 +244,7 @@ def make_chain_versions(data: Path, scale: float, seed: int = 1) -> dict:
 def make_big(data: Path, gib: float) -> Path:
     """A checkpoint of ``gib`` GiB made of 64 MiB fp32 groups, written group by group (bounded memory)."""
     import numpy as np
+
     import zipslice
     from zipslice.info import TensorSource
 
@@ -272,6 +273,7 @@ def make_big_version(data: Path, base: Path, gib: float, changed: int) -> Path:
     import dataclasses
 
     import numpy as np
+
     import zipslice
 
     out = data / f"big-{gib:g}g-v2.pt"
@@ -960,6 +962,7 @@ def sweep(root: Path, args, env: dict) -> int:
     """theta's checkout of models of growing size: the checkpoint handed to git (direct) vs a placeholder
     that theta materializes after git (the reason for theta.materializeAbove's default)."""
     import numpy as np
+
     import zipslice
     from zipslice.info import TensorSource
 

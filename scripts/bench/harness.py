@@ -30,21 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_memcg():
-    """tests/support/memcg.py, the memory cgroup the tests use too (its one home), loaded by file name:
-    putting tests/ on sys.path would let its folders named zipslice/ and theta/ shadow the packages."""
-    import importlib.util
-
-    name = "theta_bench_memcg"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "support" / "memcg.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # before exec: dataclasses looks the module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-MemoryCgroup = _load_memcg().MemoryCgroup
+from memcg import MemoryCgroup  # noqa: E402  (this folder is first on sys.path)
 
 MiB = 1 << 20
 
@@ -127,7 +113,7 @@ def new_repo(root: Path, name: str, tool: str, env: dict, pattern: str = "*.pt")
 # -- a machine with less RAM -------------------------------------------------------------------------------
 class MemCgroup:
     """A memory cgroup limited to ``limit`` bytes (page cache included): as far as memory goes, a machine with
-    that much RAM. The cgroup itself is tests/support/memcg.py's MemoryCgroup (the one implementation, shared
+    that much RAM. The cgroup itself is scripts/bench/memcg.py's MemoryCgroup (the one implementation, shared
     with the tests); this is the benchmarks' face of it. :meth:`available` says whether this machine allows it.
 
     Each :func:`run_measured` call gets a fresh child group, so ``peak`` is that command's own.

@@ -27,7 +27,7 @@ the process tree, the exit status, and whether the work tree then equals bit for
 each shard, touched, and finds the committed metadata -- every group's value hash) and `git status` is clean.
 theta runs with every process (git, git-lfs, theta's filter, hooks) in a memory cgroup of --mem-limit GiB
 (cgroup v1 or v2, page cache counted; each measured command in a fresh child group of the limited group, its
-pid written to cgroup.procs before exec: tests/support/memcg.py), git-lfs in a cgroup without a limit (its
+pid written to cgroup.procs before exec: scripts/bench/memcg.py), git-lfs in a cgroup without a limit (its
 peak for comparison). The floor: `cp` of the two shards (a checkout's bytes), `sha256sum` of them (an add
 reads and hashes them).
 
@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness import MemCgroup, Measure, MiB, git_env, new_repo, run_measured, sh
 import llama_model as lm
 import llama_ops
+from harness import Measure, MemCgroup, MiB, git_env, new_repo, run_measured, sh
 
 SHARD1, SHARD2 = (f"model/{s}" for s in lm.SHARDS)
 STRATEGIES = ("average", "task-arithmetic", "ties", "dare", "slerp")

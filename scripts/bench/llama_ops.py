@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import MiB, run_measured
 import llama_model as lm
+from harness import run_measured
 
 STRATEGIES = ("average", "task-arithmetic", "ties", "dare", "slerp")
 GET_SLICE = """

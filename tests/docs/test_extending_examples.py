@@ -6,7 +6,6 @@ smudge_checkpoint with a real blob store for the update type; plan_merge/execute
 """
 from __future__ import annotations
 
-import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 

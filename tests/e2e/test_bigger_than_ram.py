@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from scripts.bench.memcg import MemoryCgroup, Unavailable
 from support.checkpoints import assert_same_checkpoint, make_state, save_pt
 from support.gitrepo import GitEnv, Repo
-from support.memcg import MemoryCgroup, Unavailable
 
 SMALL_LIMIT = 256 << 20  # python + numpy (the filter), git, git-lfs: ~150 MiB together, page cache aside
 

@@ -8,7 +8,6 @@ from collections import OrderedDict
 from dataclasses import replace
 
 import pytest
-import torch
 
 from support.checkpoints import assert_same_checkpoint, make_state, save_pt
 from support.gitrepo import GitEnv, Repo

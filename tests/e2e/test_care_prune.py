@@ -11,15 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
-
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
 from support.gitrepo import GitEnv, Repo
 from support.lfs_server import GiftlessServer
+
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR, BlobRef, LfsStore
 
@@ -206,6 +207,24 @@ def test_nothing_needed_is_pruned_by_git_lfs_or_theta(tmp_path, server, monkeypa
     out = tmp_path / "v1.pt"
     repo.theta("export", "main~2:model.pt", str(out))
     assert_same_checkpoint(out, sc.v[1])
+
+
+@pytest.mark.slow
+def test_without_the_protected_name_git_lfs_prune_loses_every_theta_blob(tmp_path, server):
+    """The table of docs/guide/repository-care.md (run with -s to print it): the scenario with theta's
+    protected name removed, then each way of running the real `git lfs prune`."""
+    sc = Scenario(tmp_path, server)
+    repo = sc.repo
+    shutil.rmtree(repo.git_common_dir() / "lfs" / KEEP_DIR)
+    rows = [("before", len(repo.lfs_objects()), len(sc.needed) - len(lost(repo, sc.needed)))]
+    for args in ((), ("--verify-remote",), ("--force",)):
+        repo.git("lfs", "prune", *args)
+        rows.append((" ".join(("`git lfs prune", *args)) + "`", len(repo.lfs_objects()),
+                     len(sc.needed) - len(lost(repo, sc.needed))))
+    print("\n| step | lfs/objects | needed theta blobs intact |\n|---|---:|---:|")
+    for step, objects, intact in rows:
+        print(f"| {step} | {objects} | {intact} / {len(sc.needed)} |")
+    assert rows[0][2] == len(sc.needed) and rows[1][2] == 0  # git-lfs cannot see theta's metadata
 
 
 def blob_oids_of_pointer(repo: Repo, spec: str) -> set[str]:

@@ -9,10 +9,10 @@ from collections import OrderedDict
 
 import pytest
 import torch
-
 from support.checkpoints import make_state, save_pt
 from support.gitrepo import GitEnv
-from theta.storage.metadata import HINT, dumps, loads
+
+from theta.storage.metadata import HINT, loads
 from theta.storage.store import LfsStore
 
 

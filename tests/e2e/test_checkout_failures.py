@@ -15,15 +15,13 @@ import json
 import os
 import subprocess
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
+from scripts.bench.memcg import MemoryCgroup
 from support.crafted import Attacker, leftovers, meta_text, step, value_hash, victim_clone
 from support.gitrepo import GitEnv, Repo
-from support.memcg import MemoryCgroup, Unavailable
 
 KILLED = "the process writing it was killed before it finished"
 

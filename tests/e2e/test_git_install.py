@@ -1,7 +1,6 @@
 """`git theta install` / `track`, the pre-push hook chaining, and the pkt-line framing, with real git and git-lfs."""
 import io
 import os
-import subprocess
 
 import pytest
 

@@ -4,7 +4,6 @@ clone downloads only the blobs of the checked-out version."""
 from collections import OrderedDict
 
 import pytest
-import torch
 
 from support.gitrepo import GitEnv, bare_lfs_objects
 from support.lfs_server import GiftlessServer

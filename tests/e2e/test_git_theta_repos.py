@@ -13,7 +13,6 @@ commit, every file) are @slow and clone afresh.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np

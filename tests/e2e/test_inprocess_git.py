@@ -2,7 +2,6 @@
 checkpoint, read back bit for bit, only changed groups stored, the user's index and work tree left honest."""
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import numpy as np

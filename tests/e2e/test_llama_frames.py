@@ -1,7 +1,7 @@
 """A Llama-shaped sharded safetensors checkpoint whose largest tensor is several times the memory cgroup every
 process runs in, through every git command -- real git, git-lfs, a file:// remote.
 
-The model (tests/support/llama_model.py, the benchmark's generator): Hugging Face sharded safetensors, bfloat16,
+The model (scripts/bench/llama_model.py, the benchmark's generator): Hugging Face sharded safetensors, bfloat16,
 tracked with ``git theta track 'model/*.safetensors'``; its history: base, a full fine-tune, a partial change
 (the last 256 rows of the embedding, the last layer), another fine-tune of base on a branch (merged with a
 numeric strategy), a change of layer 0's MLP on a branch (rebased, cherry-picked). After every command the work
@@ -19,10 +19,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from support import llama_model as lm
+from scripts.bench import llama_model as lm
+from scripts.bench.memcg import MemoryCgroup, Unavailable
 from support.gitrepo import GitEnv, Repo
-from support.memcg import MemoryCgroup, Unavailable
 
 SMALL = lm.Dims(hidden=1024, intermediate=2816, kv=256, vocab=393216, layers=2, tied=True)
 # the embedding is 768 MiB: 3x the limit. What git, theta's filter (and its warm server) and a hook take
@@ -171,6 +170,7 @@ def run_history(tmp_path: Path, data: Path, dims: lm.Dims, limit: int) -> None:
         cg.remove(kill=True)
 
 
+@pytest.mark.slow  # (3 min: six versions of a 1.5 GB model; test_bigger_than_ram bounds the default run)
 def test_llama_shaped_model_several_times_the_limit_through_every_command(tmp_path, data):
     run_history(tmp_path, data, SMALL, SMALL_LIMIT)
 

@@ -145,10 +145,7 @@ def test_strategy_that_does_not_apply_is_a_conflict(repo):
 
 # ---------- through real `git merge` / rebase / cherry-pick with git-lfs ---------------------------------------
 
-import os
-import sys
 from collections import OrderedDict
-from pathlib import Path
 
 import torch
 

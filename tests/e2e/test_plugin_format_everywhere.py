@@ -7,8 +7,6 @@ on PYTHONPATH, so every process (git's filter included) finds it through importl
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

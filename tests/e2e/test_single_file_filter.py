@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import save_file
+from support.gitrepo import GIT_THETA_CONFIG, GitEnv, Repo
 
 import zipslice
-from support.gitrepo import GIT_THETA_CONFIG, GitEnv, Repo
 
 PROCESS = ["-c", "filter.theta.process=git-theta filter-process"]  # the long-running filter, for comparison
 
@@ -167,7 +167,7 @@ def test_single_file_filters_stream_in_a_memory_cgroup_smaller_than_the_model(re
     smaller than the model: both finish without an OOM kill, the checkpoint comes back bit for bit, and the
     smudge's bytes are the long-running filter's. (Like the long-running filter's smudge, it holds a group
     whole while verifying it, and the next one being rebuilt: the bound is groups, not the model.)"""
-    from support.memcg import MemoryCgroup, Unavailable
+    from scripts.bench.memcg import MemoryCgroup, Unavailable
 
     try:
         cg = MemoryCgroup.create(f"gtsuite-single-file-{os.getpid()}", LIMIT)

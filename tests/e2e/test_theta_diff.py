@@ -4,9 +4,7 @@ from __future__ import annotations
 import io
 import math
 import subprocess
-import sys
 from collections import OrderedDict
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np

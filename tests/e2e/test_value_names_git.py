@@ -6,7 +6,6 @@ checkpoint keeps its committed text (git status clean), a change names only the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from support.checkpoints import assert_same_checkpoint, make_state, save_pt
 from support.crafted import leftovers, limited_git
 from support.gitrepo import GitEnv

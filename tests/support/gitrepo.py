@@ -38,7 +38,7 @@ def _theta_bin_dir() -> str:
 class GitEnv:
     home: Path
     env: dict
-    # run in each child before exec, e.g. support.memcg.MemoryCgroup.join: every command in a memory cgroup
+    # run in each child before exec, e.g. scripts.bench.memcg.MemoryCgroup.join: every command in a memory cgroup
     preexec: Callable[[], None] | None = None
 
     @classmethod

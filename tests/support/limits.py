@@ -3,7 +3,7 @@
     res = run_limited(["git", "clone", url, dest], cwd=home, env=genv.env, timeout=60, memory=1 << 30)
     res.returncode, res.stderr, res.timed_out, res.peak_bytes, res.capped
 
-The memory cap is a memory cgroup (support.memcg: v2, else v1, under this process's own cgroup where the
+The memory cap is a memory cgroup (scripts.bench.memcg: v2, else v1, under this process's own cgroup where the
 kernel allows it), which the command joins before it starts: it covers
 the whole process tree (git, the filter, git-lfs). Without root or a memory controller the command runs
 uncapped (``res.capped`` is False) and only the time limit applies. On timeout every process of the
@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from support.memcg import MemoryCgroup, Unavailable
+from scripts.bench.memcg import MemoryCgroup, Unavailable
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Limited:
 
 @contextlib.contextmanager
 def memory_cgroup(limit: int) -> Iterator[MemoryCgroup | None]:
-    """A fresh memory cgroup of ``limit`` bytes (support.memcg), removed afterwards with anything left in
+    """A fresh memory cgroup of ``limit`` bytes (scripts.bench.memcg), removed afterwards with anything left in
     it; None if this machine cannot make one."""
     try:
         cg = MemoryCgroup.create(f"theta-test-{uuid.uuid4().hex[:12]}", limit)

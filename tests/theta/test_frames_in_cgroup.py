@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from theta.model.diff import change_stats
 from theta.storage.metadata import CheckpointMeta, GroupMeta, dumps
 from theta.storage.store import LfsStore
 from theta.updates import content_hash, get, steps
-from theta.updates.rebuild import reconstruct
 
 from support.limits import run_limited
 

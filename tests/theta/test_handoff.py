@@ -4,7 +4,6 @@ real process killed with SIGKILL."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """Streaming paths of the codec and the updates: lazy arrays, byte planes for integer words, frame
 by frame decoding, delta/sparse applied from the blob (in place), staged candidate blobs, bounded reconstruct
 of a chain of 8 -- every one bit for bit, and old-layout delta blobs still decode."""
-import os
 
 import ml_dtypes
 import numpy as np

@@ -5,7 +5,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as hs
 

@@ -1,10 +1,8 @@
 """The zipslice command, run in-process through its entry point and as a real subprocess, on real files."""
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file

@@ -16,12 +16,13 @@ from typing import List, Optional
 
 import typer
 
+from zipslice import clistyle
+
 from theta.base.errors import MissingDependencyError, ThetaError
 from theta.commands import (add, checkout, diff, export, fsck, hooks, install, log, ls_files, merge, migrate, prune,
                             squash, status, track)
 from theta.commands.entry import PROG, SCRIPT, filter_main, version  # noqa: F401 (PROG, SCRIPT: re-exported)
 from theta.commands.filter import single_file
-from zipslice import clistyle
 
 app = clistyle.make_app(
     SCRIPT, "Version ML checkpoints in git, parameter group by parameter group, with the groups stored in "

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from theta.git import repo as gitutil
 from theta.base.errors import MetadataError, ThetaError
+from theta.git import repo as gitutil
 
 if TYPE_CHECKING:
     from theta.storage.store import BlobRef

@@ -9,7 +9,6 @@ import typer
 from zipslice.clistyle import JSON_OPTION, emit_json, printable
 from zipslice.progress import human_bytes
 
-
 # why a placeholder is one, when no checkout recorded its failure (theta.commands.filter.handoff)
 UNRECORDED = ("the work tree holds its metadata text: checked out with GIT_THETA_SKIP_SMUDGE or theta.skipSmudge, "
               "by a git without theta, or by a checkout that did not finish")

@@ -38,9 +38,9 @@ from theta.model import norms
 from theta.storage import codec
 from theta.storage.store import Staged
 from theta.updates import Encoded
-from theta.updates.rebuild import chain_proven, proven_dense_frames
 from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import changed_mask, combine, raw_words
+from theta.updates.rebuild import chain_proven, proven_dense_frames
 from theta.updates.sparse import FixCollector, index_dtype
 from theta.updates.stream import PositionalReader, source
 

@@ -30,8 +30,7 @@ from theta.model.views import view_of
 from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
-from theta.updates import bounds, content_hash
-from theta.updates import stream
+from theta.updates import bounds, content_hash, stream
 from theta.updates.rebuild import (bounds_located, chain_proven, decode_proven_dense, proven_dense_frames, reconstruct,
                                    reconstruct_proven)
 

@@ -14,7 +14,6 @@ from theta.commands.filter.handoff import Ledger
 from theta.commands.filter.messages import log
 from theta.commands.filter.smudge import SmudgeRequests
 from theta.git import repo as gitutil
-from theta.peers.gittheta import files as gittheta_files
 from theta.storage.committed import committed_text
 from theta.storage.metadata import loads
 from theta.storage.store import LfsStore

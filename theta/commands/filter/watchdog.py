@@ -12,7 +12,6 @@ memory when its memory cgroup counted an OOM kill meanwhile), and the command th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

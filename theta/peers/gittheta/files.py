@@ -30,11 +30,13 @@ import numpy as np
 import zipslice
 from zipslice import TensorSource, dtypes, torch_writer
 
-from theta.base.errors import BlobMissingError, GitThetaFormatError, ThetaError
+from theta.base.errors import BlobMissingError, GitThetaFormatError
 from theta.git import repo as gitutil
 from theta.model.clean import clean_checkpoint
 from theta.model.diff import GroupInfo, hashed_once
-from theta.peers.gittheta import blobs as gt_blobs, chains as gt_chains, metadata as gt_metadata
+from theta.peers.gittheta import blobs as gt_blobs
+from theta.peers.gittheta import chains as gt_chains
+from theta.peers.gittheta import metadata as gt_metadata
 from theta.storage.store import BlobRef, LfsStore
 from theta.storage.transfer import fetch_missing
 

@@ -356,7 +356,6 @@ def promoted_dtype(update_type: str, parts: Mapping[str, np.ndarray], previous: 
     bfloat16 and the float8 types)."""
     import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy's promotion)
 
-
     return result_dtype(update_type, {k: np.asarray(v).dtype for k, v in parts.items()}, np.dtype(previous))
 
 

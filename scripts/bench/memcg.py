@@ -1,10 +1,9 @@
 """A memory cgroup: run commands on "a machine with N bytes of RAM", page cache included.
 
-The one home of this concern for the tests AND the benchmarks (scripts/bench/harness.py puts tests/ on its
-path and imports it; tests/support/limits.py builds on it). It lives here rather than under scripts/bench/
-because the tests must not import benchmark scripts (scripts/ is not on their path, and a test must not
-depend on a benchmark), while a benchmark already reuses test infrastructure; and it is not part of the
-shipped packages (creating cgroups is the job of whoever measures, never of theta). Standard library only.
+The one home of this concern for the benchmarks and the tests: the benchmarks import it from this folder, the
+tests as ``scripts.bench.memcg`` (tests may use the benchmarks' tools; nothing under scripts/ imports a test).
+It is not part of the shipped packages: creating cgroups is the job of whoever measures, never of theta.
+Standard library only.
 
     cg = MemoryCgroup.create("theta-test", 256 << 20)   # raises Unavailable(reason) when it cannot
     subprocess.run(cmd, preexec_fn=cg.join)              # the child and all it starts live in the cgroup
