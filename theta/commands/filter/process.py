@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from theta import settings
 from theta.base.errors import ProtocolError, ThetaError
+from theta.base.malloc import give_back_freed_memory
 from theta.commands.filter.messages import report_error
 from theta.commands.filter.session import Filter
 from theta.git import repo as gitutil
@@ -145,6 +146,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             if content is not None:  # content (partly) sent: end it; the error then makes git drop it
                 content.close()
             w.text_list(["status=error"])
+        # git may keep this process waiting while other processes work (a stash runs update-index, whose own
+        # filter cleans the next file): what this file's work freed goes back to the kernel, so two filters'
+        # kept heaps never add up in a small container (theta.base.malloc)
+        give_back_freed_memory()
 
 
 def _exit_now() -> None:
