@@ -38,7 +38,7 @@ BUCKET_WIDTH = 1e-6
 SLACK = 6.0
 PARAMS = {"family": "e2lsh-fold", "k": K, "pool": POOL, "seed": SEED, "w": BUCKET_WIDTH}
 
-_ROWS_PER_CHUNK = 64  # rows of POOL elements widened to float32 at a time (16 MiB)
+_ROWS_PER_CHUNK = 64  # rows per block of the fold (each block's even and odd rows summed apart, then folded in)
 
 
 _drawing = threading.Lock()  # one thread draws the directions; one asking meanwhile waits for them
@@ -71,27 +71,41 @@ def _as_float32(chunk: np.ndarray, buf: np.ndarray | None = None) -> np.ndarray:
         return chunk
     if dt.kind == "c":
         return _as_float32(chunk.view(np.float32 if dt.itemsize == 8 else np.float64), buf)
+    wide = buf[:chunk.size] if buf is not None and buf.size >= chunk.size else np.empty(chunk.size, np.uint32)
     if dt.itemsize == 2 and dt.name == "bfloat16":
         # bfloat16 is the top half of a float32: widen by shifting the bits in place, much faster than a cast
-        wide = buf[:chunk.size] if buf is not None and buf.size >= chunk.size else np.empty(chunk.size, np.uint32)
         np.copyto(wide, chunk.view(np.uint16))
         wide <<= 16
         return wide.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond float32's range -> inf: no signature
-        return chunk.astype(np.float32)
+        np.copyto(wide.view(np.float32), chunk, casting="unsafe")
+    return wide.view(np.float32)
+
+
+def _row_squares(values: np.ndarray, wide: np.ndarray) -> float:
+    """Σ x² of one row of POOL values (or of the last, shorter one) given as ``values`` and as float32 (``wide``):
+    a float32 dot product (float64 values: a float64 one of the values themselves, not rounded)."""
+    x = values if values.dtype == np.float64 else wide
+    return float(np.dot(x, x))
 
 
 class Folder:
     """:func:`fold` of a group given piece by piece, in order (each piece but the last a whole number of rows of
     POOL values): the same bits as the fold of the whole, so a group streamed frame by frame gets the signature
-    it would get read whole. Rows are summed in blocks of _ROWS_PER_CHUNK, each block's even and odd rows summed
-    in order (as numpy sums a block along its rows), then added to and subtracted from the fold."""
+    it would get read whole. Rows are folded one at a time, in blocks of _ROWS_PER_CHUNK: each block's even and
+    odd rows summed in order, then added to and subtracted from the fold.
+
+    While a row is at hand as float32 (in cache), its sum of squares is taken too (:attr:`squares`: each row's
+    float32 dot product, added in float64 in order; the same bits as :func:`squares` of the whole): the value's
+    norm costs no pass of its own."""
 
     def __init__(self) -> None:
         self.acc = np.zeros(POOL, dtype=np.float64)
         self.rows = 0                    # rows folded so far
+        self.squares = 0.0               # Σ x² of the values folded so far (see :func:`squares`)
         self._open: list | None = None   # [even, odd] sums of the block being filled row by row
         self._ended = False              # a piece that was not whole rows came: it was the last
+        self._buf: np.ndarray | None = None  # a row widened to float32 (uint32 scratch, reused)
 
     def add(self, values: np.ndarray) -> None:
         """Fold the next values of the group (any float dtype, flat or not; complex as (re, im) pairs)."""
@@ -104,32 +118,27 @@ class Folder:
             flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
         if flat.size and self._ended:
             raise ValueError("Folder.add after a piece that was not a whole number of rows")
+        if self._buf is None and flat.dtype != np.float32:
+            self._buf = np.empty(POOL, np.uint32)
         full = flat.size // POOL
-        step = _ROWS_PER_CHUNK
-        i = 0
-        buf = None
-        while i < full:
-            if self.rows % step == 0 and full - i >= step:  # a whole block: summed at once
-                if buf is None and flat.dtype.name == "bfloat16":
-                    buf = np.empty(step * POOL, np.uint32)
-                rows = _as_float32(flat[i * POOL:(i + step) * POOL], buf).reshape(step, POOL)
-                self.acc += rows[0::2].sum(axis=0, dtype=np.float64)  # (blocks start on even rows)
-                self.acc -= rows[1::2].sum(axis=0, dtype=np.float64)
-                i += step
-                self.rows += step
-                continue
+        for i in range(full):
+            row = flat[i * POOL:(i + 1) * POOL]
+            wide = _as_float32(row, self._buf)
+            self.squares += _row_squares(row, wide)
             if self._open is None:
                 self._open = [np.zeros(POOL, dtype=np.float64), np.zeros(POOL, dtype=np.float64)]
             target = self._open[self.rows % 2]
-            np.add(target, _as_float32(flat[i * POOL:(i + 1) * POOL]), out=target)
-            i += 1
+            np.add(target, wide, out=target)
             self.rows += 1
-            if self.rows % step == 0:
+            if self.rows % _ROWS_PER_CHUNK == 0:
                 self._close_block()
         rem = flat.size - full * POOL
         if rem:
             self._close_block()
-            tail = _as_float32(flat[full * POOL:]).astype(np.float64)
+            piece = flat[full * POOL:]
+            wide = _as_float32(piece, self._buf)
+            self.squares += _row_squares(piece, wide)
+            tail = wide.astype(np.float64)
             if self.rows % 2:
                 self.acc[:rem] -= tail
             else:
@@ -198,29 +207,32 @@ def signature_of_fold(folded: np.ndarray, size: int) -> list[int] | None:
 
 def signature(values: np.ndarray) -> list[int] | None:
     """The K-integer E2LSH signature of a float array (see :func:`hashable`), or None when it has NaN/Inf."""
-    return signature_of_fold(fold(values), values.size * (2 if values.dtype.kind == "c" else 1))
+    return signed(values)[0]
+
+
+def signed(values: np.ndarray) -> tuple[list[int] | None, float]:
+    """:func:`signature` and :func:`squares` of a float array, from one pass over it (:class:`Folder`)."""
+    f = Folder()
+    f.add(values)
+    return signature_of_fold(f.result(), values.size * (2 if values.dtype.kind == "c" else 1)), f.squares
 
 
 def squares(values: np.ndarray) -> float:
-    """Sum of the squares of a float group's values (as float32 values, summed per chunk), in chunks: the
-    square of :func:`l2norm`, and what sums up piece by piece for a group streamed in pieces."""
+    """Sum of the squares of a float group's values, row by row of POOL values as :class:`Folder` takes them
+    (each row's float32 dot product, float64 for float64 values, added in float64): the bits of
+    ``Folder.squares``, computed alone. Its square root is the norm :func:`maybe_close` is given. A sum past
+    float32's range is inf: a norm only widens maybe_close's bound, so an inf one costs an exact comparison,
+    never a wrong reuse."""
     flat = values.reshape(-1)
     if flat.dtype.kind == "c":
         flat = flat.view(np.float32 if flat.dtype.itemsize == 8 else np.float64)
+    buf = None if flat.dtype == np.float32 else np.empty(min(POOL, flat.size), np.uint32)
     total = 0.0
-    chunk = POOL * _ROWS_PER_CHUNK
-    # A sum past float32's range is inf: a norm only widens maybe_close's bound, so an inf one costs an exact
-    # comparison, never a wrong reuse; the overflow is expected, not worth a warning on the filter's stderr.
-    with np.errstate(over="ignore"):
-        for s in range(0, flat.size, chunk):
-            c = _as_float32(flat[s:s + chunk])
-            total += float(np.dot(c, c))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, flat.size, POOL):
+            row = flat[s:s + POOL]
+            total += _row_squares(row, _as_float32(row, buf))
     return total
-
-
-def l2norm(values: np.ndarray) -> float:
-    """Euclidean norm of a float group's values (as float32 values, accumulated in float64), in chunks."""
-    return math.sqrt(squares(values))
 
 
 def estimated_distance(a: list[int], b: list[int]) -> float:

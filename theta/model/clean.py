@@ -324,7 +324,7 @@ class _Read:
     prev: GroupMeta | None
     sig: list[int] | None
     reshaped: GroupMeta | None = None  # previous version when its dtype/shape differ (prev is then None)
-    norm: float | None = None  # l2 norm, when the LSH comparison with the previous version needs it
+    squares: float | None = None  # Σ x² of the value, from the pass that signs it (lsh.signed)
     sent: str | None = None    # the fast hash of git's bytes of the group, when it was asked for
     frames: "framewise.GroupFrames | None" = None  # to clean frame by frame (digest and fast set by then)
     hashing: "Future | None" = None  # the value hash taken on the hash thread (digest is "" until resolve())
@@ -401,12 +401,11 @@ def _read_group(lsd, key: str, previous: CheckpointMeta | None, exact: bool = Fa
     # A new group always needs its signature, a group with a previous version only when its bytes changed
     # (an unchanged group costs its hash only). Computed here, on a reader thread, so it overlaps the
     # encoding of the group before.
-    sig, norm = None, None
+    # (its sum of squares, the LSH comparison's norm and the recorded one, comes with it)
+    sig, squares = None, None
     if lsh.hashable(info.dtype) and (prev is None or hashing is not None or prev.hash != digest):
-        sig = lsh.signature(arr)
-        if prev is not None and sig is not None and prev.lsh is not None:
-            norm = lsh.l2norm(arr)
-    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, norm, git_fast, hashing=hashing)
+        sig, squares = lsh.signed(arr)
+    return _Read(key, info, raw, arr, digest, fast, prev, sig, reshaped, squares, git_fast, hashing=hashing)
 
 
 def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOptions, stats: CleanStats,
@@ -432,7 +431,7 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
         stats.unchanged += 1
         return keep(prev)
     if sig is None and prev is not None and lsh.hashable(info.dtype) and prev.hash == digest:
-        sig = lsh.signature(arr)  # same bytes but side-loaded: the reader skipped it
+        sig, got.squares = lsh.signed(arr)  # same bytes but side-loaded: the reader skipped it
 
     cached: list = []
     checking: list = []  # the hash of the rebuilt previous value, computed on the hash thread meanwhile
@@ -474,8 +473,7 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
 
     if prev is not None and dt.is_float and not options.exact and not sideloaded:
         maybe = lsh.maybe_close(sig, prev.lsh if same_lsh else None, arr.size,
-                                (got.norm if got.norm is not None else lsh.l2norm(arr))
-                                if sig is not None and prev.lsh is not None else 0.0,
+                                math.sqrt(got.squares) if sig is not None and prev.lsh is not None else 0.0,
                                 options.rtol, options.atol)
         if maybe:
             old = previous_value()
@@ -500,7 +498,10 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                              and not chain_full(prev, options.max_chain)) else None
         if base is not None and base.shape != arr.shape:
             base = None
-        got.sums = norms.measure(arr, base)
+        # the value's sum of squares came with its signature; the change's is one pass over both values
+        got.sums = norms.Sums(got.squares if got.squares is not None else lsh.squares(arr))
+        if base is not None:
+            got.sums.change, got.sums.changed = norms.change_squares(arr, base), norms.changed_count(arr, base)
         got.base = prev.hash if base is not None else None
     return _written(got, steps, sig, store, stats, store.written_bytes - before)
 

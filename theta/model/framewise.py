@@ -11,8 +11,10 @@ thread consuming the blob hashes, in order, what they read:
 
 - the value's name (BLAKE3, theta.base.valuehash) and xxh3-128 (its fast hash) of the whole, and xxh3-64 of each frame,
   so a later pass may read any frame again and prove it is the same (:meth:`GroupFrames.verified`);
-- the LSH fold (:class:`theta.base.lsh.Folder`: the same bits as the signature of the value read whole), the sum of
-  squares, the number of changed elements and dense's sample (:func:`theta.updates.auto.sample_spans`).
+- the LSH fold (:class:`theta.base.lsh.Folder`: the same bits as the signature of the value read whole) and the sum of
+  squares it takes on the way, the number of changed elements (the delta's non-zero code words) and the sum of
+  squares of the change (:func:`theta.model.norms.change_squares`, on the codec threads while both frames are at
+  hand), and dense's sample (:func:`theta.updates.auto.sample_spans`).
 
 The clean then decides as it does for a value read whole (``theta.model.clean``): unchanged, close (allclose frame
 by frame), or stored, choosing among the same candidates (:func:`best_change`: sparse only when at most
@@ -207,7 +209,7 @@ class FirstPass:
     digest: str                 # the value's name (its content hash, theta.base.valuehash)
     fast: str                   # xxh3-128 of the value
     sig: list[int] | None       # LSH signature (None: NaN/Inf)
-    squares: float              # sum of squares (lsh.squares, frame by frame)
+    squares: float              # sum of squares (the fold's, lsh.Folder.squares)
     changed: int                # elements whose bits differ from the previous value (all, with none)
     sample: np.ndarray          # dense's sample (auto.sample_spans)
     kind: str                   # "delta" (against the previous value) or "dense"
@@ -226,31 +228,28 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
     sha, fast, folder = valuehash.new(), xxhash.xxh3_128(), lsh.Folder()
     spans = sample_spans(frames.size)
     sample = np.empty(sum(b - a for a, b in spans), frames.dtype)
-    read_ahead: dict[int, tuple[np.ndarray, int]] = {}  # frame start -> (its values, changed elements)
-    totals = [0.0, 0]  # squares, changed
-
-    sums = norms.Sums()
+    # frame start -> (its values, changed elements, Σ of the change's squares)
+    read_ahead: dict[int, tuple[np.ndarray, int, float]] = {}
+    sums = norms.Sums()  # the value's squares come from the fold, the change's and the count from the delta's frames
 
     def read(a: int, b: int) -> np.ndarray:  # on the codec threads
         new = frames.read(a, b)
         frames.record(a, new)
         if old is None:
-            read_ahead[a] = (new, b - a, norms.measure(new))
+            read_ahead[a] = (new, b - a, 0.0)
             return new
         before = old.read(a, b)
         codes = combine(raw_words(new), raw_words(before), DELTA_OP)
-        read_ahead[a] = (new, int(np.count_nonzero(codes)), norms.measure(new, before, count=False))
+        read_ahead[a] = (new, int(np.count_nonzero(codes)), norms.change_squares(new, before))
         return codes
 
     def after(a: int, b: int) -> None:  # in order, in this thread
-        new, changed, measured = read_ahead.pop(a)
-        measured.changed = changed
-        sums.add(measured)
+        new, changed, change = read_ahead.pop(a)
+        sums.change += change
+        sums.changed += changed
         sha.update(new)
         fast.update(new)
         folder.add(new)
-        totals[0] += lsh.squares(new)
-        totals[1] += changed
         at = 0
         for s, e in spans:  # the parts of the sample in this frame
             lo, hi = max(s, a), min(e, b)
@@ -265,8 +264,9 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
         kind, parts = "delta", {"codes": codec.LazyArray(words, (frames.size,), read, planes=True, after=after)}
     staged = store.stage(codec.iter_encode_parts(parts, level))
     size = frames.size * (2 if frames.dtype.kind == "c" else 1)
-    return FirstPass(sha.hexdigest(), fast.hexdigest(), lsh.signature_of_fold(folder.result(), size), totals[0],
-                     totals[1], sample, kind, staged, sums)
+    sums.value = folder.squares
+    return FirstPass(sha.hexdigest(), fast.hexdigest(), lsh.signature_of_fold(folder.result(), size), folder.squares,
+                     sums.changed, sample, kind, staged, sums)
 
 
 def allclose(frames: GroupFrames, old, rtol: float, atol: float) -> bool:

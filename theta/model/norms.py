@@ -26,7 +26,10 @@ import numpy as np
 
 from zipslice import dtypes
 
-CHUNK = 1 << 16   # elements per float32 dot product (the error of one dot grows with its length)
+from theta.base import lsh
+
+CHUNK = lsh.POOL  # elements per float32 dot product (the error of one dot grows with its length): a row of the
+                  # LSH fold, whose pass takes the value's sum of squares
 DIGITS = 6        # significant digits recorded
 
 
@@ -69,45 +72,55 @@ def _widen(chunk: np.ndarray, buf: np.ndarray) -> np.ndarray:
     return out
 
 
-def _squares(x: np.ndarray) -> float:
-    # a float32 dot of one chunk (~1e-7 relative error at this length; a pairwise sum costs 4x more)
-    return float(np.dot(x, x))
+def _flat_pair(new: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.ascontiguousarray(new).reshape(-1)
+    b = np.ascontiguousarray(old).reshape(-1)
+    if b.size != a.size or b.dtype != a.dtype:
+        raise ValueError(f"norms need values of one dtype and size, got {a.dtype}[{a.size}] and {b.dtype}[{b.size}]")
+    return a, b
+
+
+def change_squares(new: np.ndarray, old: np.ndarray) -> float:
+    """Σ (new − old)² of two values of one real float dtype and size, chunk by chunk (see the module's docstring):
+    what clean adds to the value's sum of squares (the LSH pass's by-product) where it has the previous value.
+    NaN or Inf give a non-finite sum."""
+    a, b = _flat_pair(new, old)
+    total = 0.0
+    if a.size == 0:
+        return total
+    n = min(CHUNK, a.size)
+    bufs = (np.empty(n, np.uint32), np.empty(n, np.uint32))
+    scratch = np.empty(n, np.float64 if a.dtype == np.float64 else np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, a.size, CHUNK):
+            x = _widen(a[s:s + CHUNK], bufs[0])
+            d = scratch[:x.size]
+            np.subtract(x, _widen(b[s:s + CHUNK], bufs[1]), out=d)
+            total += float(np.dot(d, d))
+    return total
+
+
+def changed_count(new: np.ndarray, old: np.ndarray) -> int:
+    """How many elements of two values of one dtype and size differ in their bits, chunk by chunk."""
+    a, b = _flat_pair(new, old)
+    bits = f"u{a.dtype.itemsize}" if a.dtype.itemsize in (1, 2, 4, 8) else None
+    total = 0
+    for s in range(0, a.size, CHUNK):
+        x, y = a[s:s + CHUNK], b[s:s + CHUNK]
+        total += int(np.count_nonzero(x.view(bits) != y.view(bits) if bits is not None else x != y))
+    return total
 
 
 def measure(new: np.ndarray, old: np.ndarray | None = None, count: bool = True) -> Sums:
     """The sums of squares of ``new`` and, given ``old`` (same dtype and shape), of ``new − old``, and (``count``)
-    how many elements of the two differ in their bits. A flat or shaped real float array; NaN or Inf give
-    non-finite sums (:func:`finite` then says so)."""
-    a = np.ascontiguousarray(new).reshape(-1)
-    b = None if old is None else np.ascontiguousarray(old).reshape(-1)
-    if b is not None and (b.size != a.size or b.dtype != a.dtype):
-        raise ValueError(f"measure needs values of one dtype and size, got {a.dtype}[{a.size}] and "
-                         f"{b.dtype}[{b.size}]")
-    out = Sums()
-    if a.size == 0:
-        return out
-    n = min(CHUNK, a.size)
-    bufs = (np.empty(n, np.uint32), np.empty(n, np.uint32))
-    scratch = np.empty(n, np.float64 if a.dtype == np.float64 else np.float32)
-    bits = f"u{a.dtype.itemsize}" if a.dtype.itemsize in (1, 2, 4, 8) else None
-    with np.errstate(over="ignore", invalid="ignore"):
-        for s in range(0, a.size, CHUNK):
-            x = _widen(a[s:s + CHUNK], bufs[0])
-            out.value += _squares(x)
-            if b is None:
-                continue
-            y = _widen(b[s:s + CHUNK], bufs[1])
-            d = scratch[:x.size]
-            np.subtract(x, y, out=d)
-            out.change += _squares(d)
-            if not count:
-                continue
-            if bits is not None:
-                out.changed += int(np.count_nonzero(a[s:s + CHUNK].view(bits) != b[s:s + CHUNK].view(bits)))
-            else:
-                out.changed += int(np.count_nonzero(a[s:s + CHUNK] != b[s:s + CHUNK]))
-    if b is None:
-        out.changed = 0
+    how many elements of the two differ in their bits, each computed on its own: clean takes the value's from the
+    LSH pass (:attr:`theta.base.lsh.Folder.squares`, the same bits as :func:`theta.base.lsh.squares`) and the
+    change's where it walks both values. A flat or shaped real float array; NaN or Inf give non-finite sums
+    (:func:`finite` then says so)."""
+    out = Sums(value=lsh.squares(np.ascontiguousarray(new)))
+    if old is not None:
+        out.change = change_squares(new, old)
+        out.changed = changed_count(new, old) if count else 0
     return out
 
 
