@@ -7,7 +7,7 @@ import os
 import numpy as np
 import safetensors.numpy
 
-import theta.model.clean
+from theta.base import parallel
 from theta.model.clean import CleanStats, clean_checkpoint
 from theta.storage import metadata
 from theta.storage.store import LfsStore
@@ -38,12 +38,13 @@ def two_versions(tmp_path, store):
 def test_the_metadata_does_not_depend_on_how_far_clean_reads_ahead(tmp_path, monkeypatch):
     """Read ahead (the default) or group by group (no read-ahead budget): the same text, bit for bit."""
     texts = []
-    for budget in (theta.model.clean.READ_AHEAD_BYTES, 0):
+    for budget in (parallel.READ_AHEAD_BYTES, 0):
         store = LfsStore(tmp_path / f"objects-{budget}")
         d = tmp_path / str(budget)
         d.mkdir()
         p, first, _ = two_versions(d, store)
-        monkeypatch.setattr(theta.model.clean, "READ_AHEAD_BYTES", budget)
+        monkeypatch.setattr(parallel, "READ_AHEAD_BYTES", budget)
+        assert parallel.read_ahead_budget() <= budget  # what clean asks for its read-ahead
         texts.append(metadata.dumps(clean_checkpoint(p, store, first)))
     assert texts[0] == texts[1]
 
