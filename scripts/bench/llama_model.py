@@ -42,8 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from zipslice.info import TensorSource
-from zipslice.safetensors_format import build_header, library_order
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # this checkout's zipslice, run as a script or imported by one
+from zipslice.info import TensorSource  # noqa: E402
+from zipslice.safetensors_format import build_header, library_order  # noqa: E402
 
 CHUNK = 16 << 20          # elements generated at a time (32 MiB of bfloat16)
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
