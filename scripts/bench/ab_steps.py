@@ -5,27 +5,29 @@ version.
 
 The model is scripts/bench/git.py's BERT-shaped history at ``--scale`` (1: 195 groups, 414 MiB; 7.5: 1,443
 groups, 3.0 GiB), written group by group (bounded memory) to torch files under ``--workdir``: v1; v2 with
-every 5th group x(1+1e-3 N(0,1)); v3 a full fine-tune of v2 (every group so changed). Three repositories,
-one per step so no step pays for undoing another: ``partial`` holds v1 and adds v2; ``fine-tune`` holds v1,
-v2 and adds v3; ``checkout`` holds v1, v2 and checks v1 out (then, unmeasured, v2 again). Each add is undone
-with ``git reset``. Every measured command runs after letting the index settle (no racy re-clean inside it).
+every 5th group x(1+1e-3 N(0,1)); v3 a full fine-tune of v2 (every group so changed). One repository (one
+store and one work tree: a multi-GB model's disk use counted once) holds v1 and v2 on main; one cycle checks
+out v1, adds v2 over it, goes back to main (nothing to write: the index holds v2), adds v3, undoes that add
+and copies v2 back (see :func:`cycle`). Every measured command runs after letting the index settle (no racy
+re-clean inside it).
 
-Each round runs every step once per variant, variants alternating, so a drifting load on a shared machine
-hits them all alike. Printed per step and variant: wall seconds (median, min-max over the rounds) and CPU
-seconds of the process tree (median), then each variant's median wall against the first variant's, and the
-median of the per-round differences (the pairs share a round's load).
+Each round runs one cycle per variant, each variant first in turn, so a drifting load on a shared machine
+hits them all alike. Printed per step and variant: wall seconds of the command (median, min-max over the
+rounds), CPU seconds of its process tree (median) and peak RSS, then each variant's median wall against the
+first variant's, and the median of the per-round differences (the pairs share a round's load).
 
 A variant is a checkout of this project (first on PYTHONPATH) with environment variables after ``@``:
 
     python3 scripts/bench/ab_steps.py --scale 7.5 --rounds 6 \\
         --variants .,.@GIT_THETA_WARM=0,.@GIT_THETA_LIGHT_START=0,.@GIT_THETA_FORK_RECEIVE=0
 
-Large files go under --workdir (default /tmp/theta-bench/ab-steps); ``--clean`` removes the repositories
-(the versions are kept for the next run) and stops the warm filter servers the run started.
+Large files go under --workdir (default /tmp/theta-bench/ab-steps): the versions (kept for the next run) and
+the repository (``--clean`` removes it). A round starts only with --min-free-gib free on that disk.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -35,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from git import D, FF, model_dims, settle  # noqa: E402  (scripts/bench/git.py)
+from git import D, FF, load_line, model_dims, settle  # noqa: E402  (scripts/bench/git.py)
 from harness import Measure, git_env, new_repo, run_measured, sh  # noqa: E402
 
 STEPS = ("20% add", "fine-tune add", "checkout previous")
@@ -121,36 +123,47 @@ def commit(repo: Path, src: Path, msg: str, env: dict) -> None:
     sh(["git", "commit", "-q", "-m", msg], repo, env)
 
 
-def setup(root: Path, versions: list[Path], env: dict) -> dict[str, Path]:
-    v1, v2, _ = versions
-    repos = {}
-    for step, kept in zip(STEPS, ([v1], [v1, v2], [v1, v2])):
-        repo = new_repo(root, step.split()[0].replace("%", ""), "theta", env)
-        for n, version in enumerate(kept, 1):
-            commit(repo, version, f"v{n}", env)
-        repos[step] = repo
-    return repos
+def setup(root: Path, versions: list[Path], env: dict) -> Path:
+    """One repository (one copy of the store and of the work tree, a multi-GB model's disk use kept to one):
+    v1 then v2 committed on main."""
+    repo = new_repo(root, "repo", "theta", env)
+    commit(repo, versions[0], "v1", env)
+    commit(repo, versions[1], "v2", env)
+    return repo
 
 
-def measure(step: str, repo: Path, versions: list[Path], env: dict) -> Measure:
-    if step == "checkout previous":
-        settle(repo, env)
-        m = run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env)
-        sh(["git", "checkout", "-q", "main"], repo, env)
-        return m
-    shutil.copyfile(versions[1] if step == "20% add" else versions[2], repo / "model.pt")
+def cycle(repo: Path, versions: list[Path], env: dict) -> dict[str, Measure]:
+    """The three steps once, from and back to main (v2) with a clean work tree:
+    checkout of v1 (measured) -> v2 copied in and added (measured: the 20% add over v1; the index then holds
+    main's v2, so going back to main writes nothing) -> v3 copied in and added (measured: the fine-tune add) ->
+    the add undone and v2 copied back (its re-clean, unmeasured, finds every group unchanged)."""
+    _, v2, v3 = versions
+    got = {}
     settle(repo, env)
-    m = run_measured(["git", "add", "model.pt"], repo, env)
+    got["checkout previous"] = run_measured(["git", "checkout", "-q", "HEAD~1"], repo, env)
+    shutil.copyfile(v2, repo / "model.pt")
+    settle(repo, env)
+    got["20% add"] = run_measured(["git", "add", "model.pt"], repo, env)
+    sh(["git", "checkout", "-q", "main"], repo, env)
+    shutil.copyfile(v3, repo / "model.pt")
+    settle(repo, env)
+    got["fine-tune add"] = run_measured(["git", "add", "model.pt"], repo, env)
     sh(["git", "reset", "-q"], repo, env)
-    return m
+    shutil.copyfile(v2, repo / "model.pt")
+    settle(repo, env)
+    if sh(["git", "status", "--porcelain", "--untracked-files=no"], repo, env).strip():
+        raise SystemExit(f"{repo}: the work tree is not back to v2")
+    return got
 
 
-def report(got: dict[str, dict[str, list[Measure]]], specs: list[str], steps: list[str]) -> None:
+def report(got: dict[str, dict[str, list[Measure]]], specs: list[str]) -> None:
     base = specs[0]
-    for step in steps:
+    for step in STEPS:
         print(f"\n{step}:")
         for spec in specs:
             ms = got[step][spec]
+            if not ms:
+                continue
             wall = [m.seconds for m in ms]
             line = (f"  {spec}: wall median {statistics.median(wall):.2f} s (min {min(wall):.2f}, max "
                     f"{max(wall):.2f}), CPU median {statistics.median(m.cpu for m in ms):.2f} s, peak RSS "
@@ -177,12 +190,12 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="of git.py's BERT-shaped model (1: 414 MiB)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", default="2", help="GIT_THETA_THREADS")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"a subset of: {', '.join(STEPS)}")
+    ap.add_argument("--min-free-gib", type=float, default=4.0, help="stop before a round when the work "
+                    "directory's disk has less free (the machine may be shared)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench/ab-steps"))
     ap.add_argument("--clean", action="store_true", help="remove the repositories afterwards")
     args = ap.parse_args()
     specs = args.variants.split(",")
-    steps = [s for s in STEPS if s in args.steps.split(",")]
     root = args.workdir / f"s{args.scale:g}"
     root.mkdir(parents=True, exist_ok=True)
     (args.workdir / "warm").mkdir(mode=0o700, exist_ok=True)
@@ -192,21 +205,26 @@ def main() -> int:
     sh(["git", "lfs", "install"], root / "home", envs[specs[0]])
     sh(["git", "theta", "install"], root / "home", envs[specs[0]])
     versions = make_versions(args.workdir / "data", args.scale)
-    repos = setup(root, versions, envs[specs[0]])
+    repo = setup(root, versions, envs[specs[0]])
     got: dict[str, dict[str, list[Measure]]] = {s: {v: [] for v in specs} for s in STEPS}
     try:
         for r in range(args.rounds):
-            for step in steps:
-                for spec in specs:
-                    m = measure(step, repos[step], versions, envs[spec])
+            free = shutil.disk_usage(root).free
+            if free < args.min_free_gib * 2**30:
+                print(f"stopped before round {r + 1}: {free / 2**30:.1f} GiB free on {root} "
+                      f"(--min-free-gib {args.min_free_gib:g})", flush=True)
+                break
+            for spec in specs[r % len(specs):] + specs[:r % len(specs)]:  # (each variant first in turn)
+                for step, m in cycle(repo, versions, envs[spec]).items():
                     got[step][spec].append(m)
-                    print(f"round {r + 1} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU", flush=True)
+                    print(f"round {r + 1} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU "
+                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         stop_servers(envs[specs[0]])
         if args.clean:
-            for repo in repos.values():
-                shutil.rmtree(repo, ignore_errors=True)
-    report(got, specs, steps)
+            shutil.rmtree(repo, ignore_errors=True)
+    report(got, specs)
+    print(f"\n{load_line()}")
     return 0
 
 
