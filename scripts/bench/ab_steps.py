@@ -22,16 +22,21 @@ A variant is a checkout of this project (first on PYTHONPATH) with environment v
         --variants .,.@GIT_THETA_WARM=0,.@GIT_THETA_LIGHT_START=0,.@GIT_THETA_FORK_RECEIVE=0
 
 Large files go under --workdir (default /tmp/theta-bench/ab-steps): the versions (kept for the next run) and
-the repository (``--clean`` removes it). A round starts only with --min-free-gib free on that disk.
+the repository (``--clean`` removes it). A cycle starts only with --min-free-gib free on that disk, and one that
+fails is run again from main. ``--json``
+keeps every measurement (one JSON line each), so runs cut short can go on (``--first-round``) and be reported
+together (``--report-from``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -156,24 +161,61 @@ def cycle(repo: Path, versions: list[Path], env: dict) -> dict[str, Measure]:
     return got
 
 
-def report(got: dict[str, dict[str, list[Measure]]], specs: list[str]) -> None:
+def retried_cycle(repo: Path, versions: list[Path], env: dict, min_free: float, tries: int = 3) -> dict:
+    """:func:`cycle` once the disk has ``min_free`` bytes free; where a command of it fails (on a shared
+    machine: the disk filled by others meanwhile), the repository is put back on main and the cycle run again
+    (a failed cycle records nothing)."""
+    for attempt in range(1, tries + 1):
+        wait_for_disk(repo, min_free)
+        try:
+            return cycle(repo, versions, env)
+        except SystemExit as e:
+            if attempt == tries:
+                raise
+            print(f"a cycle failed ({str(e).strip().splitlines()[-1]}); the repository back on main, once more",
+                  flush=True)
+            wait_for_disk(repo, min_free)
+            subprocess.run(["git", "reset", "-q", "--hard"], cwd=repo, env=env, capture_output=True)
+            sh(["git", "checkout", "-q", "-f", "main"], repo, env)
+            sh(["git", "reset", "-q", "--hard", "main"], repo, env)
+    raise AssertionError("unreachable")
+
+
+def wait_for_disk(path: Path, need: float, poll: float = 30.0) -> None:
+    """Wait until ``path``'s disk has ``need`` bytes free (a shared machine's disk fills and empties)."""
+    said = False
+    while (free := shutil.disk_usage(path).free) < need:
+        if not said:
+            print(f"waiting for {need / 2**30:.0f} GiB free on {path} ({free / 2**30:.1f} now)", flush=True)
+            said = True
+        time.sleep(poll)
+
+
+def report(records: list[dict], specs: list[str]) -> None:
+    """Per step and variant: wall (median, min-max), CPU (median), peak RSS; against the first variant, the
+    ratio of medians and the median of the per-round differences (pairs measured in the same round)."""
     base = specs[0]
     for step in STEPS:
         print(f"\n{step}:")
+        of = {spec: {r["round"]: r for r in records if r["step"] == step and r["variant"] == spec} for spec in specs}
         for spec in specs:
-            ms = got[step][spec]
-            if not ms:
+            rs = list(of[spec].values())
+            if not rs:
                 continue
-            wall = [m.seconds for m in ms]
+            wall = [r["seconds"] for r in rs]
             line = (f"  {spec}: wall median {statistics.median(wall):.2f} s (min {min(wall):.2f}, max "
-                    f"{max(wall):.2f}), CPU median {statistics.median(m.cpu for m in ms):.2f} s, peak RSS "
-                    f"{max(m.peak_tree_rss for m in ms) / 2**20:.0f} MiB ({len(ms)} rounds)")
-            if spec != base:
-                ref = [m.seconds for m in got[step][base]]
-                diff = statistics.median(w - r for w, r in zip(wall, ref))
-                line += (f"\n      against {base}: median {statistics.median(wall) / statistics.median(ref):.3f}x, "
-                         f"per-round difference median {diff:+.2f} s "
-                         f"({100 * diff / statistics.median(ref):+.1f}% of {base}'s median)")
+                    f"{max(wall):.2f}), CPU median {statistics.median(r['cpu'] for r in rs):.2f} s, peak RSS "
+                    f"{max(r['rss'] for r in rs) / 2**20:.0f} MiB ({len(rs)} rounds)")
+            ref = of[base]
+            pairs = [(r["seconds"] - ref[n]["seconds"], r["cpu"] - ref[n]["cpu"]) for n, r in of[spec].items()
+                     if n in ref]
+            if spec != base and pairs:
+                ref_wall = statistics.median(r["seconds"] for r in ref.values())
+                ref_cpu = statistics.median(r["cpu"] for r in ref.values())
+                dw, dc = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+                line += (f"\n      against {base}: median wall {statistics.median(wall) / ref_wall:.3f}x; per-round "
+                         f"difference ({len(pairs)} rounds) median {dw:+.2f} s wall ({100 * dw / ref_wall:+.1f}%), "
+                         f"{dc:+.2f} s CPU ({100 * dc / ref_cpu:+.1f}%)")
             print(line)
             print(f"      wall per round: {' '.join(f'{w:.2f}' for w in wall)}")
 
@@ -189,13 +231,23 @@ def main() -> int:
                     "followed by @NAME=value environment variables; the first is the reference")
     ap.add_argument("--scale", type=float, default=1.0, help="of git.py's BERT-shaped model (1: 414 MiB)")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--first-round", type=int, default=1, help="the number of the first round (to go on after "
+                    "an interrupted run, appending to the same --json)")
     ap.add_argument("--threads", default="2", help="GIT_THETA_THREADS")
-    ap.add_argument("--min-free-gib", type=float, default=4.0, help="stop before a round when the work "
-                    "directory's disk has less free (the machine may be shared)")
+    ap.add_argument("--min-free-gib", type=float, default=10.0, help="wait before each cycle until the work "
+                    "directory's disk has this much free (the machine may be shared; a 3 GiB model's cycle writes "
+                    "~4 GiB it then drops)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench/ab-steps"))
-    ap.add_argument("--clean", action="store_true", help="remove the repositories afterwards")
+    ap.add_argument("--json", type=Path, help="append each measurement to this file (JSON lines)")
+    ap.add_argument("--report-from", type=Path, nargs="+", metavar="JSON", help="measure nothing: report the "
+                    "measurements these --json files hold, for --variants")
+    ap.add_argument("--clean", action="store_true", help="remove the repository afterwards")
     args = ap.parse_args()
     specs = args.variants.split(",")
+    if args.report_from:
+        records = [json.loads(line) for path in args.report_from for line in path.read_text().splitlines() if line]
+        report([r for r in records if r["variant"] in specs], specs)
+        return 0
     root = args.workdir / f"s{args.scale:g}"
     root.mkdir(parents=True, exist_ok=True)
     (args.workdir / "warm").mkdir(mode=0o700, exist_ok=True)
@@ -206,25 +258,25 @@ def main() -> int:
     sh(["git", "theta", "install"], root / "home", envs[specs[0]])
     versions = make_versions(args.workdir / "data", args.scale)
     repo = setup(root, versions, envs[specs[0]])
-    got: dict[str, dict[str, list[Measure]]] = {s: {v: [] for v in specs} for s in STEPS}
+    records: list[dict] = []
     try:
-        for r in range(args.rounds):
-            free = shutil.disk_usage(root).free
-            if free < args.min_free_gib * 2**30:
-                print(f"stopped before round {r + 1}: {free / 2**30:.1f} GiB free on {root} "
-                      f"(--min-free-gib {args.min_free_gib:g})", flush=True)
-                break
+        for r in range(args.first_round, args.first_round + args.rounds):
             for spec in specs[r % len(specs):] + specs[:r % len(specs)]:  # (each variant first in turn)
-                for step, m in cycle(repo, versions, envs[spec]).items():
-                    got[step][spec].append(m)
-                    print(f"round {r + 1} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU "
-                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                for step, m in retried_cycle(repo, versions, envs[spec], args.min_free_gib * 2**30).items():
+                    rec = {"round": r, "step": step, "variant": spec, "seconds": m.seconds, "cpu": m.cpu,
+                           "rss": m.peak_tree_rss, "load": os.getloadavg()[0], "scale": args.scale}
+                    records.append(rec)
+                    if args.json:
+                        with open(args.json, "a") as f:
+                            f.write(json.dumps(rec) + "\n")
+                    print(f"round {r} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU "
+                          f"(load {rec['load']:.1f})", flush=True)
     finally:
         stop_servers(envs[specs[0]])
         if args.clean:
             shutil.rmtree(repo, ignore_errors=True)
-    report(got, specs)
-    print(f"\n{load_line()}")
+        report(records, specs)
+        print(f"\n{load_line()}")
     return 0
 
 
