@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -191,21 +192,42 @@ def wait_for_disk(path: Path, need: float, poll: float = 30.0) -> None:
         time.sleep(poll)
 
 
+ROUND_LINE = re.compile(r"round (\d+) (.+) (\S+): ([\d.]+) s wall, ([\d.]+) s CPU \(load ([\d.]+)\)")
+
+
+def read_measurements(paths: list[Path]) -> list[dict]:
+    """The measurements of earlier runs: the lines of ``--json`` files, or the per-round lines this script
+    prints (a run's log, its peak RSS not in it). Each file is one run: its rounds are paired among themselves
+    only (``run``: the file's position)."""
+    out = []
+    for n, path in enumerate(paths):
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                out.append({**json.loads(line), "run": n})
+            elif (m := ROUND_LINE.fullmatch(line.strip())) and m[2] in STEPS:
+                out.append({"round": int(m[1]), "step": m[2], "variant": m[3], "seconds": float(m[4]),
+                            "cpu": float(m[5]), "load": float(m[6]), "run": n})
+    return out
+
+
 def report(records: list[dict], specs: list[str]) -> None:
     """Per step and variant: wall (median, min-max), CPU (median), peak RSS; against the first variant, the
-    ratio of medians and the median of the per-round differences (pairs measured in the same round)."""
+    ratio of medians and the median of the per-round differences (pairs measured in the same round of the
+    same run)."""
     base = specs[0]
     for step in STEPS:
         print(f"\n{step}:")
-        of = {spec: {r["round"]: r for r in records if r["step"] == step and r["variant"] == spec} for spec in specs}
+        of = {spec: {(r.get("run", 0), r["round"]): r for r in records if r["step"] == step and r["variant"] == spec}
+              for spec in specs}
         for spec in specs:
             rs = list(of[spec].values())
             if not rs:
                 continue
-            wall = [r["seconds"] for r in rs]
+            wall, cpu = [r["seconds"] for r in rs], [r["cpu"] for r in rs]
+            rss = [r["rss"] for r in rs if "rss" in r]
             line = (f"  {spec}: wall median {statistics.median(wall):.2f} s (min {min(wall):.2f}, max "
-                    f"{max(wall):.2f}), CPU median {statistics.median(r['cpu'] for r in rs):.2f} s, peak RSS "
-                    f"{max(r['rss'] for r in rs) / 2**20:.0f} MiB ({len(rs)} rounds)")
+                    f"{max(wall):.2f}), CPU median {statistics.median(cpu):.2f} s, peak RSS "
+                    f"{f'{max(rss) / 2**20:.0f} MiB' if rss else 'n/a'} ({len(rs)} rounds)")
             ref = of[base]
             pairs = [(r["seconds"] - ref[n]["seconds"], r["cpu"] - ref[n]["cpu"]) for n, r in of[spec].items()
                      if n in ref]
@@ -218,6 +240,7 @@ def report(records: list[dict], specs: list[str]) -> None:
                          f"{dc:+.2f} s CPU ({100 * dc / ref_cpu:+.1f}%)")
             print(line)
             print(f"      wall per round: {' '.join(f'{w:.2f}' for w in wall)}")
+            print(f"      CPU per round: {' '.join(f'{c:.2f}' for c in cpu)}")
 
 
 def stop_servers(env: dict) -> None:
@@ -245,7 +268,7 @@ def main() -> int:
     args = ap.parse_args()
     specs = args.variants.split(",")
     if args.report_from:
-        records = [json.loads(line) for path in args.report_from for line in path.read_text().splitlines() if line]
+        records = read_measurements(args.report_from)
         report([r for r in records if r["variant"] in specs], specs)
         return 0
     root = args.workdir / f"s{args.scale:g}"
