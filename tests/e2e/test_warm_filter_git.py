@@ -4,14 +4,12 @@ cannot trust and never serves stale code. Real git, real git-lfs, real torch fil
 from __future__ import annotations
 
 import json
-import shlex
 import os
 import shutil
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -337,80 +335,13 @@ def test_no_directory_means_no_server(tmp_path):
     assert warm.servers(str(tmp_path / "none")) == [] and warm.stop(str(tmp_path / "none")) == 0
 
 
-def recording(tmp_path: Path, command: list[str]) -> tuple[Path, Path]:
-    """A stand-in for the console script: it notes each start in a file, then runs ``command``."""
-    mark = tmp_path / "cold-starts.txt"
-    script = tmp_path / "git-theta-recorded"
-    script.write_text("#!/bin/sh\n" f'echo "$*" >> {shlex.quote(str(mark))}\n'
-                      f'exec {" ".join(shlex.quote(c) for c in command)} "$@"\n')
-    script.chmod(0o755)
-    return script, mark
-
-
-def starts(mark: Path) -> list[str]:
-    return mark.read_text().splitlines() if mark.exists() else []
-
-
-def test_the_launcher_serves_git_from_a_light_start_and_runs_the_console_script_only_when_cold(genv, tmp_path):
-    """The launcher starts `filter-process` light (python -S, theta.warm.launch): with a server there the console
-    script never runs; without one (or with GIT_THETA_WARM=0) it runs, as before. The server a cold filter
-    leaves is the one the next light start asks for: the key is the same with and without site."""
-    from theta.commands.install import interpreter_command, launcher_script
-
-    repo = genv.init("work", track=("*.pt",))
-    script, mark = recording(tmp_path, interpreter_command())
-    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
-    launcher.write_text(launcher_script([str(script)], python=sys.executable, root=str(ROOT)))
-    v = make_state(1)
-    save_pt(repo / "model.pt", v)
-    repo.commit("v1", ".gitattributes", "model.pt")
-    assert starts(mark)[:1] == ["filter-process"]  # the first filter: cold
-    [(key, server)] = wait_for_servers(genv)
-
-    for i, env in enumerate(({}, {"GIT_THETA_WARM": "0"}, {})):
-        v = tuned(v, 10 + i)
-        save_pt(repo / "model.pt", v)
-        log = tmp_path / f"light{i}.jsonl"
-        before = len(starts(mark))
-        repo.git("add", "model.pt", extra_env={**env, "GIT_THETA_WARM_LEDGER": str(log)})
-        assert [e["what"] for e in ledger(log)] == ([] if env else ["start", "end"])
-        assert len(starts(mark)) == before + (1 if env else 0)
-        repo.git("commit", "-q", "-m", f"v{i + 2}", extra_env=env)
-    assert_same_checkpoint(repo / "model.pt", v)
-
-    warm.stop(genv.env["GIT_THETA_WARM_DIR"])
-    assert gone(server)
-    save_pt(repo / "model.pt", tuned(v, 20))
-    before = len(starts(mark))
-    repo.git("add", "model.pt")  # no server: the light start runs the console script, which leaves one
-    assert len(starts(mark)) == before + 1
-    [(again, _)] = wait_for_servers(genv, other_than={server})
-    assert again == key
-    save_pt(repo / "model.pt", tuned(v, 21))
-    log = tmp_path / "after.jsonl"
-    repo.git("add", "model.pt", extra_env={"GIT_THETA_WARM_LEDGER": str(log)})
-    assert [e["what"] for e in ledger(log)] == ["start", "end"] and len(starts(mark)) == before + 1
-
-
-def test_the_key_is_the_same_with_and_without_site(tmp_path):
-    code = "import sys; del sys.path[0]; sys.path.append(sys.argv[1]); from theta import warm; print(warm.key())"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    keys = {subprocess.run([sys.executable, *flags, "-c", code, str(ROOT)], env=env, cwd=tmp_path, check=True,
-                           capture_output=True, text=True).stdout.strip() for flags in ([], ["-S"])}
-    assert len(keys) == 1 and len(keys.pop()) == 24
-    # and a different start environment is a different key
-    other = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT)], env={**env, "OPENBLAS_NUM_THREADS": "3"},
-                           cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
-    assert other and other not in keys
-
-
 HOSTILE_MODULES = ("theta/__init__.py", "json.py", "struct.py", "os.py", "site.py", "numpy.py", "_socket.py")
 
 
 @pytest.mark.parametrize("start", ["console script", "interpreter"])
 def test_modules_in_the_work_tree_are_never_imported(genv, tmp_path, start):
     """git runs the filter in the work tree, which a clone's author wrote: a `json.py` or a `theta/` there must
-    never be imported, cold or warm, light start or not, console script or interpreter (`-c`, never `-m`)."""
+    never be imported, cold or warm, console script or interpreter (`-c`, never `-m`)."""
     from theta.commands.install import interpreter_command, launcher_script, this_environment_command
 
     repo = genv.init("work", track=("*.pt",))
@@ -420,7 +351,7 @@ def test_modules_in_the_work_tree_are_never_imported(genv, tmp_path, start):
         (repo / name).write_text(f"open({str(owned)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(3)\n")
     command = interpreter_command() if start == "interpreter" else this_environment_command()
     launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
-    launcher.write_text(launcher_script(command, python=sys.executable, root=str(ROOT)))
+    launcher.write_text(launcher_script(command))
     v = make_state(1)
     save_pt(repo / "model.pt", v)
     repo.commit("v1", ".gitattributes", "model.pt")  # cold: leaves a server
@@ -462,26 +393,3 @@ def test_a_stopped_server_removes_its_files_and_a_killed_ones_are_swept(genv, tm
     live_now = wait_for_servers(genv, 2)
     assert {k for k, _ in live_now} == {key, other} and (other, live) in live_now
     assert sorted(os.listdir(d)) == sorted(f"{k}.{w}" for k in (key, other) for w in (warm.LOCK, warm.SOCKET))
-
-
-def test_a_pythonpath_theta_without_the_light_start_runs_its_console_script(genv, tmp_path):
-    """PYTHONPATH keeps its precedence in the light start: naming a theta that has no theta.warm.launch (one
-    older than the launcher), the filter runs the console script, which serves git as before."""
-    from theta.commands.install import interpreter_command, launcher_script
-
-    old = tmp_path / "old"
-    shutil.copytree(ROOT / "theta", old / "theta", ignore=shutil.ignore_patterns("__pycache__", "launch.py"))
-    repo = genv.init("work", track=("*.pt",))
-    script, mark = recording(tmp_path, interpreter_command())
-    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
-    launcher.write_text(launcher_script([str(script)], python=sys.executable, root=str(ROOT)))
-    env = {"PYTHONPATH": f"{old}{os.pathsep}{genv.env['PYTHONPATH']}"}
-    v = make_state(1)
-    save_pt(repo / "model.pt", v)
-    repo.git("add", ".gitattributes", "model.pt", extra_env=env)
-    repo.git("commit", "-q", "-m", "v1", extra_env=env)
-    (repo / "model.pt").unlink()
-    repo.git("checkout", "--", "model.pt", extra_env=env)
-    assert_same_checkpoint(repo / "model.pt", v)
-    # every filter process (the add's, the checkout's...) went through the console script
-    assert len(starts(mark)) >= 2 and set(starts(mark)) == {"filter-process"} and repo.status() == ""

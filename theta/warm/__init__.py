@@ -96,8 +96,7 @@ def key() -> str:
     """The name of the server that may serve this process: a hash of what makes two processes run the same
     code under the same limits.
 
-    The same whether or not ``site`` ran in this process (the launcher's filter process starts without it,
-    ``python -S``, :mod:`theta.warm.launch`; a cold filter with it) and whichever name of the interpreter
+    The same whether or not ``site`` ran in this process and whichever name of the interpreter
     started it (``python3`` or ``python3.11``; a virtual environment's prefix tells it apart). So not
     ``sys.path`` itself but what decides it: the interpreter and its prefixes, ``PYTHONPATH`` (the environment
     below), and the site directories ``site`` adds, each with its modification time (a package installed or

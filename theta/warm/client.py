@@ -1,7 +1,6 @@
 """The filter process's side of the warm filter: hand git's pipes to a warm server, wait for its child's exit.
 
-Kept light: it runs before git gets its handshake, in a process started without ``site``
-(:mod:`theta.warm.launch`). So no numpy, no theta module beyond :mod:`theta.warm`, and the C modules under
+Kept light: it runs before git gets its handshake. So no numpy, no theta module beyond :mod:`theta.warm`, and the C modules under
 ``socket`` and ``signal`` rather than those wrappers (they import ``enum`` and ``selectors``: ~3 ms).
 """
 from __future__ import annotations
