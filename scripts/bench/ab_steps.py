@@ -18,8 +18,7 @@ first variant's, and the median of the per-round differences (the pairs share a 
 
 A variant is a checkout of this project (first on PYTHONPATH) with environment variables after ``@``:
 
-    python3 scripts/bench/ab_steps.py --scale 7.5 --rounds 6 \\
-        --variants .,.@GIT_THETA_WARM=0,.@GIT_THETA_LIGHT_START=0,.@GIT_THETA_FORK_RECEIVE=0
+    python3 scripts/bench/ab_steps.py --scale 7.5 --rounds 5 --variants /tmp/main,.,.@GIT_THETA_THREADS=1
 
 Large files go under --workdir (default /tmp/theta-bench/ab-steps): the versions (kept for the next run) and
 the repository (``--clean`` removes it). A cycle starts only with --min-free-gib free on that disk, and one that
@@ -35,7 +34,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -243,11 +241,6 @@ def report(records: list[dict], specs: list[str]) -> None:
             print(f"      CPU per round: {' '.join(f'{c:.2f}' for c in cpu)}")
 
 
-def stop_servers(env: dict) -> None:
-    """End the warm filter servers this run started (theta.warm.stop), if the code still has them."""
-    subprocess.run([sys.executable, "-c", "import theta.warm as w; w.stop()"], env=env, capture_output=True)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", required=True, help="comma-separated checkouts of this project, each optionally "
@@ -273,9 +266,7 @@ def main() -> int:
         return 0
     root = args.workdir / f"s{args.scale:g}"
     root.mkdir(parents=True, exist_ok=True)
-    (args.workdir / "warm").mkdir(mode=0o700, exist_ok=True)
-    env = {**git_env(root / "home"), "GIT_THETA_THREADS": args.threads,
-           "GIT_THETA_WARM_DIR": str(args.workdir / "warm")}
+    env = {**git_env(root / "home"), "GIT_THETA_THREADS": args.threads}
     envs = {s: {**env, **variant_env(s)} for s in specs}
     sh(["git", "lfs", "install"], root / "home", envs[specs[0]])
     sh(["git", "theta", "install"], root / "home", envs[specs[0]])
@@ -295,7 +286,6 @@ def main() -> int:
                     print(f"round {r} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU "
                           f"(load {rec['load']:.1f})", flush=True)
     finally:
-        stop_servers(envs[specs[0]])
         if args.clean:
             shutil.rmtree(repo, ignore_errors=True)
         report(records, specs)

@@ -13,7 +13,7 @@ import pytest
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
 from support.gitrepo import ROOT, GitEnv, bare_lfs_objects
 from theta.commands import manpages
-from theta.commands.install import launcher_script, this_environment_command
+from theta.commands.install import interpreter_command, launcher_script, this_environment_command
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR
 
@@ -127,6 +127,34 @@ def test_a_launcher_from_the_light_start_days_still_works_and_install_replaces_i
     assert repo.status() == ""
     assert repo.theta("install", "--local").stdout.decode() == f"wrote the launcher {launcher}\n"
     assert launcher.read_text() == good == launcher_script(target)
+
+
+HOSTILE_MODULES = ("theta/__init__.py", "json.py", "struct.py", "os.py", "site.py", "numpy.py", "_socket.py")
+
+
+@pytest.mark.parametrize("start", ["console script", "interpreter"])
+def test_modules_in_the_work_tree_are_never_imported(genv, tmp_path, start):
+    """git runs the filter in the work tree, which a clone's author wrote: a `json.py` or a `theta/` there must
+    never be imported, whichever form the launcher runs: console script or interpreter (`-c`, never `-m`)."""
+    repo = genv.init("work", track=("*.pt",))
+    owned = tmp_path / "imported.txt"
+    for name in HOSTILE_MODULES:
+        (repo / name).parent.mkdir(exist_ok=True)
+        (repo / name).write_text(f"open({str(owned)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(3)\n")
+    command = interpreter_command() if start == "interpreter" else this_environment_command()
+    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
+    launcher.write_text(launcher_script(command))
+    v = make_state(1)
+    save_pt(repo / "model.pt", v)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = OrderedDict(v)
+    v2["embed.weight"] = v["embed.weight"] * 2
+    save_pt(repo / "model.pt", v2)
+    repo.commit("v2", "model.pt")
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "--", "model.pt")
+    assert_same_checkpoint(repo / "model.pt", v2)
+    assert not owned.exists(), owned.read_text()
 
 
 def _snapshot(repo, scope_file):

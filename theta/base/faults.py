@@ -15,22 +15,11 @@ from __future__ import annotations
 import os
 import signal
 
-_SPEC: str | None = None
-_NAME, _NTH = "", "1"
+_SPEC: str | None = os.environ.get("GIT_THETA_FAULT") or None
+_NAME, _, _NTH = (_SPEC or "").rpartition(":")
+if not _NTH.isdigit():  # no count: the whole spec is the point's name
+    _NAME, _NTH = _SPEC or "", "1"
 _seen = 0
-
-
-def configure() -> None:
-    """Read ``GIT_THETA_FAULT`` (at import, and again in a warm filter's child: :mod:`theta.warm.server`)."""
-    global _SPEC, _NAME, _NTH, _seen
-    _SPEC = os.environ.get("GIT_THETA_FAULT") or None
-    _NAME, _, _NTH = (_SPEC or "").rpartition(":")
-    if not _NTH.isdigit():  # no count: the whole spec is the point's name
-        _NAME, _NTH = _SPEC or "", "1"
-    _seen = 0
-
-
-configure()
 
 
 def point(name: str) -> None:

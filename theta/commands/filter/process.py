@@ -152,9 +152,6 @@ def _exit_now() -> None:
     every module and joining idle pools costs ~0.1 s, which git waits for at the end of each add/checkout)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    from theta.warm import client as warm_client
-
-    warm_client.leaving(0)  # (a warm child reports to its client; a cold filter leaves a warm server behind)
     os._exit(0)
 
 
