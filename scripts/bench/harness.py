@@ -181,9 +181,6 @@ class Measure:
         return self.status == "ok"
 
 
-RECEIVER_NAME = "git-theta-recv"  # theta.commands.filter.forked_receive.NAME
-
-
 def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
                  check: bool = True, stdin=None, stdout=None) -> Measure:
     """Run a command, sampling the RSS of its whole process tree every 20 ms (and, in ``cgroup``, reading the
@@ -218,18 +215,10 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
             for ppid, full, rss, p in seen.values():
                 parent = seen.get(ppid)
                 if parent is not None and parent[1] == full:
-                    # a forked child: it shares its parent's pages. The filter's receiver of git's first request
-                    # (named so by theta.commands.filter.forked_receive) counts the pages it holds alone (USS: its own
-                    # buffers, and the old copies of pages the filter wrote since the fork). A child between
-                    # vfork and exec (e.g. the filter starting `git`) shares its parent's very memory: only what
-                    # its RSS exceeds the parent's counts (summing RSS counted the filter twice, issue #17: a clone
-                    # "at 333 MiB" whose processes held 184)
-                    try:
-                        if p.name() == RECEIVER_NAME:
-                            total += p.memory_full_info().uss
-                            continue
-                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                        pass
+                    # a forked child: it shares its parent's pages. A child between vfork and exec (e.g. the
+                    # filter starting `git`) shares its parent's very memory: only what its RSS exceeds the
+                    # parent's counts (summing RSS counted the filter twice: a clone "at 333 MiB" whose processes
+                    # held 184)
                     total += max(0, rss - parent[2])
                     continue
                 total += rss

@@ -3,8 +3,7 @@ the process kill itself with SIGKILL -- no cleanup at all, as the OOM killer or 
 ``n``-th time (default: first) it reaches ``<point>``. Unset (always, outside those tests), :func:`point`
 costs one comparison.
 
-Points: ``receive:forked`` (in the child receiving a filter's first content, after it reported a member's
-hash), ``clean:received`` (content spooled, nothing cleaned), ``store:written`` (a blob's bytes written,
+Points: ``clean:received`` (content spooled, nothing cleaned), ``store:written`` (a blob's bytes written,
 not yet under its name), ``store:published`` (a blob under its name), ``clean:done`` (metadata made, not sent),
 ``smudge:fetched`` (blobs local, no byte sent), ``smudge:group`` (a group rebuilt and handed to the writer),
 ``smudge:done`` (the file sent, status not), ``materialize:swapped`` (a materialized checkpoint swapped with its
