@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
