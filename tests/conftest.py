@@ -15,16 +15,3 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 _hypothesis_settings.register_profile("deterministic", derandomize=True, database=None)
 _hypothesis_settings.register_profile("explore", derandomize=False)
 _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
-
-
-# The warm filter (theta.warm): the suite's servers live in a directory of its own and are stopped at its end.
-import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _warm_servers(tmp_path_factory):
-    os.environ["GIT_THETA_WARM_DIR"] = str(tmp_path_factory.mktemp("warm"))
-    yield
-    from theta import warm
-
-    warm.stop(os.environ["GIT_THETA_WARM_DIR"])

@@ -718,20 +718,14 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories")
     ap.add_argument("--spool", action="store_true", help="also time clean's two input paths (git hash-object of v1)")
     ap.add_argument("--json", type=Path, help="also write every step's figures to this file (for tests)")
-    ap.add_argument("--cold", action="store_true", help="start every theta filter cold (GIT_THETA_WARM=0): no warm "
-                    "server (docs/design/warm.md)")
     args = ap.parse_args()
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
     env = git_env(root / "home", pythonpath=True)  # measure this checkout's code
     install_globally(env)
-    if args.cold:
-        env["GIT_THETA_WARM"] = "0"
     threads = [int(t) for t in args.threads.split(",")]
     tools = args.tools.split(",")
     print(load_line(), flush=True)
-    print("theta's filter: " + ("cold (--cold)" if args.cold else "warm after the first filter process (a server's "
-          "children count in each command's CPU and RSS: harness.WarmLedger; --cold: without)"), flush=True)
 
     if args.sweep:
         return sweep(root, args, theta_env(env, threads[0]))

@@ -13,13 +13,11 @@ these helpers, so all figures are measured the same way:
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -60,7 +58,7 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
     ~0.4 s per call). ``pythonpath``: put this checkout first on PYTHONPATH (benchmarks of uncommitted code).
     """
     home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_")) or k == "GIT_THETA_WARM_DIR"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "THETA_"))}
     env.update({"HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"), "GIT_CONFIG_NOSYSTEM": "1",
                 "GIT_TERMINAL_PROMPT": "0", "XDG_CONFIG_HOME": str(home / ".config"),
                 # `git theta install` writes no man page beside the interpreter's bin directory (outside HOME)
@@ -80,8 +78,7 @@ def git_env(home: Path, pythonpath: bool = False) -> dict:
 
 def this_checkout_first(env: dict) -> str:
     """``PYTHONPATH`` with this checkout first, and no empty entry: an empty one puts each command's working
-    directory on git-theta's sys.path (a module there would be imported, and each repository would need a warm
-    filter server of its own: docs/design/warm.md)."""
+    directory on git-theta's sys.path (a module there would be imported)."""
     return os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
 
 
@@ -144,7 +141,7 @@ class MemCgroup:
     def remove(self, child: Path) -> None:
         c = self._children.pop(child, None)
         if c is not None:
-            c.remove(wait=2.5, kill=True)  # (with what the command left in it: a warm filter server, theta.warm)
+            c.remove(wait=2.5, kill=True)  # (with anything the command left running in it)
 
     def close(self) -> None:
         for child in list(self._children):
@@ -184,51 +181,6 @@ class Measure:
         return self.status == "ok"
 
 
-RECEIVER_NAME = "git-theta-recv"  # theta.commands.filter.forked_receive.NAME
-
-
-class WarmLedger:
-    """The warm filter's children that served one command (theta.warm): forked by a server, they are not in
-    the command's process tree, so each writes its pid when it starts and its CPU time when it ends to the file
-    ``GIT_THETA_WARM_LEDGER`` names; the poller adds them (and their children) to the tree, and their CPU is
-    added to the command's."""
-
-    def __init__(self):
-        fd, name = tempfile.mkstemp(prefix="warm-ledger-")
-        os.close(fd)
-        self.path, self._read, self._pids = Path(name), 0, []
-
-    def _entries(self) -> list[dict]:
-        try:
-            with open(self.path) as f:
-                f.seek(self._read)
-                text = f.read()
-        except OSError:
-            return []
-        whole = text[:text.rfind("\n") + 1]  # (a line being written is read next time)
-        self._read += len(whole.encode())
-        return [json.loads(line) for line in whole.splitlines() if line.strip()]
-
-    def processes(self) -> list:
-        """The warm children that started so far, and their children, alive now."""
-        self._pids += [e["pid"] for e in self._entries() if e["what"] == "start"]
-        out = []
-        for pid in self._pids:
-            try:
-                p = psutil.Process(pid)
-                out += [p] + p.children(recursive=True)
-            except psutil.NoSuchProcess:
-                continue
-        return out
-
-    def close(self) -> float:
-        """CPU seconds of the warm children that served the command (each wrote them before its client exited)."""
-        self._read = 0
-        cpu = sum(e.get("cpu", 0.0) for e in self._entries() if e["what"] == "end")
-        self.path.unlink(missing_ok=True)
-        return cpu
-
-
 def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgroup | None = None,
                  check: bool = True, stdin=None, stdout=None) -> Measure:
     """Run a command, sampling the RSS of its whole process tree every 20 ms (and, in ``cgroup``, reading the
@@ -239,8 +191,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     def join() -> None:
         (child / "cgroup.procs").write_text(str(os.getpid()))
 
-    ledger = WarmLedger()
-    env = {**(os.environ if env is None else env), "GIT_THETA_WARM_LEDGER": str(ledger.path)}
+    env = dict(os.environ if env is None else env)
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = psutil.Popen(args, cwd=cwd, env=env, stdin=stdin or subprocess.DEVNULL, stdout=stdout or subprocess.PIPE,
@@ -251,7 +202,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     def poll() -> None:
         while not done.is_set():
             try:
-                procs = [proc] + proc.children(recursive=True) + ledger.processes()
+                procs = [proc] + proc.children(recursive=True)
             except psutil.NoSuchProcess:
                 break
             seen: dict[int, tuple] = {}  # pid -> (parent pid, cmdline, rss, process) in this poll
@@ -264,18 +215,10 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
             for ppid, full, rss, p in seen.values():
                 parent = seen.get(ppid)
                 if parent is not None and parent[1] == full:
-                    # a forked child: it shares its parent's pages. The filter's receiver of git's first request
-                    # (named so by theta.commands.filter.forked_receive) counts the pages it holds alone (USS: its own
-                    # buffers, and the old copies of pages the filter wrote since the fork). A child between
-                    # vfork and exec (e.g. the filter starting `git`) shares its parent's very memory: only what
-                    # its RSS exceeds the parent's counts (summing RSS counted the filter twice, issue #17: a clone
-                    # "at 333 MiB" whose processes held 184)
-                    try:
-                        if p.name() == RECEIVER_NAME:
-                            total += p.memory_full_info().uss
-                            continue
-                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                        pass
+                    # a forked child: it shares its parent's pages. A child between vfork and exec (e.g. the
+                    # filter starting `git`) shares its parent's very memory: only what its RSS exceeds the
+                    # parent's counts (summing RSS counted the filter twice: a clone "at 333 MiB" whose processes
+                    # held 184)
                     total += max(0, rss - parent[2])
                     continue
                 total += rss
@@ -294,7 +237,7 @@ def run_measured(args: list, cwd: Path, env: dict | None = None, cgroup: MemCgro
     done.set()
     th.join()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + ledger.close()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     cg_peak, killed = 0, False
     if child is not None:
         cg_peak, killed = cgroup.peak(child), cgroup.oom_killed(child)

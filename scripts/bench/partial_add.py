@@ -10,8 +10,8 @@ checkout: wall and CPU seconds of the process tree (min and median over the roun
 
     python3 scripts/bench/partial_add.py --code /path/to/main,/path/to/branch --rounds 8
 
-A checkout may carry environment variables after ``@`` (``path@NAME=value@NAME=value``), e.g. the warm filter
-against the cold one: ``--code .,.@GIT_THETA_WARM=0``.
+A checkout may carry environment variables after ``@`` (``path@NAME=value@NAME=value``), e.g. one worker
+thread against the default: ``--code .,.@GIT_THETA_THREADS=1``.
 """
 from __future__ import annotations
 

@@ -58,18 +58,3 @@ assert theta.merges.get("ties").name == "ties"
                          "assert dtypes.from_numpy(np.dtype(ml_dtypes.bfloat16)).name == 'bfloat16'\n"
                          "assert dtypes.from_numpy(np.dtype('>f4')).name == 'float32'")
     assert "ml_dtypes" in bf16
-
-
-def test_the_light_start_of_the_filter_imports_theta_warm_alone_and_no_site():
-    """git waits for the handshake: the launcher's `filter-process` (python -S, theta.warm.launch) gets as far as
-    asking a server for its key with the standard library's C modules and theta.warm only (``site`` is imported
-    for its directory names, never run)."""
-    out = subprocess.run([sys.executable, "-S", "-c", "import sys; del sys.path[0]; sys.path.append(sys.argv[1]); "
-                          "from theta import warm; import theta.warm.launch, theta.warm.client; warm.key(); "
-                          "print('\\n'.join(sys.modules))", str(ROOT)],
-                         cwd=ROOT, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
-    loaded = set(out.stdout.split())
-    assert {m for m in loaded if m.split(".")[0] == "theta"} == {"theta", "theta.warm", "theta.warm.launch",
-                                                                 "theta.warm.client"}
-    assert not loaded & {"typing", "socket", "signal", "hashlib", "_hashlib", "subprocess", "sitecustomize", *HEAVY}
-    assert not {m for m in loaded if "editable" in m}  # (site's main never ran: no .pth file was executed)

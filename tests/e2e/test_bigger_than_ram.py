@@ -35,7 +35,7 @@ def cgroup():
         yield None
         return
     yield cg
-    cg.remove(kill=True)  # (a warm filter server a command started in it: theta.warm)
+    cg.remove(kill=True)
 
 
 def test_memory_cgroup_is_available():

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections import OrderedDict
 
 import pytest
 
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
-from support.gitrepo import GitEnv, bare_lfs_objects
+from support.gitrepo import ROOT, GitEnv, bare_lfs_objects
 from theta.commands import manpages
-from theta.commands.install import launcher_script
+from theta.commands.install import interpreter_command, launcher_script, this_environment_command
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR
 
@@ -77,6 +78,83 @@ def test_a_moved_environment_says_to_reinstall(genv):
     assert launcher.read_text() == good
     repo.git("checkout", "--", "model.pt", extra_env=bare_env())
     assert repo.status() == ""
+
+
+# a launcher as an older install wrote it, starting git's filter process light to reach a warm filter server
+# (theta.warm, since removed): {target}, {python} and {root} filled in as that install filled them
+LIGHT_START_LAUNCHER = """#!/bin/sh
+# git-theta launcher (written by `git theta install`; `git theta uninstall` removes it)
+# git runs theta's filter, merge and diff drivers through this file, so they work from any PATH (an IDE's
+# or a GUI's git, cron): it runs the git-theta of the Python environment that installed it.
+if [ -x {target} ]; then
+    if [ "$#" = 1 ] && [ "$1" = filter-process ] && [ "${{GIT_THETA_WARM:-1}}" != 0 ] \\
+            && [ "${{GIT_THETA_LIGHT_START:-1}}" != 0 ] && [ -x {python} ] \\
+            && [ -f {root}/theta/warm/launch.py ]; then
+        # git waits for the filter's handshake: start light, hand git's pipes to a warm server (theta.warm)
+        exec {python} -S -c 'import sys
+del sys.path[0]
+sys.path.append(sys.argv[1])
+try:
+    from theta.warm.launch import main
+except ImportError:  # (a PYTHONPATH naming a theta older than this launcher: its console script, as before)
+    import os
+    os.execv(sys.argv[2], sys.argv[2:] + ["filter-process"])
+main(sys.argv[2:])' {root} {target}
+    fi
+    exec {target} "$@"
+fi
+echo "git-theta: {target} is gone: the Python environment that installed git-theta was moved or deleted." >&2
+echo "git-theta: run \\`git theta install\\` again from an environment where git-theta is installed." >&2
+exit 127
+"""
+
+
+def test_a_launcher_from_the_light_start_days_still_works_and_install_replaces_it(genv):
+    """A repository installed while the launcher started the filter light keeps working with it (the light
+    start's module is gone: the launcher runs the console script), and `git theta install` writes today's."""
+    repo = genv.init("work")
+    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
+    good = launcher.read_text()
+    target = this_environment_command()
+    assert len(target) == 1, "this test needs git-theta's console script"
+    launcher.write_text(LIGHT_START_LAUNCHER.format(target=target[0], python=sys.executable, root=ROOT))
+    v = make_state(3, n_layers=1)
+    save_pt(repo / "model.pt", v)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "--", "model.pt", extra_env=bare_env())
+    assert_same_checkpoint(repo / "model.pt", v)
+    assert repo.status() == ""
+    assert repo.theta("install", "--local").stdout.decode() == f"wrote the launcher {launcher}\n"
+    assert launcher.read_text() == good == launcher_script(target)
+
+
+HOSTILE_MODULES = ("theta/__init__.py", "json.py", "struct.py", "os.py", "site.py", "numpy.py", "_socket.py")
+
+
+@pytest.mark.parametrize("start", ["console script", "interpreter"])
+def test_modules_in_the_work_tree_are_never_imported(genv, tmp_path, start):
+    """git runs the filter in the work tree, which a clone's author wrote: a `json.py` or a `theta/` there must
+    never be imported, whichever form the launcher runs: console script or interpreter (`-c`, never `-m`)."""
+    repo = genv.init("work", track=("*.pt",))
+    owned = tmp_path / "imported.txt"
+    for name in HOSTILE_MODULES:
+        (repo / name).parent.mkdir(exist_ok=True)
+        (repo / name).write_text(f"open({str(owned)!r}, 'a').write({name!r} + '\\n')\nraise SystemExit(3)\n")
+    command = interpreter_command() if start == "interpreter" else this_environment_command()
+    launcher = repo.git_common_dir() / "theta" / "bin" / "git-theta"
+    launcher.write_text(launcher_script(command))
+    v = make_state(1)
+    save_pt(repo / "model.pt", v)
+    repo.commit("v1", ".gitattributes", "model.pt")
+    v2 = OrderedDict(v)
+    v2["embed.weight"] = v["embed.weight"] * 2
+    save_pt(repo / "model.pt", v2)
+    repo.commit("v2", "model.pt")
+    (repo / "model.pt").unlink()
+    repo.git("checkout", "--", "model.pt")
+    assert_same_checkpoint(repo / "model.pt", v2)
+    assert not owned.exists(), owned.read_text()
 
 
 def _snapshot(repo, scope_file):

@@ -24,7 +24,7 @@ from scripts.bench.memcg import MemoryCgroup, Unavailable
 from support.gitrepo import GitEnv, Repo
 
 SMALL = lm.Dims(hidden=1024, intermediate=2816, kv=256, vocab=393216, layers=2, tied=True)
-# the embedding is 768 MiB: 3x the limit. What git, theta's filter (and its warm server) and a hook take
+# the embedding is 768 MiB: 3x the limit. What git, theta's filter and a hook take
 # together at the heaviest step -- a stash cleaning a changed shard against a three-step chain -- is over 160 MiB
 SMALL_LIMIT = 256 << 20
 FULL_LIMIT = 1 << 30        # two 1.0 GB tensors, 3.85 GB in all

@@ -70,8 +70,6 @@ class Installed:
             "GIT_COMMITTER_EMAIL": "t@example.com", "PAGER": "cat", "MANPAGER": "cat", "MANWIDTH": "100",
             "GIT_TERMINAL_PROMPT": "0",
         }
-        if "GIT_THETA_WARM_DIR" in os.environ:  # the suite's warm servers, stopped at its end (tests/conftest.py)
-            self.env["GIT_THETA_WARM_DIR"] = os.environ["GIT_THETA_WARM_DIR"]
 
     def run(self, *args: str, cwd: Path | None = None, ok: bool = True, status: int | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:

@@ -57,8 +57,6 @@ class GitEnv:
         # `git theta install` writes no man page beside the interpreter's bin directory (shared, outside tmp);
         # tests/install checks the pages in environments of its own
         env["GIT_THETA_MAN_DIR"] = ""
-        if "GIT_THETA_WARM_DIR" in os.environ:  # the suite's warm servers (tests/conftest.py)
-            env["GIT_THETA_WARM_DIR"] = os.environ["GIT_THETA_WARM_DIR"]
         env["PATH"] = _theta_bin_dir() + os.pathsep + env.get("PATH", "")
         self = cls(home, env)
         for k, v in {"user.name": "Theta Test", "user.email": "theta@example.com",

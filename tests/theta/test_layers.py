@@ -24,9 +24,6 @@ LAYERS = {
     "theta.storage": 2,
     "theta.git": 1,
     "theta.base": 0,
-    # the warm filter: what git's ancestry and the client need is at the bottom (theta.git asks who started the
-    # filter); the server forks started filters, so it sits with the commands
-    "theta.warm": 0, "theta.warm.server": 6,
 }
 # theta/__init__.py is the public API: it re-exports names from every layer (loaded lazily), so it sits above
 # them all, and no module of theta may import it (a module importing `theta` itself would import upward).

@@ -3,8 +3,7 @@ the process kill itself with SIGKILL -- no cleanup at all, as the OOM killer or 
 ``n``-th time (default: first) it reaches ``<point>``. Unset (always, outside those tests), :func:`point`
 costs one comparison.
 
-Points: ``receive:forked`` (in the child receiving a filter's first content, after it reported a member's
-hash), ``clean:received`` (content spooled, nothing cleaned), ``store:written`` (a blob's bytes written,
+Points: ``clean:received`` (content spooled, nothing cleaned), ``store:written`` (a blob's bytes written,
 not yet under its name), ``store:published`` (a blob under its name), ``clean:done`` (metadata made, not sent),
 ``smudge:fetched`` (blobs local, no byte sent), ``smudge:group`` (a group rebuilt and handed to the writer),
 ``smudge:done`` (the file sent, status not), ``materialize:swapped`` (a materialized checkpoint swapped with its
@@ -15,22 +14,11 @@ from __future__ import annotations
 import os
 import signal
 
-_SPEC: str | None = None
-_NAME, _NTH = "", "1"
+_SPEC: str | None = os.environ.get("GIT_THETA_FAULT") or None
+_NAME, _, _NTH = (_SPEC or "").rpartition(":")
+if not _NTH.isdigit():  # no count: the whole spec is the point's name
+    _NAME, _NTH = _SPEC or "", "1"
 _seen = 0
-
-
-def configure() -> None:
-    """Read ``GIT_THETA_FAULT`` (at import, and again in a warm filter's child: :mod:`theta.warm.server`)."""
-    global _SPEC, _NAME, _NTH, _seen
-    _SPEC = os.environ.get("GIT_THETA_FAULT") or None
-    _NAME, _, _NTH = (_SPEC or "").rpartition(":")
-    if not _NTH.isdigit():  # no count: the whole spec is the point's name
-        _NAME, _NTH = _SPEC or "", "1"
-    _seen = 0
-
-
-configure()
 
 
 def point(name: str) -> None:

@@ -49,24 +49,12 @@ def _threads() -> int:
     return min(DEFAULT_MAX_THREADS, CORES)
 
 
-CODEC_THREADS = 1  # zstd planes compressed/decompressed side by side (configure)
-_WORKERS: dict[str, int] = {}
+CODEC_THREADS = _threads()  # zstd planes compressed/decompressed side by side (GIT_THETA_THREADS)
+# "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
+# "start": the filter's git reads while its modules are imported (theta.commands.filter.process.serve)
+_WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
+            "numeric": min(2, CODEC_THREADS), "clean": 1, "start": 1}
 _pools: dict[str, Executor] = {}
-
-
-def configure() -> None:
-    """Read ``GIT_THETA_THREADS`` (at import, and again in a warm filter's child before any pool exists)."""
-    global CODEC_THREADS, _WORKERS
-    if _pools:
-        raise RuntimeError("theta.base.parallel.configure: pools already started")
-    CODEC_THREADS = _threads()
-    # "clean": the filter's clean of the work-tree file, started while git's bytes still arrive (one at a time)
-    # "start": the filter's git reads while its modules are imported (theta.commands.filter.process.serve)
-    _WORKERS = {"hash": 1, "read": READ_AHEAD_THREADS, "rebuild": 1, "codec": CODEC_THREADS,
-                "numeric": min(2, CODEC_THREADS), "clean": 1, "start": 1}
-
-
-configure()
 _lock = threading.Lock()
 
 

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     """The `git-theta` entry point; returns the exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["filter-process"]:  # the hot path git starts for every add/checkout: skip building the CLI
-        return filter_main([], own_process=argv is None)
+        return filter_main([])
     if argv is None:  # a process of its own (the merge driver, the hooks materializing checkouts, squash...):
         reuse_freed_memory()  # the filter's memory policy (not in a caller's process, e.g. tests)
     from theta.commands.app import run

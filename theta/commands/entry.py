@@ -58,12 +58,9 @@ def few_collections() -> None:
     gc.set_threshold(100_000, 10, 10)
 
 
-def filter_main(argv: list[str] | None = None, own_process: bool | None = None) -> int:
+def filter_main(argv: list[str] | None = None) -> int:
     """The `git-theta-filter` entry point: the long-running filter process, the single-file filters
-    (``clean PATH`` / ``smudge PATH``: theta.commands.filter.single_file) or its help. ``own_process``
-    (default: ``argv`` is None, i.e. called as the process's entry point): fds 0, 1 and 2 are git's, and may be
-    handed to a warm server's child; never for a caller inside another program (a test)."""
-    own_process = argv is None if own_process is None else own_process
+    (``clean PATH`` / ``smudge PATH``: theta.commands.filter.single_file) or its help."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in ("-h", "--help"):
         sys.stdout.write(FILTER_HELP)
@@ -83,14 +80,6 @@ def filter_main(argv: list[str] | None = None, own_process: bool | None = None) 
         print("git-theta-filter: error: this is git's filter process and speaks git's protocol on stdin; "
               "run `git theta install` and use git (see git-theta-filter -h)", file=sys.stderr)
         return EXIT_USAGE
-    from theta import warm
-
-    if own_process and warm.enabled():  # a started filter forked by the warm server serves git (theta.warm)
-        from theta.warm.client import run
-
-        code = run(args)
-        if code is not None:
-            return code
     single_threaded_blas()
     reuse_freed_memory()
     few_collections()

@@ -99,55 +99,16 @@ def interpreter_command() -> list[str]:
                                   "sys.exit(main())"]
 
 
-# git's filter process through the light start (theta.warm.launch): Python without site, the working directory
-# off sys.path, theta's own directory after the standard library
-_LIGHT_START = """import sys
-del sys.path[0]
-sys.path.append(sys.argv[1])
-try:
-    from theta.warm.launch import main
-except ImportError:  # (a PYTHONPATH naming a theta older than this launcher: its console script, as before)
-    import os
-    os.execv(sys.argv[2], sys.argv[2:] + ["filter-process"])
-main(sys.argv[2:])"""
-
-
-def _interpreter_of(script: str) -> str:
-    """The Python a console script's ``#!`` line names (the one a cold filter runs), else this one."""
-    try:
-        with open(script, "rb") as f:
-            first = f.readline(4096).decode(errors="replace")
-    except OSError:
-        return sys.executable
-    exe = first[2:].strip() if first.startswith("#!") else ""
-    usable = (exe and " " not in exe and os.path.isabs(exe) and os.path.basename(exe).startswith("python")
-              and os.access(exe, os.X_OK))
-    return exe if usable else sys.executable
-
-
-def launcher_script(command: list[str], python: str | None = None, root: str | None = None) -> str:
-    """The launcher running ``command`` (:func:`this_environment_command`); ``filter-process`` alone starts
-    through :mod:`theta.warm.launch` with ``python`` (default: the interpreter the console script names) and
-    theta's directory ``root`` (default: this installation's)."""
-    python = python or _interpreter_of(command[0])
-    root = root or str(Path(__file__).absolute().parents[2])  # (theta/commands/install.py: the dir holding theta)
+def launcher_script(command: list[str]) -> str:
+    """The launcher running ``command`` (:func:`this_environment_command`)."""
     target = command[0]
     run = " ".join(shlex.quote(c) for c in command)
-    light = " ".join(shlex.quote(c) for c in [python, "-S", "-c", _LIGHT_START, root, *command])
-    light_start = "" if not sys.platform.startswith("linux") else f"""\
-    if [ "$#" = 1 ] && [ "$1" = filter-process ] && [ "${{GIT_THETA_WARM:-1}}" != 0 ] \\
-            && [ "${{GIT_THETA_LIGHT_START:-1}}" != 0 ] && [ -x {shlex.quote(python)} ] \\
-            && [ -f {shlex.quote(root + "/theta/warm/launch.py")} ]; then
-        # git waits for the filter's handshake: start light, hand git's pipes to a warm server (theta.warm)
-        exec {light}
-    fi
-"""
     return f"""#!/bin/sh
 {LAUNCHER_MARKER} (written by `git theta install`; `git theta uninstall` removes it)
 # git runs theta's filter, merge and diff drivers through this file, so they work from any PATH (an IDE's
 # or a GUI's git, cron): it runs the git-theta of the Python environment that installed it.
 if [ -x {shlex.quote(target)} ]; then
-{light_start}    exec {run} "$@"
+    exec {run} "$@"
 fi
 echo "git-theta: {target} is gone: the Python environment that installed git-theta was moved or deleted." >&2
 echo "git-theta: run \\`git theta install\\` again from an environment where git-theta is installed." >&2

@@ -80,23 +80,6 @@ class PktReader:
         self._pos += size
         return self._view[start:self._pos]
 
-    def take_unread(self) -> bytes:
-        """The bytes read from the stream and not yet handed out (the reader forgets them)."""
-        left = bytes(self._buf[self._pos:self._end])
-        self._pos = self._end = 0
-        return left
-
-    def unread(self, data: bytes) -> None:
-        """Hand out ``data`` before anything still buffered (bytes another reader of the stream read ahead)."""
-        if data:
-            rest = self._buf[self._pos:self._end]
-            if len(data) + len(rest) > len(self._buf):
-                self._view.release()
-                self._buf.extend(bytes(len(data) + len(rest) - len(self._buf)))
-                self._view = memoryview(self._buf)
-            self._buf[:len(data) + len(rest)] = data + rest
-            self._pos, self._end = 0, len(data) + len(rest)
-
     def read_packet(self) -> bytes | None:
         """One payload, or None for a flush packet. EOF between packets raises EOFError."""
         pkt = self._next()

@@ -134,10 +134,8 @@ def _proc_parent(pid: int) -> tuple[list[str], int] | None:
 def invoking_subcommand() -> str | None:
     """The subcommand of the git process that started this one (through the shell git runs filters with),
     e.g. "checkout" or "archive"; None when no git process is found."""
-    from theta.warm import parent_pid
-
     if os.path.isdir("/proc/self"):
-        pid = parent_pid()
+        pid = os.getppid()
         for _ in range(4):
             found = _proc_parent(pid) if pid > 0 else None
             if found is None:  # no parent, gone, or not ours to read: unknown
@@ -150,7 +148,7 @@ def invoking_subcommand() -> str | None:
     try:
         import psutil
 
-        p = psutil.Process(parent_pid())
+        p = psutil.Process(os.getppid())
         for _ in range(4):
             if p is None:
                 return None

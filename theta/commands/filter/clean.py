@@ -68,7 +68,7 @@ class _EarlyClean:
 class CleanRequests:
     """The clean half of :class:`theta.commands.filter.session.Filter` (it holds the state both halves use)."""
 
-    def clean(self, path: str, chunks: Iterable[bytes], forked=None) -> bytes:
+    def clean(self, path: str, chunks: Iterable[bytes]) -> bytes:
         """The metadata to store for the work-tree content in ``chunks``, in the committed format: a file
         checked out in another format is a view of the committed one (theta.model.views).
 
@@ -82,10 +82,7 @@ class CleanRequests:
         early = self._clean_early(path, worktree)
         try:
             hashes = early.hashes if early is not None else None
-            if forked is not None:  # (a child has received them: theta.commands.filter.forked_receive)
-                got = forked.received(worktree, hashes)
-            else:
-                got = receive(chunks, self.spool_dir, worktree, hashes)
+            got = receive(chunks, self.spool_dir, worktree, hashes)
             t_received = time.perf_counter()
         except BaseException:
             if early is not None:
@@ -129,7 +126,6 @@ class CleanRequests:
                 log(f"clean {path}: {got.size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f}s "
                     f"({'spooled' if got.owned else 'read in place'}"
                     f"{', while git sent it' if early is not None else ''}"
-                    f"{', received by a forked child' if forked is not None else ''}"
                     f"{f', {early.hashes.hashed} groups hashed from them' if early is not None and early.hashes is not None else ''}; "
                     f"git's bytes received "
                     f"{t_received - t_request:.2f}s after the request, the clean done "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import BinaryIO
 
 from theta import settings
@@ -52,18 +51,6 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
         offered.append("capability=delay")  # batch the downloads of a whole checkout (see Filter.available)
     w.text_list([c for c in offered if c in caps])
 
-    # the first request is read now: a `git add`'s content is received by a forked child while this process
-    # imports what the clean needs (git waits for the first read of its content, a core idle meanwhile)
-    from theta.commands.filter import forked_receive
-
-    try:
-        pending = r.read_pairs()
-    except EOFError:
-        pending = None
-    forked, root = None, Path(cwd).resolve()
-    if pending is not None and (file := forked_receive.wanted(pending, root)) is not None:
-        forked = forked_receive.start(r, file, root)
-
     # one git config -l and one rev-parse instead of one process per read, run while the hook check's modules
     # (numpy) are imported
     from theta.base import parallel
@@ -80,11 +67,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
     filt = Filter(cwd)
     while True:
         try:
-            if pending is None:
-                raise EOFError
-            header, pending = pending, {}
-            if not header:
-                header = r.read_pairs()
+            header = r.read_pairs()
         except EOFError:
             filt.finish()
             filt.close()
@@ -102,11 +85,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             w.text_list(["status=success"])
             continue
         chunks = r.iter_content_views()  # (each consumed before the next: receive and _spool_all)
-        received_by, forked = forked, None  # the first request's content: a child's
         content = None  # the content section being streamed to git, if one was started
         try:
             if command == "clean":
-                data = filt.clean(path, chunks, received_by)
+                data = filt.clean(path, chunks)
                 w.text_list(["status=success"])
                 if data:
                     w.packet(data)
@@ -137,11 +119,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, cwd: str | os.PathLike = ".") -> in
             filt.close()  # git's stream is broken: this process ends, and leaves no scratch directory
             raise
         except Exception as e:  # report any failure to git as status=error for this file, keep serving
-            if received_by is not None:
-                received_by.abandon()
-            else:
-                for _ in chunks:  # drain whatever git still sends for this file
-                    pass
+            for _ in chunks:  # drain whatever git still sends for this file
+                pass
             report_error(path, command, e)
             if content is not None:  # content (partly) sent: end it; the error then makes git drop it
                 content.close()
@@ -157,9 +136,6 @@ def _exit_now() -> None:
     every module and joining idle pools costs ~0.1 s, which git waits for at the end of each add/checkout)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    from theta.warm import client as warm_client
-
-    warm_client.leaving(0)  # (a warm child reports to its client; a cold filter leaves a warm server behind)
     os._exit(0)
 
 

@@ -11,7 +11,7 @@ Each command is one request of the long-running filter (:class:`theta.commands.f
 same clean, the same smudge, so the same output bytes for the same input, except that a smudge always writes
 the checkpoint itself: there is no end of a checkout to materialize a placeholder at. A torch checkpoint streams
 to stdout while it is rebuilt; other formats go through a temporary file. stdout carries only the data;
-messages go to stderr. No typer here: `git-theta-filter` imports this module on its light start
+messages go to stderr. No typer here: `git-theta-filter` imports this module without the CLI's modules
 (:mod:`theta.commands.entry`). A failure exits non-zero (git then fails the add or checkout, ``filter.theta.required``);
 a smudge that fails after its first byte has left a partial output, which git discards with the exit status.
 """
