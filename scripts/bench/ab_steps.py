@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from git import D, FF, load_line, model_dims, settle  # noqa: E402  (scripts/bench/git.py)
-from harness import Measure, git_env, new_repo, run_measured, sh  # noqa: E402
+from harness import Measure, git_env, new_repo, run_measured, sh, variant_env  # noqa: E402
 
 STEPS = ("20% add", "fine-tune add", "checkout previous")
 
@@ -112,16 +112,6 @@ def make_versions(data: Path, scale: float) -> list[Path]:
 
 
 # -- the variants ---------------------------------------------------------------------------------------------
-def variant_env(spec: str) -> dict:
-    """``path[@NAME=value...]`` -> the environment that runs it (PYTHONPATH first)."""
-    path, *pairs = spec.split("@")
-    env = {"PYTHONPATH": str(Path(path).resolve())}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        env[name] = value
-    return env
-
-
 def commit(repo: Path, src: Path, msg: str, env: dict) -> None:
     shutil.copyfile(src, repo / "model.pt")
     sh(["git", "add", "model.pt"], repo, env)

@@ -253,3 +253,14 @@ def best_of(n: int, fn):
     """The run with the least wall time of ``n`` calls of ``fn()`` (each returning a Measure)."""
     runs = [fn() for _ in range(n)]
     return min(runs, key=lambda m: m.seconds)
+
+
+def variant_env(spec: str) -> dict:
+    """An A/B variant ``path[@NAME=value...]`` -> the environment that runs it (that checkout first on
+    PYTHONPATH, then the variables)."""
+    path, *pairs = spec.split("@")
+    env = {"PYTHONPATH": str(Path(path).resolve())}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        env[name] = value
+    return env

@@ -34,8 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from git import load_line, settle  # noqa: E402  (scripts/bench/git.py)
-from harness import git_env, new_repo, run_measured, sh  # noqa: E402
-from partial_add import _variant  # noqa: E402
+from harness import git_env, new_repo, run_measured, sh, variant_env  # noqa: E402
 
 # (hidden, key/value width, MLP width): Llama-3-8B's (its 32 and 112 MiB bfloat16 matrices are cleaned frame
 # by frame) and TinyLlama-1.1B's (its bfloat16 matrices, 1 to 22 MiB, are read whole)
@@ -104,7 +103,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench/norms-add"))
     ap.add_argument("--keep", action="store_true", help="keep the versions written under --workdir/data")
     args = ap.parse_args()
-    variants = {c: _variant(c) for c in args.code.split(",")}
+    variants = {c: variant_env(c) for c in args.code.split(",")}
     codes = list(variants)
     base, changed, info = write_versions(args.workdir / "data", args.shape, args.layers, args.vocab, args.dtype,
                                          args.change)

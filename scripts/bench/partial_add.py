@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from git import install_globally, make_chain_versions, make_history, settle  # noqa: E402  (scripts/bench/git.py)
-from harness import git_env, new_repo, run_measured, sh  # noqa: E402
+from harness import git_env, new_repo, run_measured, sh, variant_env  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
     ap.add_argument("--step", choices=("20%", "fine-tune", "pruned"), default="20%")
     args = ap.parse_args()
-    variants = {c: _variant(c) for c in args.code.split(",")}
+    variants = {c: variant_env(c) for c in args.code.split(",")}
     codes = list(variants)
     root = args.workdir / f"partial-add-{args.step}"
     root.mkdir(parents=True, exist_ok=True)
@@ -79,16 +79,6 @@ def main() -> int:
               f"({len(ms)} rounds)")
         print(f"    wall per round: {' '.join(f'{w:.2f}' for w in wall)}; CPU: {' '.join(f'{x:.2f}' for x in cpu)}")
     return 0
-
-
-def _variant(spec: str) -> dict:
-    """``path[@NAME=value...]`` -> the environment that runs it (PYTHONPATH first)."""
-    path, *pairs = spec.split("@")
-    env = {"PYTHONPATH": str(Path(path).resolve())}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        env[name] = value
-    return env
 
 
 if __name__ == "__main__":
