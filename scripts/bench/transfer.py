@@ -30,6 +30,8 @@ Without root, ``unshare`` or ``tc`` the benchmark says why and exits 0 (nothing 
     python3 scripts/bench/transfer.py                                # 200 Mbit/s, ~310 MiB model, one run
     python3 scripts/bench/transfer.py --rates 200mbit,unlimited --runs 3
     python3 scripts/bench/transfer.py --scale 0.1 --tools theta      # quick look
+    python3 scripts/bench/transfer.py --baseline /path/to/other/checkout  # also that checkout's theta ("theta-base"),
+                                                                     # in turns with the others
 
 Large files go under --workdir (default /tmp/theta-bench-transfer).
 """
@@ -43,7 +45,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +170,8 @@ class ToolRun:
         self.dir = root / f"{tool}-{run}"
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
-        self.url = server.lfs_url("bench", f"{tool}-{run}")
+        self.name = f"{tool}-{run}"  # its repository on the LFS server
+        self.url = server.lfs_url("bench", self.name)
         self.bare = self.dir / "remote.git"
         sh(["git", "init", "-q", "--bare", self.bare], self.dir, env)
         self.repo = self.dir / "author"
@@ -209,8 +211,8 @@ class ToolRun:
         f = measured(["git", "pull", "-q", "--ff-only"], self.clone_dir, self.env)
         f.ok = same_tensors(self.clone_dir / "model.pt", self.paths[3])
         self.run.figures["pull"] = f
-        self.run.stored = sum(p.stat().st_size for p in self.server.storage.rglob("*")
-                              if p.is_file() and f"{self.tool}-" in str(p.relative_to(self.server.storage)))
+        self.run.stored = sum(p.stat().st_size for p in (self.server.storage / "bench" / self.name).rglob("*")
+                              if p.is_file())
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -226,13 +228,12 @@ def spread(xs: list[float]) -> str:
 
 
 def report(rate: str, runs: dict[str, list[Run]], raw: int) -> list[str]:
-    """Print the table of one rate; return the targets missed."""
+    """Print the table of one rate; return the targets missed (by "theta")."""
     tools = list(runs)
-    print(f"\n== link: {rate} ==", flush=True)
-    head = f"{'step':<10}" + "".join(f"  {t + ' s':>14} {t + ' MiB':>10}" for t in tools)
-    if len(tools) == 2:
-        head += f"  {'time ratio':>10} {'bytes ratio':>11}  target"
-    print(head)
+    thetas = [t for t in tools if t != "lfs"] if "lfs" in tools else []
+    print(f"\n== link: {rate} (median of {max(len(r) for r in runs.values())} run(s), min-max) ==", flush=True)
+    print(f"{'step':<10}" + "".join(f"  {t + ' s':>20} {t + ' MiB':>14}" for t in tools)
+          + "".join(f"  {t + ' time':>16} {t + ' bytes':>16}" for t in thetas))
     missed = []
     for step in STEPS:
         cells, med = "", {}
@@ -241,33 +242,35 @@ def report(rate: str, runs: dict[str, list[Run]], raw: int) -> list[str]:
             secs, mib = [f.seconds for f in figs], [f.bytes / MiB for f in figs]
             med[t] = (median(secs), median(mib))
             bad = "" if all(f.ok for f in figs) else " WRONG"
-            cells += f"  {median(secs):>7.1f}{spread(secs):>7} {median(mib):>10.0f}{bad}"
+            cells += f"  {median(secs):>7.1f}{spread(secs):>13} {median(mib):>14.0f}{bad}"
+            if bad:
+                missed.append(f"{rate} {step}: {t}'s checkout is not the committed version")
         line = f"{step:<10}{cells}"
-        if len(tools) == 2:
-            (ls, lb), (ts, tb) = med["lfs"], med["theta"]
-            tr, br = ts / ls, tb / lb
-            line += f"  {tr:>9.2f}x {br:>10.2f}x"
+        for t in thetas:
+            tr, br = med[t][0] / med["lfs"][0], med[t][1] / med["lfs"][1]
+            line += f"  {tr:>15.2f}x {br:>15.2f}x"
+        if "theta" in thetas:
+            tr, br = med["theta"][0] / med["lfs"][0], med["theta"][1] / med["lfs"][1]
             want_t, want_b = TARGETS.get(step, (None, None))
             if step == "clone" and rate == "unlimited":
                 want_t, want_b = UNLIMITED_CLONE_TIME, None
             goals = []
             if want_t is not None:
-                goals.append(f"time <= {want_t}x " + ("ok" if tr <= want_t else "MISSED"))
+                goals.append(f"theta time <= {want_t}x " + ("ok" if tr <= want_t else "MISSED"))
                 if tr > want_t:
                     missed.append(f"{rate} {step}: {tr:.2f}x git-lfs's time (target {want_t}x)")
             if want_b is not None:
                 goals.append(f"bytes <= {want_b}x " + ("ok" if br <= want_b else "MISSED"))
                 if br > want_b:
                     missed.append(f"{rate} {step}: {br:.2f}x git-lfs's bytes (target {want_b}x)")
-            line += "  " + ", ".join(goals)
+            line += ("  " + ", ".join(goals)) if goals else ""
         print(line, flush=True)
-        for t in tools:
-            if not all(r.figures[step].ok for r in runs[t] if step in r.figures):
-                missed.append(f"{rate} {step}: {t}'s checkout is not the committed version")
+    cpu = {t: {s: median([r.figures[s].cpu for r in runs[t] if s in r.figures]) for s in STEPS} for t in tools}
+    print("CPU seconds of the command's process tree (median): " + "; ".join(
+        f"{t} " + ", ".join(f"{s} {cpu[t][s]:.1f}" for s in STEPS) for t in tools), flush=True)
     stored = {t: median([r.stored for r in runs[t]]) for t in tools}
     print("stored on the LFS server: " + ", ".join(f"{t} {stored[t] / MiB:.0f} MiB ({stored[t] / raw:.2f}x one "
-                                                    f"version)" for t in tools)
-          + (f"; theta/git-lfs {stored['theta'] / stored['lfs']:.2f}x" if len(tools) == 2 else ""), flush=True)
+                                                    f"version)" for t in tools), flush=True)
     return missed
 
 
@@ -287,6 +290,15 @@ def inside(args) -> int:
     la = os.getloadavg()
     print(f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores", flush=True)
     tools = args.tools.split(",")
+    envs = {t: env for t in tools}
+    for t in tools:  # each theta its own warm filter servers: a server runs the code it started with
+        if t != "lfs":
+            envs[t] = {**env, "GIT_THETA_WARM_DIR": str(_private_dir(root / f"warm-{t}"))}
+    if args.baseline:
+        tools.append("theta-base")
+        envs["theta-base"] = {**env, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")) if p),
+            "GIT_THETA_WARM_DIR": str(_private_dir(root / "warm-theta-base"))}
     lfs_server = _load_lfs_server()
     missed, out = [], {}
     for rate in args.rates.split(","):
@@ -296,8 +308,8 @@ def inside(args) -> int:
         shutil.rmtree(storage, ignore_errors=True)
         with lfs_server.GiftlessServer(storage) as server:
             for n in range(args.runs):
-                order = tools if n % 2 == 0 else tools[::-1]
-                current = {t: ToolRun(t, root, env, server, paths, n) for t in order}
+                order = tools[n % len(tools):] + tools[:n % len(tools)]  # each tool first in turn
+                current = {t: ToolRun(t, root, envs[t], server, paths, n) for t in order}
                 for step in ("push", "clone", "push_next", "pull"):
                     for t in order:
                         getattr(current[t], step)()
@@ -319,7 +331,13 @@ def inside(args) -> int:
         args.json.write_text(json.dumps({"raw": raw, "rates": out}, indent=1))
     if missed:
         print("\nmissed: " + "; ".join(missed), flush=True)
-    return 1 if missed and not args.no_fail and len(tools) == 2 else 0
+    return 1 if missed and not args.no_fail and "lfs" in tools and "theta" in tools else 0
+
+
+def _private_dir(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    return d
 
 
 def main() -> int:
@@ -330,6 +348,8 @@ def main() -> int:
                     help=f"fraction of the git benchmark's BERT-sized model (default {DEFAULT_SCALE}: ~310 MiB)")
     ap.add_argument("--runs", type=int, default=1, help="runs per rate; medians (default 1)")
     ap.add_argument("--tools", default="lfs,theta")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) whose theta runs "
+                    "too, as tool 'theta-base', in turns with the others")
     ap.add_argument("--threads", type=int, default=0, help="GIT_THETA_THREADS (default: theta's own choice)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench-transfer"))
     ap.add_argument("--keep", action="store_true", help="keep the repositories and the server's storage")

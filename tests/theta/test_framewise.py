@@ -111,7 +111,7 @@ def kinds(meta, key) -> list[str]:
 
 def test_a_first_version_is_stored_as_autos_keyframe_as_read_whole(tmp_path, passes):
     meta = same_both_ways_meta(clean_both(tmp_path, [model()]))
-    assert kinds(meta, "embed") == ["dense", "delta:split16"] and kinds(meta, "wide") == ["dense", "delta:split48"]
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "wide") == ["dense", "delta:split50"]
     assert kinds(meta, "half") == ["dense"] and kinds(meta, "small") == ["dense"]  # bfloat16, small: one blob
     assert passes[0] == 3  # embed, wide, half (small is read whole)
 
@@ -125,7 +125,7 @@ def test_a_fine_tuned_group_is_stored_as_the_same_step(tmp_path, passes):
     assert passes[0] == 3 + 2  # v1: three; v2: embed and half (wide is unchanged, not read)
     meta = out["frames"][3]
     # float32: rebased on v1's keyframe; bfloat16: its small delta appended; the small group self-contained
-    assert kinds(meta, "embed") == ["dense", "delta:split16"] and kinds(meta, "half") == ["dense", "delta:zigzag"]
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "half") == ["dense", "delta:zigzag"]
     assert kinds(meta, "small") == ["dense"]
     store = LfsStore(tmp_path / "frames" / "objects")
     from theta.updates.rebuild import reconstruct
@@ -146,7 +146,7 @@ def test_a_chained_previous_version_is_rebuilt_and_compared_alike(tmp_path):
     same_both_ways(out)
     first, last = (metadata.loads(t) for t in (out["frames"][0][0], out["frames"][0][2]))
     assert last.groups["embed"].steps[0] == first.groups["embed"].steps[0]  # on v1's keyframe, two steps
-    assert kinds(last, "embed") == ["dense", "delta:split16"]
+    assert kinds(last, "embed") == ["dense", "delta:split18"]
 
 
 def test_few_changed_elements_are_stored_sparse(tmp_path):
@@ -164,7 +164,7 @@ def test_a_value_replaced_outright_is_stored_self_contained(tmp_path):
     v2 = dict(v1, embed=model(seed=5)["embed"] * 40)  # nothing in common with v1's bits
     out = clean_both(tmp_path, [v1, v2])
     stats = same_both_ways(out)
-    assert stats.written == 1 and kinds(out["frames"][3], "embed") == ["dense", "delta:split16"]
+    assert stats.written == 1 and kinds(out["frames"][3], "embed") == ["dense", "delta:split18"]
     assert out["frames"][3].groups["embed"].steps[0] != metadata.loads(out["frames"][0][0]).groups["embed"].steps[0]
 
 
@@ -183,7 +183,7 @@ def test_a_full_chain_or_dense_asked_for_stores_the_value(tmp_path):
     out = clean_both(tmp_path / "chain", [v1, v2], CleanOptions(max_chain=1))
     meta = same_both_ways_meta(out)
     # every value self-contained: a keyframe of its own (split for float32/64), nothing on v1's
-    assert kinds(meta, "embed") == ["dense", "delta:split16"] and kinds(meta, "half") == ["dense"]
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "half") == ["dense"]
     assert meta.groups["embed"].steps[0] != metadata.loads(out["frames"][0][0]).groups["embed"].steps[0]
     assert same_both_ways(clean_both(tmp_path / "dense", [v1, v2], CleanOptions(update_type="dense"))).by_type == \
         {"dense": 4}

@@ -27,8 +27,8 @@ Version 2 adds one kind of file: one that theta tracks but that is not a checkpo
 Version 3 adds values named by BLAKE3 (``"hash":"blake3:<64 hex>"``, :mod:`theta.base.valuehash`): every value theta
 hashes anew is named so, and a value named before keeps its sha256 name. A checkpoint is written as version 3
 when any of its groups or steps holds a BLAKE3 name, else as version 1 (so a checkpoint committed before
-keeps its text while its values do not change). Version 4 adds ``delta`` steps of op ``split16`` /
-``split48``, the steps of keyframes (:mod:`theta.updates.keyframe`); a text is written as version 4 only when it
+keeps its text while its values do not change). Version 4 adds ``delta`` steps of op ``split18`` /
+``split50``, the steps of keyframes (:mod:`theta.updates.keyframe`); a text is written as version 4 only when it
 holds one. This reader reads all four. Lines starting
 with ``#`` are comments: the human hint on the second line, and readers skip them, so text written
 before the hint existed reads the same; :func:`same_content` treats two texts that differ only in comments
@@ -53,7 +53,7 @@ MAGIC = "theta-metadata"
 VERSION = 1           # checkpoints
 OPAQUE_VERSION = 2    # adds files stored as one opaque blob
 BLAKE3_VERSION = 3    # adds values named by BLAKE3 (theta.base.valuehash); written only by texts that hold such a name
-SPLIT_VERSION = 4     # adds delta steps of op split16/split48 (keyframes, theta.updates.keyframe); written only
+SPLIT_VERSION = 4     # adds delta steps of op split18/split50 (keyframes, theta.updates.keyframe); written only
                       # by texts that hold one (a theta reading up to 3 then says to upgrade, before any download)
 SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION, BLAKE3_VERSION, SPLIT_VERSION)
 FIRST_LINE = f"{MAGIC} {VERSION}"

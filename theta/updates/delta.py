@@ -9,7 +9,7 @@ result into byte planes (all first bytes, then all second bytes, ...) puts those
 other, and zstd (applied by the blob codec) squeezes them out. Exact bit for bit for every dtype:
 NaN payloads, -0.0 and +0.0 are just words.
 
-``split16`` / ``split48`` (float32 / float64 words: the number is how many low bits) is the code of a keyframe
+``split18`` / ``split50`` (float32 / float64 words: the number is how many low bits) is the code of a keyframe
 chain (:mod:`theta.updates.keyframe`): the new word's low bits as they are, and above them the zigzag-coded
 difference of its high bits from the previous word's (modulo their width). The low bits of the previous word
 are not used, so a value whose low bits are all zero -- the keyframe's dense step -- is as good a base as any
@@ -21,7 +21,7 @@ frame by frame (as it does for floats): encoding computes each frame's codes on 
 and previous values (nothing group-sized is held), and decoding applies frame by frame, in place on the
 previous value when the caller owns it (:meth:`DeltaUpdate.apply_blob`). Blobs written before hold
 ``planes`` (uint8, shape (word bytes, elements)) instead and still decode.
-Params: ``op`` ("zigzag", "xor", "sub", "split16" or "split48").
+Params: ``op`` ("zigzag", "xor", "sub", "split18" or "split50").
 
 Measured on 4M float32 weights moved by 1e-3 relative noise (zstd level 3): zigzag 0.58x the dense
 blob, XOR 0.63x, plain subtraction 0.68x; bfloat16: zigzag 0.12x, XOR 0.14x.
@@ -34,7 +34,7 @@ from theta.base.errors import UpdateTypeError
 from theta.storage import codec
 from theta.updates import Encoded
 
-OPS = ("zigzag", "xor", "sub", "split16", "split48")
+OPS = ("zigzag", "xor", "sub", "split18", "split50")
 CHUNK = 1 << 20  # words per step
 
 

@@ -14,15 +14,17 @@ costs (``theta.keyframeRatio``, default :data:`DEFAULT_RATIO`):
 3. else store a **keyframe**: the value self-contained.
 
 A *split keyframe* is how a float32 / float64 group of :data:`SPLIT_MIN_BYTES` or more is stored
-self-contained: a dense step holding only the high bits of each element (for float32 the top 16: the value
-truncated to bfloat16; its low bits are zero and cost nothing), then a ``delta`` step of op ``split16`` /
-``split48`` holding the low bits as they are (:mod:`theta.updates.delta`). Both blobs together cost what one
-dense blob costs. A fine-tune moves the low bits of nearly every weight and the high bits of few, so the next
-version is one split step on the same first step: its low bits, and its high bits' (mostly zero) difference
-from the first step's. A pull fetches that step (~0.54 of the raw bytes for a float32 fine-tune, the delta
-on the previous version costs ~0.51); a clone fetches the first step and that step, ~1.05 x a dense blob,
-where appending deltas made it 1 + 0.6 per fine-tune. The high bits drift as training goes on; when the
-rebased chain no longer fits, a new keyframe starts.
+self-contained: a dense step holding only the high bits of each element (the top 14: sign, exponent and the
+top mantissa bits -- 5 of float32's, 2 of float64's; its low bits are zero and cost nothing), then a ``delta``
+step of op ``split18`` / ``split50`` holding the low bits as they are (:mod:`theta.updates.delta`). Both blobs
+together cost what one dense blob costs. A fine-tune moves the low bits of nearly every weight and the high
+bits of few, so the next version is one split step on the same first step: its low bits, and its high bits'
+(mostly zero) difference from the first step's. A pull fetches that step (~0.57 of the raw bytes for a
+float32 fine-tune, where the delta on the previous version costs ~0.51); a clone fetches the first step and
+that step, ~0.85 of the raw bytes (1.01 dense blobs), where appending deltas made it 0.835 + 0.51 per
+fine-tune. The high bits drift as training goes on; when the rebased chain no longer fits, a new keyframe
+starts. (Where to split: ``scripts/bench/keyframes.py --bits``; fewer low bits make pulls smaller and clones
+larger, the high bits' change costing more.)
 
 What "self-contained costs" is estimated from a sample of the value (the estimate auto uses for dense,
 :func:`theta.updates.auto.dense_estimate`); the chains' sizes are exact (their blobs are staged before any is
@@ -52,7 +54,7 @@ DEFAULT_RATIO = 1.25
 SPLIT_MIN_BYTES = 256 << 10
 # a sampled step estimate may overstate the step by this much before an append is not tried
 APPEND_SLACK = 0.9
-_SPLIT_OPS = {4: "split16", 8: "split48"}  # word size -> op: the high part keeps 16 bits (sign, exponent, top mantissa)
+_SPLIT_OPS = {4: "split18", 8: "split50"}  # word size -> op: the high part keeps 14 bits (sign, exponent, mantissa)
 
 
 def split_op(dtype: np.dtype, nbytes: int) -> str | None:
