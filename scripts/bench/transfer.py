@@ -225,7 +225,9 @@ class ToolRun:
                               if p.is_file())
 
     def cleanup(self) -> None:
+        """Remove the repositories and the tool's objects on the server (what it stored is counted by then)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.server.storage / "bench" / self.name, ignore_errors=True)
 
 
 # -- reporting ---------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from theta.storage import codec
 from theta.storage.store import Staged, stage_chunks
 from theta.updates import Encoded, content_hash, get, keyframe, relayout_steps, steps
 from theta.updates.delta import OPS, changed_count, combine, raw_words, same_layout
-from theta.updates.rebuild import reconstruct
+from theta.updates.rebuild import is_split_chain, reconstruct
 from theta.updates.rows import encode_sources
 from theta.updates.sparse import index_dtype
 
@@ -204,6 +204,44 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
 
 
 # ---------------------------------------------------------------- the clean filter's policy
+def _auto_on_keyframe(new: np.ndarray, new_hash: str, previous, previous_value, store, options,
+                      self_contained) -> list:
+    """auto's chain for a changed group whose previous chain is a split keyframe: the value rebased on that
+    keyframe, counting on the way how many elements changed -- without rebuilding the previous value, which
+    only a change of few elements needs (a step appended to the chain may then fit the budget, and be smaller).
+    """
+    budget = keyframe.Budget(dense_estimate(_sample(new), new.size, options.level), options.keyframe_ratio)
+    try:
+        r = keyframe.rebase(new, previous, store, options.level, count=True)
+    except (BlobMissingError, IntegrityError):  # the keyframe is not here, or unusable: stored self-contained
+        r = None
+    if r is not None and not budget.append_may_fit(previous, lambda: budget.self_contained * r.changed / new.size):
+        if budget.fits(r.fetch_bytes):
+            return r.keep(new_hash, store)
+        r.discard()
+        return self_contained()
+    base = previous_value()  # few elements changed: a step on the previous value is a candidate too
+    if base is None:
+        if r is not None and budget.fits(r.fetch_bytes):
+            return r.keep(new_hash, store)
+        if r is not None:
+            r.discard()
+        return self_contained()
+    choice = choose(new, base, options.level, store, dense_est=budget.self_contained)
+    appended = keyframe.fetch_bytes(previous.steps) + choice.size
+    if choice.update_type != "dense" and budget.fits(appended) and (r is None or choice.size < r.staged.size):
+        if r is not None:
+            r.discard()
+        return [*previous.steps, steps.store_staged(choice.update_type, choice.staged, choice.params, new_hash,
+                                                    store)]
+    choice.staged.discard()
+    if r is not None and budget.fits(r.fetch_bytes):
+        return r.keep(new_hash, store)
+    if r is not None:
+        r.discard()
+    return self_contained()
+
+
 def _auto_chain(new: np.ndarray, new_hash: str, base: np.ndarray, base_meta, store, options, self_contained) -> list:
     """auto's chain for a changed group whose previous value ``base`` (its metadata ``base_meta``) is local: the
     smallest step appended to the previous chain when the chain then still fits the keyframe budget
@@ -334,6 +372,9 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
 
     # with side-loaded data, --update-type names the file's type: the other groups are plain changes
     wanted = "auto" if update_data is not None else (options.update_type or "auto")
+    if (wanted == "auto" and previous is not None and is_split_chain(previous)
+            and not steps.chain_full(previous, options.max_chain)):
+        return _auto_on_keyframe(new, new_hash, previous, previous_value, store, options, self_contained)
     base, base_meta = None, None
     if previous is not None and not steps.chain_full(previous, options.max_chain):
         base, base_meta = previous_value(), previous

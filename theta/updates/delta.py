@@ -51,44 +51,63 @@ def _high_mask(words: np.dtype, bits: int):
     return np.dtype(words).type(~((1 << bits) - 1) & ((1 << (np.dtype(words).itemsize * 8)) - 1))
 
 
+SPLIT_CHUNK = 1 << 16  # words per piece while split codes are made or applied: the temporaries stay in cache
+
+
 def _split(new_words: np.ndarray, prev_words: np.ndarray, bits: int) -> np.ndarray:
     """Split codes: the low ``bits`` of each new word, and above them zigzag(high(new) - high(prev)) modulo the
-    high bits' width (computed in place on one temporary: the difference of the high parts, shifted by
-    ``bits``, is zigzag-coded as a word and its low bits, all ones for a negative difference, masked off)."""
+    high bits' width (the difference of the high parts, in place at their position, zigzag-coded as a word;
+    its low bits, all ones for a negative difference, masked off). Piece by piece, two small temporaries."""
     high = _high_mask(new_words.dtype, bits)
-    diff = np.bitwise_and(new_words, high)
-    diff -= np.bitwise_and(prev_words, high)  # unsigned: wraps modulo 2**bits of the word
-    signed = diff.view(diff.dtype.str.replace("u", "i"))
-    sign = signed >> (diff.dtype.itemsize * 8 - 1)
-    np.left_shift(signed, 1, out=signed)
-    np.bitwise_xor(signed, sign, out=signed)
-    diff &= high
-    diff |= np.bitwise_and(new_words, ~high)
-    return diff
-
-
-SPLIT_CHUNK = 1 << 18  # words per piece while split codes are applied: temporaries of ~1 MiB, not a frame's size
+    low = new_words.dtype.type(~high)
+    out = np.empty_like(new_words)
+    n = min(SPLIT_CHUNK, new_words.size)
+    d, t = np.empty(n, new_words.dtype), np.empty(n, new_words.dtype)
+    signed = new_words.dtype.str.replace("u", "i")
+    top = new_words.dtype.itemsize * 8 - 1
+    for a in range(0, new_words.size, SPLIT_CHUNK):
+        nw, pw = new_words[a:a + SPLIT_CHUNK], prev_words[a:a + SPLIT_CHUNK]
+        k = nw.size
+        dk, tk = d[:k], t[:k]
+        np.bitwise_and(nw, high, out=dk)
+        np.bitwise_and(pw, high, out=tk)
+        np.subtract(dk, tk, out=dk)  # unsigned: wraps modulo 2**bits of the word
+        np.right_shift(dk.view(signed), top, out=tk.view(signed))  # the sign: 0 or all ones
+        np.left_shift(dk, 1, out=dk)
+        np.bitwise_xor(dk, tk, out=dk)
+        np.bitwise_and(dk, high, out=dk)
+        np.bitwise_and(nw, low, out=tk)
+        np.bitwise_or(dk, tk, out=out[a:a + k])
+    return out
 
 
 def _unsplit(code: np.ndarray, prev_words: np.ndarray, bits: int, out: np.ndarray | None,
              scratch: bool = False) -> np.ndarray:
     """The new words from split codes and the previous words (into ``out``, which may be ``prev_words``),
-    piece by piece. ``scratch``: the caller lets ``code`` be overwritten (one temporary fewer per piece)."""
+    piece by piece with two small temporaries (``scratch``: accepted for the callers that own ``code``; the
+    pieces no longer need it)."""
     if out is None:
         out = np.empty_like(prev_words)
     high = _high_mask(code.dtype, bits)
+    low = code.dtype.type(~high)
+    n = min(SPLIT_CHUNK, code.size)
+    z, t = np.empty(n, code.dtype), np.empty(n, code.dtype)
     for a in range(0, code.size, SPLIT_CHUNK):
         c, o, p = code[a:a + SPLIT_CHUNK], out[a:a + SPLIT_CHUNK], prev_words[a:a + SPLIT_CHUNK]
-        z = np.right_shift(c, bits)  # zigzag(high(new) - high(prev)), decoded: (z >> 1) ^ -(z & 1)
-        sign = np.bitwise_and(z, 1)
-        np.negative(sign, out=sign)  # unsigned: 0 or all ones
-        np.right_shift(z, 1, out=z)
-        np.bitwise_xor(z, sign, out=z)
-        np.left_shift(z, bits, out=z)
-        low = np.bitwise_and(c, ~high, out=c if scratch else None)
+        k = c.size
+        zk, tk = z[:k], t[:k]
+        # the high bits' difference, decoded in place at their position: ((z >> 1) ^ -(z & 1)) << bits
+        np.right_shift(c, 1, out=zk)
+        np.bitwise_and(zk, high, out=zk)
+        np.right_shift(c, bits, out=tk)
+        np.bitwise_and(tk, 1, out=tk)
+        np.negative(tk, out=tk)  # unsigned: 0 or all ones
+        np.bitwise_and(tk, high, out=tk)
+        np.bitwise_xor(zk, tk, out=zk)
+        np.bitwise_and(c, low, out=tk)
         np.bitwise_and(p, high, out=o)
-        np.add(o, z, out=o)  # the low bits of both are zero: the sum wraps in the high bits only
-        np.bitwise_or(o, low, out=o)
+        np.add(o, zk, out=o)  # the low bits of both are zero: the sum wraps in the high bits only
+        np.bitwise_or(o, tk, out=o)
     return out
 
 

@@ -44,7 +44,7 @@ from theta.base.errors import ChainError, IntegrityError, UpdateTypeError
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta, Step
 from theta.storage.store import LfsStore, Staged, stage_chunks
-from theta.updates.delta import combine, raw_words, split_bits
+from theta.updates.delta import _uncombine, combine, raw_words, split_bits
 from theta.updates.rebuild import is_split_chain
 from theta.updates.steps import store_dense, store_staged, store_step
 
@@ -209,6 +209,7 @@ class Rebased:
     base: Step
     staged: Staged
     op: str
+    changed: int | None = None  # elements whose bits differ from the previous version's, when counted
 
     @property
     def fetch_bytes(self) -> int:
@@ -222,11 +223,13 @@ class Rebased:
 
 
 def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, level: int = codec.DEFAULT_LEVEL,
-           file: str | None = None) -> Rebased | None:
+           file: str | None = None, count: bool = False) -> Rebased | None:
     """``new`` encoded as a split step on the first step of ``previous``'s split chain (None when its chain is
     not one, or the new value has another dtype or size). The first step's value is decoded frame by frame
     from its blob (nothing group-sized is held besides ``new``) and, unless this store has proven that blob,
-    hashed as it goes: a blob that does not give the value its step names raises ChainError."""
+    hashed as it goes: a blob that does not give the value its step names raises ChainError. ``count``: also
+    count the elements that differ from the previous version, rebuilt frame by frame beside (``changed``; a
+    count only: a step built on the previous value is built from its checked value)."""
     if not is_split_chain(previous):
         return None
     src = new if isinstance(new, Words) else Words.of(new)
@@ -250,6 +253,8 @@ def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, leve
         whole = None if aligned else raw_words(codec.decode_array(parts["values"], max_bytes=plan.nbytes))
         proven = store.bound(base.blob.oid, base.hash) and codec.frames_checksummed(parts["values"])
         hashed = None if proven else InOrder(like=base.hash)
+        previous_codes = _codes_reader(stack, previous, store, file, src) if count else None
+        changed: dict[int, int] = {}
 
         def codes(a: int, b: int) -> np.ndarray:  # on the codec threads
             if whole is not None:
@@ -258,7 +263,11 @@ def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, leve
                 base_words = codec.decode_frame(parts["values"], plan, starts[a]).view(src.word)
             if hashed is not None:
                 hashed.keep(a, base_words)
-            return combine(src.read(a, b), base_words, op)
+            new_words = src.read(a, b)
+            if previous_codes is not None:
+                was = _uncombine(previous_codes(a, b), base_words, op)
+                changed[a] = int(np.count_nonzero(was != new_words))
+            return combine(new_words, base_words, op)
 
         staged = _stage(store, {"codes": codec.LazyArray(src.word, (src.size,), codes, planes=True,
                                                           after=hashed.after if hashed is not None else None)},
@@ -267,7 +276,22 @@ def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, leve
         staged.discard()
         raise ChainError(f"group {previous.name!r}: its keyframe's dense blob {base.blob.oid} does not give the "
                          f"value {base.hash}", file=file, group=previous.name, oid=base.blob.oid)
-    return Rebased(base, staged, op)
+    return Rebased(base, staged, op, sum(changed.values()) if count else None)
+
+
+def _codes_reader(stack: ExitStack, previous: GroupMeta, store: LfsStore, file: str | None, src: Words):
+    """The code words of ``previous``'s split step by ranges (its blob mapped for the ``stack``'s life)."""
+    step = previous.steps[1]
+    blob = stack.enter_context(store.mapped(step.blob, group=previous.name, file=file))
+    parts = codec.part_blobs(blob)
+    if set(parts) != {"codes"}:
+        raise ChainError(f"group {previous.name!r}: its split step's blob {step.blob.oid} holds {sorted(parts)}",
+                         file=file, group=previous.name, oid=step.blob.oid)
+    reader = codec.ArrayReader(parts["codes"])
+    if reader.dtype != src.word or reader.size != src.size:
+        raise ChainError(f"group {previous.name!r}: its split step holds {reader.size} x {reader.dtype}",
+                         file=file, group=previous.name, oid=step.blob.oid)
+    return lambda a, b: codec.ArrayReader(parts["codes"]).read(a, b)  # a reader per call: any thread
 
 
 def without_append(new: "np.ndarray | Words", new_hash: str, previous: GroupMeta | None, store: LfsStore,
