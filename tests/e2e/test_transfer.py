@@ -19,10 +19,10 @@ from collections import OrderedDict
 
 import pytest
 import torch
-
 from support.checkpoints import assert_same_checkpoint, save_pt
 from support.gitrepo import GitEnv
 from support.lfs_server import GiftlessServer
+
 from theta.storage import codec
 from theta.storage.metadata import loads
 from theta.updates import keyframe

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from theta.settings import clean_options
-from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
 from theta.base.errors import ThetaError, UpdateTypeError
+from theta.model.clean import CleanOptions, CleanStats, clean_checkpoint
+from theta.settings import clean_options
 from theta.storage import codec, metadata
 from theta.storage.store import LfsStore
 from theta.updates import keyframe
-from theta.updates.rebuild import reconstruct
 from theta.updates.delta import _uncombine, combine, raw_words
+from theta.updates.rebuild import reconstruct
 
 ROWS, COLS = 512, 256  # 512 KiB of float32: above keyframe.SPLIT_MIN_BYTES
 
