@@ -121,7 +121,8 @@ class CleanStats:
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
                          previous_value: Callable[[], np.ndarray | None], store: LfsStore,
                          options: CleanOptions, update_data=None, *,
-                         reshaped_previous: GroupMeta | None = None) -> list[Step]:
+                         reshaped_previous: GroupMeta | None = None,
+                         on_previous: Callable[[int, int, np.ndarray], None] | None = None) -> list[Step]:
     """THE SEAM: store a group whose value changed and return its new step chain.
 
     ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
@@ -130,10 +131,11 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
     :func:`theta.updates.steps.store_step` and chained within ``options.max_chain``.
     The policy (auto/sparse/low-rank/ia3/delta, side-loaded ``update_data``) is theta.updates.auto's.
     ``reshaped_previous``: the previous version of a group whose dtype or shape changed (``previous`` is
-    then None), a base for updates that change the shape (``rows``).
+    then None), a base for updates that change the shape (``rows``). ``on_previous``:
+    theta.updates.auto.encode_change's.
     """
     return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data,
-                         reshaped_previous=reshaped_previous)
+                         reshaped_previous=reshaped_previous, on_previous=on_previous)
 
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
@@ -487,10 +489,20 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                 stats.close += 1
                 return keep(prev)
 
+    # a change encoded on the previous split keyframe rebuilds the previous value frame by frame, not whole: the
+    # norms of the change are measured there, frame by frame (as a group cleaned frame by frame measures them)
+    beside: dict[int, tuple[int, float, int]] = {}  # frame start -> (elements, Σ of the change's squares, changed)
+    flat = arr.reshape(-1) if prev is not None and norms.measurable(info.dtype) else None
+
+    def measure_beside(a: int, b: int, words: np.ndarray) -> None:  # on the codec threads
+        was = words.view(flat.dtype)
+        beside[a] = (b - a, norms.change_squares(flat[a:b], was), norms.changed_count(flat[a:b], was))
+
     before = store.written_bytes
     try:
         steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
-                                     reshaped_previous=got.reshaped)
+                                     reshaped_previous=got.reshaped,
+                                     on_previous=measure_beside if flat is not None else None)
     except BaseException:
         for fut in checking:
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
@@ -503,11 +515,17 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                              and not chain_full(prev, options.max_chain)) else None
         if base is not None and base.shape != arr.shape:
             base = None
-        # the value's sum of squares came with its signature; the change's is one pass over both values
+        # the value's sum of squares came with its signature; the change's is one pass over both values, or the
+        # frames of the previous value a rebase on its split keyframe rebuilt beside, summed in order
         got.sums = norms.Sums(got.squares if got.squares is not None else lsh.squares(arr))
+        rebased = base is None and sum(n for n, _, _ in beside.values()) == arr.size > 0
         if base is not None:
             got.sums.change, got.sums.changed = norms.change_squares(arr, base), norms.changed_count(arr, base)
-        got.base = prev.hash if base is not None else None
+        elif rebased:
+            for a in sorted(beside):
+                got.sums.change += beside[a][1]
+                got.sums.changed += beside[a][2]
+        got.base = prev.hash if base is not None or rebased else None
     return _written(got, steps, sig, store, stats, store.written_bytes - before)
 
 

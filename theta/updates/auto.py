@@ -205,14 +205,14 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
 
 # ---------------------------------------------------------------- the clean filter's policy
 def _auto_on_keyframe(new: np.ndarray, new_hash: str, previous, previous_value, store, options,
-                      self_contained) -> list:
+                      self_contained, on_previous=None) -> list:
     """auto's chain for a changed group whose previous chain is a split keyframe: the value rebased on that
     keyframe, counting on the way how many elements changed -- without rebuilding the previous value, which
     only a change of few elements needs (a step appended to the chain may then fit the budget, and be smaller).
-    """
+    ``on_previous``: :func:`theta.updates.keyframe.rebase`'s ``beside``."""
     budget = keyframe.Budget(dense_estimate(_sample(new), new.size, options.level), options.keyframe_ratio)
     try:
-        r = keyframe.rebase(new, previous, store, options.level, count=True)
+        r = keyframe.rebase(new, previous, store, options.level, count=True, beside=on_previous)
     except (BlobMissingError, IntegrityError):  # the keyframe is not here, or unusable: stored self-contained
         r = None
     if r is not None and not budget.append_may_fit(previous, lambda: budget.self_contained * r.changed / new.size):
@@ -339,7 +339,7 @@ def rows_may_apply(previous_meta, new: np.ndarray) -> bool:
 
 
 def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
-                  reshaped_previous=None, update_data=None) -> list:
+                  reshaped_previous=None, update_data=None, on_previous=None) -> list:
     """The step chain of a changed group (what ``theta.model.clean.encode_changed_group`` returns).
 
     ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
@@ -349,7 +349,9 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     side-loaded ``update_data`` is stored as that update after checking it reproduces ``new`` (the other
     changed groups then go through "auto"). A chain that reached
     ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
-    previous version of a group whose shape changed (for ``rows``).
+    previous version of a group whose shape changed (for ``rows``). ``on_previous(start, stop, words)``: given
+    the previous value's words range by range when it is rebuilt frame by frame beside a rebase on its split
+    keyframe instead of whole (:func:`theta.updates.keyframe.rebase`).
     """
     def store_dense() -> list:
         return [steps.store_dense(new, store, options.level, new_hash)]
@@ -374,7 +376,8 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     wanted = "auto" if update_data is not None else (options.update_type or "auto")
     if (wanted == "auto" and previous is not None and is_split_chain(previous)
             and not steps.chain_full(previous, options.max_chain)):
-        return _auto_on_keyframe(new, new_hash, previous, previous_value, store, options, self_contained)
+        return _auto_on_keyframe(new, new_hash, previous, previous_value, store, options, self_contained,
+                                 on_previous)
     base, base_meta = None, None
     if previous is not None and not steps.chain_full(previous, options.max_chain):
         base, base_meta = previous_value(), previous

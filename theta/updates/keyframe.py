@@ -223,13 +223,15 @@ class Rebased:
 
 
 def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, level: int = codec.DEFAULT_LEVEL,
-           file: str | None = None, count: bool = False) -> Rebased | None:
+           file: str | None = None, count: bool = False,
+           beside: Callable[[int, int, np.ndarray], None] | None = None) -> Rebased | None:
     """``new`` encoded as a split step on the first step of ``previous``'s split chain (None when its chain is
     not one, or the new value has another dtype or size). The first step's value is decoded frame by frame
     from its blob (nothing group-sized is held besides ``new``) and, unless this store has proven that blob,
     hashed as it goes: a blob that does not give the value its step names raises ChainError. ``count``: also
     count the elements that differ from the previous version, rebuilt frame by frame beside (``changed``; a
-    count only: a step built on the previous value is built from its checked value)."""
+    count only: a step built on the previous value is built from its checked value), and hand each range of
+    it to ``beside(start, stop, previous words)`` on the codec threads (the norms of the change: theta.model)."""
     if not is_split_chain(previous):
         return None
     src = new if isinstance(new, Words) else Words.of(new)
@@ -267,6 +269,8 @@ def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, leve
             if previous_codes is not None:
                 was = _uncombine(previous_codes(a, b), base_words, op)
                 changed[a] = int(np.count_nonzero(was != new_words))
+                if beside is not None:
+                    beside(a, b, was)
             return combine(new_words, base_words, op)
 
         staged = _stage(store, {"codes": codec.LazyArray(src.word, (src.size,), codes, planes=True,
