@@ -7,7 +7,7 @@ crosses the wire, counted by the server.
 - a pull killed (-9, the whole process group) while its blobs download leaves the work tree a placeholder, and
   `git theta pull` then downloads only what is missing: complete objects are not asked for again, a partial one
   is resumed from where it stopped (git-lfs's ``lfs/incomplete``, an HTTP range request);
-- downloads run ``lfs.concurrenttransfers`` at a time.
+- downloads run ``lfs.concurrenttransfers`` at a time (the clone's).
 """
 from __future__ import annotations
 
@@ -72,10 +72,14 @@ def chain_blobs(repo, rev: str) -> dict[str, int]:
 
 def test_a_clone_fetches_its_version_and_a_pull_only_the_new_steps(published):
     genv, server, repo, bare, versions = published
+    server.throttle(8 << 20)  # downloads overlap: lfs.concurrenttransfers is seen at work
+    genv.run(["git", "config", "--global", "lfs.concurrenttransfers", "3"], cwd=genv.home)
     before = len(server.requests())
     clone = genv.clone(str(bare.path), "clone")
     assert_same_checkpoint(clone / "model.pt", versions[-1])
     got = server.requests()[before:]
+    assert max(r["inflight"] for r in got if r["kind"] == "download") == 3  # never more, and the run used them
+    server.throttle(None)
     head = chain_blobs(repo, "HEAD")
     served = {r["oid"]: r["sent"] for r in got if r["kind"] == "download"}
     assert served == head  # every blob of the version's chains, each once and whole, nothing else
@@ -122,6 +126,7 @@ def _gone(pgid: int, timeout: float = 30) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow  # ~20 s; tests/theta/test_lfs_partials.py checks the adoption of partial files by itself
 def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published):
     genv, server, repo, bare, versions = published
     clone = genv.clone(str(bare.path), "clone")
@@ -175,13 +180,3 @@ def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published)
     first_try = [r for r in server.requests()[before:cut] if r["kind"] == "download"]
     assert all(r["inflight"] == 1 for r in first_try)  # lfs.concurrenttransfers 1: one download at a time
 
-
-def test_downloads_run_concurrenttransfers_at_a_time(published):
-    genv, server, repo, bare, versions = published
-    server.throttle(4 << 20)
-    before = len(server.requests())
-    genv.run(["git", "config", "--global", "lfs.concurrenttransfers", "3"], cwd=genv.home)
-    clone = genv.clone(str(bare.path), "clone")
-    assert_same_checkpoint(clone / "model.pt", versions[-1])
-    seen = [r["inflight"] for r in server.requests()[before:] if r["kind"] == "download"]
-    assert max(seen) == 3  # never more, and the run did use them
