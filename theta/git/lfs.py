@@ -97,9 +97,10 @@ class Fetch:
     (100 objects each), ``lfs.concurrenttransfers`` at a time: the pointers are named by their position in
     ``objects``, so each batch holds the next objects in the order given (a caller rebuilding files as their
     blobs arrive lists them in the order it needs them). Within a batch git-lfs starts the largest first, and
-    a batch starts once the one before has ended. A download cut short stays in ``lfs/incomplete``, where the next run resumes
-    it (with an HTTP range request, when the server honours one): git-lfs keeps a download cut short by an
-    error as ``<oid>.part``, and one cut short by a kill is made so before the run starts (:func:`adopt_partials`).
+    a batch starts once the one before has ended. A download cut short stays in ``lfs/incomplete``, where the
+    next run resumes it (with an HTTP range request, when the server honours one): git-lfs keeps a download cut
+    short by an error as ``<oid>.part``, and one cut short by a kill is made so before the run starts
+    (:func:`adopt_partials`).
     """
 
     def __init__(self, repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]],
