@@ -124,6 +124,7 @@ def test_original_form_low_rank_side_load_rewrites_the_same_bytes(repo, tmp_path
 
 
 def test_half_pruned_commit_stores_sparse_steps_and_checks_out_bit_for_bit(repo):
+    repo.git("config", "theta.keyframeRatio", "inf")  # keyframes off: the sparse step itself, whatever it costs
     v0 = base_state()
     commit(repo, v0, "base")
 
@@ -146,6 +147,7 @@ def test_half_pruned_commit_stores_sparse_steps_and_checks_out_bit_for_bit(repo)
 def test_merge_of_chains_whose_rows_moved_equals_the_whole_value_merge(repo, strategy):
     from theta.merges import get as get_strategy
 
+    repo.git("config", "theta.keyframeRatio", "inf")  # keyframes off: chains with rows steps on every side
     v0 = base_state()
     commit(repo, v0, "base")
     cut = OrderedDict(v0, **{E: torch.cat([v0[E][:50], v0[E][80:]])})  # 30 rows deleted in the middle

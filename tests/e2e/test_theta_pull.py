@@ -38,7 +38,7 @@ def published(genv):
 
 
 def is_placeholder(path) -> bool:
-    return path.read_bytes().startswith(b"theta-metadata 3\n")
+    return path.read_bytes().startswith(b"theta-metadata ")
 
 
 def test_clone_without_theta_then_install_and_pull(genv):

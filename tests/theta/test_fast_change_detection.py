@@ -150,15 +150,18 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     frames without a sha256; without the bindings (blobs fetched from elsewhere) every step's value is hashed."""
     import shutil
 
+    from theta.model.clean import CleanOptions
+
+    chains = CleanOptions(keyframe_ratio=float("inf"))  # keyframes off: steps on the previous values
     arrays, p, first = first_version(tmp_path, store)
     arrays["w2"] = arrays["w2"] * np.float32(1.001)
     save(p, arrays)
-    second = clean_checkpoint(p, store, first)
+    second = clean_checkpoint(p, store, first, chains)
     assert [s.type for s in second.groups["w2"].steps] == ["dense", "delta"]
     arrays["w2"] = arrays["w2"] * np.float32(1.001)
     save(p, arrays)
     hashed = value_hash_spy(monkeypatch)
-    third = clean_checkpoint(p, store, second)
+    third = clean_checkpoint(p, store, second, chains)
     assert hashed == [arrays["w2"].nbytes]  # the new value's content hash only
     assert [s.type for s in third.groups["w2"].steps] == ["dense", "delta", "delta"]
     shutil.rmtree(store.objects_dir.parent / "theta-verified")  # as if the blobs came from a remote
@@ -168,7 +171,7 @@ def test_a_chain_built_in_this_store_is_not_hashed_again(tmp_path, store, monkey
     real = theta.updates.rebuild.content_hash  # the chain's rebuild hashes through its own name for it
     monkeypatch.setattr(theta.updates.rebuild, "content_hash",
                         lambda a, like=None: rebuilt.append(a.nbytes) or real(a, like))
-    again = clean_checkpoint(p, store, second)
+    again = clean_checkpoint(p, store, second, chains)
     assert again.groups["w2"] == third.groups["w2"]
     # the new value, the previous value (on the hash thread) and the chain's intermediate value
     assert hashed == [arrays["w2"].nbytes] * 2 and rebuilt == [arrays["w2"].nbytes]

@@ -86,6 +86,12 @@ def clean_both(tmp_path, versions, options=CleanOptions(), prepare=None):
     return out
 
 
+def same_both_ways_meta(out):
+    """:func:`same_both_ways`, then the last metadata."""
+    same_both_ways(out)
+    return out["frames"][3]
+
+
 def same_both_ways(out) -> CleanStats:
     (t1, b1, s1, _), (t2, b2, s2, _) = out["frames"], out["whole"]
     assert t1 == t2
@@ -95,33 +101,52 @@ def same_both_ways(out) -> CleanStats:
     return s1
 
 
-def test_a_first_version_is_stored_dense_as_read_whole(tmp_path, passes):
-    stats = same_both_ways(clean_both(tmp_path, [model()]))
-    assert stats.by_type == {"dense": 4}
+NO_KEYFRAMES = CleanOptions(keyframe_ratio=float("inf"))  # every change a step on the previous version
+
+
+def kinds(meta, key) -> list[str]:
+    """The chain of a group: step types, with a delta's op."""
+    return [s.type + (f":{s.params['op']}" if s.type == "delta" else "") for s in meta.groups[key].steps]
+
+
+def test_a_first_version_is_stored_as_autos_keyframe_as_read_whole(tmp_path, passes):
+    meta = same_both_ways_meta(clean_both(tmp_path, [model()]))
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "wide") == ["dense", "delta:split50"]
+    assert kinds(meta, "half") == ["dense"] and kinds(meta, "small") == ["dense"]  # bfloat16, small: one blob
     assert passes[0] == 3  # embed, wide, half (small is read whole)
 
 
-def test_a_fine_tuned_group_is_stored_as_the_same_delta(tmp_path, passes):
+def test_a_fine_tuned_group_is_stored_as_the_same_step(tmp_path, passes):
     v1 = model()
     v2 = {k: tuned(t) if k != "wide" else t for k, t in v1.items()}
     out = clean_both(tmp_path, [v1, v2])
     stats = same_both_ways(out)
-    assert stats.by_type == {"delta": 3} and stats.unchanged == 1
+    assert stats.unchanged == 1
     assert passes[0] == 3 + 2  # v1: three; v2: embed and half (wide is unchanged, not read)
     meta = out["frames"][3]
+    # float32: rebased on v1's keyframe; bfloat16: its small delta appended; the small group self-contained
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "half") == ["dense", "delta:zigzag"]
+    assert kinds(meta, "small") == ["dense"]
     store = LfsStore(tmp_path / "frames" / "objects")
     from theta.updates.rebuild import reconstruct
     for k in ("embed", "half"):
         assert reconstruct(meta.groups[k], store).tobytes() == v2[k].view(torch.uint8).numpy().tobytes()
+    out = clean_both(tmp_path / "chained", [v1, v2], NO_KEYFRAMES)
+    assert same_both_ways(out).by_type == {"delta": 3}
 
 
 def test_a_chained_previous_version_is_rebuilt_and_compared_alike(tmp_path):
     v1 = model()
     v2 = {k: tuned(t, 1) for k, t in v1.items()}
     v3 = {k: tuned(t, 2) for k, t in v2.items()}
-    out = clean_both(tmp_path, [v1, v2, v3])
+    out = clean_both(tmp_path, [v1, v2, v3], NO_KEYFRAMES)
     same_both_ways(out)
-    assert len(out["frames"][3].groups["embed"].steps) == 3
+    assert len(out["frames"][3].groups["embed"].steps) == 4  # the keyframe's two steps, a delta each
+    out = clean_both(tmp_path / "rebased", [v1, v2, v3])
+    same_both_ways(out)
+    first, last = (metadata.loads(t) for t in (out["frames"][0][0], out["frames"][0][2]))
+    assert last.groups["embed"].steps[0] == first.groups["embed"].steps[0]  # on v1's keyframe, two steps
+    assert kinds(last, "embed") == ["dense", "delta:split18"]
 
 
 def test_few_changed_elements_are_stored_sparse(tmp_path):
@@ -134,11 +159,13 @@ def test_few_changed_elements_are_stored_sparse(tmp_path):
     assert stats.by_type == {"sparse": 1}
 
 
-def test_a_value_replaced_outright_is_stored_dense(tmp_path):
+def test_a_value_replaced_outright_is_stored_self_contained(tmp_path):
     v1 = model()
     v2 = dict(v1, embed=model(seed=5)["embed"] * 40)  # nothing in common with v1's bits
-    stats = same_both_ways(clean_both(tmp_path, [v1, v2]))
-    assert stats.by_type == {"dense": 1}
+    out = clean_both(tmp_path, [v1, v2])
+    stats = same_both_ways(out)
+    assert stats.written == 1 and kinds(out["frames"][3], "embed") == ["dense", "delta:split18"]
+    assert out["frames"][3].groups["embed"].steps[0] != metadata.loads(out["frames"][0][0]).groups["embed"].steps[0]
 
 
 def test_a_value_within_tolerance_keeps_the_previous_one(tmp_path, passes):
@@ -153,8 +180,11 @@ def test_a_value_within_tolerance_keeps_the_previous_one(tmp_path, passes):
 def test_a_full_chain_or_dense_asked_for_stores_the_value(tmp_path):
     v1 = model()
     v2 = {k: tuned(t) for k, t in v1.items()}
-    assert same_both_ways(clean_both(tmp_path / "chain", [v1, v2], CleanOptions(max_chain=1))).by_type == \
-        {"dense": 4}
+    out = clean_both(tmp_path / "chain", [v1, v2], CleanOptions(max_chain=1))
+    meta = same_both_ways_meta(out)
+    # every value self-contained: a keyframe of its own (split for float32/64), nothing on v1's
+    assert kinds(meta, "embed") == ["dense", "delta:split18"] and kinds(meta, "half") == ["dense"]
+    assert meta.groups["embed"].steps[0] != metadata.loads(out["frames"][0][0]).groups["embed"].steps[0]
     assert same_both_ways(clean_both(tmp_path / "dense", [v1, v2], CleanOptions(update_type="dense"))).by_type == \
         {"dense": 4}
 

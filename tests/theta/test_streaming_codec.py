@@ -271,8 +271,10 @@ def test_clean_refuses_to_build_on_a_previous_value_that_does_not_match_its_hash
     a mismatch still fails the clean, naming the file and the group."""
     import safetensors.numpy
 
-    from theta.model.clean import clean_checkpoint
+    from theta.model.clean import CleanOptions, clean_checkpoint
     from theta.base.errors import UpdateTypeError
+
+    chains = CleanOptions(keyframe_ratio=float("inf"))  # keyframes off: the change is built on the previous value
 
     store = LfsStore(tmp_path / "objects")
     rng = np.random.default_rng(11)
@@ -281,11 +283,11 @@ def test_clean_refuses_to_build_on_a_previous_value_that_does_not_match_its_hash
     safetensors.numpy.save_file({"w": w}, str(path))
     first = clean_checkpoint(path, store, None)
     safetensors.numpy.save_file({"w": tuned(rng, w)}, str(path))
-    good = clean_checkpoint(path, store, first)
+    good = clean_checkpoint(path, store, first, chains)
     assert good.groups["w"].steps[-1].type == "delta"
     first.groups["w"].hash = "0" * 64  # as if its blob decoded to other values
     with pytest.raises(UpdateTypeError, match=r"m\.safetensors.*'w'.*content hash"):
-        clean_checkpoint(path, store, first)
+        clean_checkpoint(path, store, first, chains)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.001, 0.3, 1.0])

@@ -27,6 +27,8 @@ from support.traced import traced_peak
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
 
+NO_KEYFRAMES = float("inf")  # theta.keyframeRatio that never stores a keyframe (tests of auto's chains)
+
 
 def raw(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).tobytes()
@@ -375,6 +377,8 @@ def test_clean_policy_side_load_auto_and_max_chain(tmp_path):
 
     def clean(st, previous, **opts):
         safetensors.numpy.save_file(st, str(path))
+        # keyframes off (theta.updates.keyframe would store the tiny "b" self-contained): how auto chains steps
+        opts.setdefault("keyframe_ratio", NO_KEYFRAMES)
         meta = loads(dumps(clean_checkpoint(path, store, previous, CleanOptions(**opts))))
         smudge_checkpoint(meta, store, tmp_path / "out.safetensors")
         out = safetensors.numpy.load_file(str(tmp_path / "out.safetensors"))
@@ -456,7 +460,8 @@ def test_clean_chain_across_shape_changes_beyond_max_chain(tmp_path):
 
     def clean(e, previous):
         safetensors.numpy.save_file({"emb": e, "other": other}, str(path))
-        meta = loads(dumps(clean_checkpoint(path, store, previous, CleanOptions(max_chain=5))))
+        meta = loads(dumps(clean_checkpoint(path, store, previous,
+                                            CleanOptions(max_chain=5, keyframe_ratio=NO_KEYFRAMES))))
         smudge_checkpoint(meta, store, tmp_path / "out.safetensors")
         out = safetensors.numpy.load_file(str(tmp_path / "out.safetensors"))
         assert raw(out["emb"]) == raw(e) and out["emb"].shape == e.shape and raw(out["other"]) == raw(other)
@@ -564,14 +569,14 @@ def test_resized_and_fine_tuned_in_one_commit_is_two_small_steps(tmp_path, grow)
     new = np.concatenate([tuned, weights(rng, (16, 64), np.float16)]) if grow else tuned[:1800].copy()
     safetensors.numpy.save_file({"emb": new}, str(path))
     before = store.written_bytes
-    m1 = clean_checkpoint(path, store, m0, CleanOptions())
+    m1 = clean_checkpoint(path, store, m0, CleanOptions(keyframe_ratio=NO_KEYFRAMES))  # how auto chains steps
     g = m1.groups["emb"]
     assert [s.type for s in g.steps][:2] == ["dense", "rows"] and g.steps[2].type in ("sparse", "delta")
     assert [step_layout(s, g)[1] for s in g.steps] == [(2000, 64), new.shape, new.shape]
     dense_size = len(codec.encode_array(new))
     assert store.written_bytes - before < 0.6 * dense_size
     assert raw(reconstruct(g, store)) == raw(new) and reconstruct(g, store).shape == new.shape
-    m2 = clean_checkpoint(path, store, m0, CleanOptions(max_chain=2))
+    m2 = clean_checkpoint(path, store, m0, CleanOptions(max_chain=2, keyframe_ratio=NO_KEYFRAMES))
     assert [s.type for s in m2.groups["emb"].steps] == ["dense"]
 
 

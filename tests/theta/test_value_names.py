@@ -100,7 +100,10 @@ def test_unchanged_values_keep_their_sha256_names_and_the_text_its_version(tmp_p
             {k: sha(a) for k, a in arrays.items()}
 
 
-@pytest.mark.parametrize("options", [None, CleanOptions(exact=True)], ids=["default", "exact"])
+# keyframes off: these groups are small enough to be stored self-contained (theta.updates.keyframe), and the
+# point is a step built on a value named by sha256
+@pytest.mark.parametrize("options", [CleanOptions(keyframe_ratio=float("inf")),
+                                     CleanOptions(exact=True, keyframe_ratio=float("inf"))], ids=["default", "exact"])
 def test_a_changed_value_is_named_anew_and_rebuilds_against_both_names(tmp_path, store, options):
     arrays = model()
     p = tmp_path / "m.safetensors"

@@ -126,6 +126,10 @@ class TransferError(ThetaError):
     """Blobs could not be uploaded to or downloaded from the LFS server."""
 
 
+class DownloadError(TransferError, StoreError):
+    """A blob being downloaded in the background did not arrive (the git-lfs run ended without it)."""
+
+
 class ChainError(UpdateTypeError, IntegrityError):
     """A group's chain of steps cannot be rebuilt: malformed, an unknown step type, over a limit, or a step
     that rebuilt a value other than the one recorded."""

@@ -38,11 +38,10 @@ from theta.storage import codec
 from theta.storage.metadata import OPAQUE_FORMAT, OPAQUE_VERSION, Alias, CheckpointMeta, GroupMeta, Norms, Step
 from theta.storage.schema import MAX_STEPS
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, fast_hash, fast_hash_pieces
-from theta.updates import get as update_type
-from theta.updates.auto import encode_change
+from theta.updates import content_hash, fast_hash, fast_hash_pieces, keyframe
+from theta.updates.auto import dense_estimate, encode_change
 from theta.updates.rebuild import bind_steps, decode_proven_dense, reconstruct_proven
-from theta.updates.steps import chain, chain_full, store_staged
+from theta.updates.steps import chain_full, store_staged
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -67,6 +66,8 @@ class CleanOptions:
             ``delta``, ``low-rank``, ``ia3``, ``rows`` or a plugin's name.
         update_data: a side-loaded update file (Git-Theta's part names), or None.
         max_chain: the longest step chain before a self-contained (dense) step.
+        keyframe_ratio: ``auto`` keeps the bytes a fresh checkout of a changed group fetches within this multiple
+            of what the value alone costs (:mod:`theta.updates.keyframe`; a large value turns keyframes off).
         progress: show a progress bar on stderr (only when it is a terminal).
     """
 
@@ -77,6 +78,7 @@ class CleanOptions:
     update_type: str = "auto"               # how changed groups are stored (CORE: "auto" = dense)
     update_data: Path | None = None         # side-loaded update file (UPDATES)
     max_chain: int = 8                      # longest step chain before a self-contained step
+    keyframe_ratio: float = keyframe.DEFAULT_RATIO  # a chain fetches at most this x a self-contained copy
     progress: bool = False                  # progress bar on stderr (only when it is a terminal)
     isolate: bool = False                   # parse natively-parsed formats (HDF5) in a child process
                                             # (zipslice.load(isolate=True)); the git filter turns it on
@@ -86,6 +88,9 @@ class CleanOptions:
         if not (isinstance(self.max_chain, int) and 1 <= self.max_chain <= MAX_STEPS):
             raise ThetaError(f"max_chain (theta.maxChain) must be an integer from 1 to {MAX_STEPS}, "
                              f"got {self.max_chain!r}")
+        r = self.keyframe_ratio
+        if not (isinstance(r, (int, float)) and not math.isnan(r) and r >= 1):
+            raise ThetaError(f"keyframe_ratio (theta.keyframeRatio) must be a number >= 1, got {r!r}")
         for name in ("rtol", "atol"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -116,7 +121,8 @@ class CleanStats:
 def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: GroupMeta | None,
                          previous_value: Callable[[], np.ndarray | None], store: LfsStore,
                          options: CleanOptions, update_data=None, *,
-                         reshaped_previous: GroupMeta | None = None) -> list[Step]:
+                         reshaped_previous: GroupMeta | None = None,
+                         on_previous: Callable[[int, int, np.ndarray], None] | None = None) -> list[Step]:
     """THE SEAM: store a group whose value changed and return its new step chain.
 
     ``new`` has the group's real dtype and shape; ``new_hash`` its content hash. ``previous`` is the group
@@ -125,10 +131,11 @@ def encode_changed_group(name: str, new: np.ndarray, new_hash: str, previous: Gr
     :func:`theta.updates.steps.store_step` and chained within ``options.max_chain``.
     The policy (auto/sparse/low-rank/ia3/delta, side-loaded ``update_data``) is theta.updates.auto's.
     ``reshaped_previous``: the previous version of a group whose dtype or shape changed (``previous`` is
-    then None), a base for updates that change the shape (``rows``).
+    then None), a base for updates that change the shape (``rows``). ``on_previous``:
+    theta.updates.auto.encode_change's.
     """
     return encode_change(name, new, new_hash, previous, previous_value, store, options, update_data=update_data,
-                         reshaped_previous=reshaped_previous)
+                         reshaped_previous=reshaped_previous, on_previous=on_previous)
 
 
 def clean_checkpoint(path: str | os.PathLike, store: LfsStore, previous: CheckpointMeta | None = None,
@@ -482,10 +489,20 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                 stats.close += 1
                 return keep(prev)
 
+    # a change encoded on the previous split keyframe rebuilds the previous value frame by frame, not whole: the
+    # norms of the change are measured there, frame by frame (as a group cleaned frame by frame measures them)
+    beside: dict[int, tuple[int, float, int]] = {}  # frame start -> (elements, Σ of the change's squares, changed)
+    flat = arr.reshape(-1) if prev is not None and norms.measurable(info.dtype) else None
+
+    def measure_beside(a: int, b: int, words: np.ndarray) -> None:  # on the codec threads
+        was = words.view(flat.dtype)
+        beside[a] = (b - a, norms.change_squares(flat[a:b], was), norms.changed_count(flat[a:b], was))
+
     before = store.written_bytes
     try:
         steps = encode_changed_group(key, arr, digest, prev, previous_value, store, options, update_data,
-                                     reshaped_previous=got.reshaped)
+                                     reshaped_previous=got.reshaped,
+                                     on_previous=measure_beside if flat is not None else None)
     except BaseException:
         for fut in checking:
             fut.cancel() or fut.exception()  # never leave the hasher reading a freed value
@@ -498,11 +515,17 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
                              and not chain_full(prev, options.max_chain)) else None
         if base is not None and base.shape != arr.shape:
             base = None
-        # the value's sum of squares came with its signature; the change's is one pass over both values
+        # the value's sum of squares came with its signature; the change's is one pass over both values, or the
+        # frames of the previous value a rebase on its split keyframe rebuilt beside, summed in order
         got.sums = norms.Sums(got.squares if got.squares is not None else lsh.squares(arr))
+        rebased = base is None and sum(n for n, _, _ in beside.values()) == arr.size > 0
         if base is not None:
             got.sums.change, got.sums.changed = norms.change_squares(arr, base), norms.changed_count(arr, base)
-        got.base = prev.hash if base is not None else None
+        elif rebased:
+            for a in sorted(beside):
+                got.sums.change += beside[a][1]
+                got.sums.changed += beside[a][2]
+        got.base = prev.hash if base is not None or rebased else None
     return _written(got, steps, sig, store, stats, store.written_bytes - before)
 
 
@@ -537,7 +560,9 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
     None when it is unchanged or close to its previous version (``got``'s digest, fast hash and signature are
     set either way). The stored bytes are counted in ``stats.new_blob_bytes`` here."""
     frames, prev = got.frames, got.prev
-    delta_base = prev is not None and options.update_type == "auto" and not chain_full(prev, options.max_chain)
+    auto = options.update_type == "auto"
+    delta_base = prev is not None and auto and not chain_full(prev, options.max_chain)
+    split = keyframe.split_op(frames.dtype, frames.size * frames.item) if auto else None
     before = store.written_bytes
     with ExitStack() as stack:
         def previous_frames():
@@ -545,7 +570,7 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
                                                                  on_check))
 
         old = previous_frames() if delta_base else None
-        first = framewise.first_pass(frames, old, options.level, store)
+        first = framewise.first_pass(frames, old, options.level, store, high_op=split)
         try:
             got.digest, got.fast, got.sig = first.digest, first.fast, first.sig
             if got.sent is not None and got.sent != first.fast:
@@ -565,15 +590,41 @@ def _clean_streamed(got: _Read, store: LfsStore, same_lsh: bool, options: CleanO
                     stats.close += 1
                     return None
             got.sums, got.base = first.sums, (prev.hash if first.kind == "delta" else None)
-            if first.kind == "dense":
+            if first.kind == "high":
+                steps = keyframe.split_keyframe(framewise.words(frames), first.digest, store, options.level,
+                                                high=(first.staged, first.high_hash))
+            elif first.kind == "dense":
                 steps = [store_staged("dense", first.staged, {}, first.digest, store)]
-            else:
-                choice = framewise.best_change(first, frames, old, options.level, store)
-                step = store_staged(choice.update_type, choice.staged, choice.params, first.digest, store)
-                steps = chain(prev, step, update_type(choice.update_type).incremental)
+            else:  # a delta against the previous value: only auto has one
+                steps = _streamed_auto(first, frames, old, prev, store, options, path, stats, check_previous)
             check_previous()
         except BaseException:
             first.staged.discard()
             raise
     stats.new_blob_bytes += store.written_bytes - before
     return steps
+
+
+def _streamed_auto(first, frames, old, prev: GroupMeta, store: LfsStore, options: CleanOptions, path: str,
+                   stats: CleanStats, check_previous: Callable[[], None]) -> list[Step]:
+    """auto's chain for a group cleaned frame by frame whose first pass staged its delta against the previous
+    value (``first``): a step appended to the previous chain when the chain still fits the keyframe budget
+    (theta.updates.keyframe), else a rebased or self-contained chain (the previous value is then not needed)."""
+    budget = keyframe.Budget(dense_estimate(first.sample, frames.size, options.level), options.keyframe_ratio)
+    src = framewise.words(frames)
+    split = keyframe.split_op(frames.dtype, frames.size * frames.item)
+    if budget.append_may_fit(prev, lambda: first.staged.size):
+        choice = framewise.best_change(first, frames, old, options.level, store)
+        if choice.update_type == "dense":  # self-contained anyway: auto's keyframe
+            if split is None:
+                return [store_staged("dense", choice.staged, {}, first.digest, store)]
+            choice.staged.discard()
+            check_previous()
+            return keyframe.split_keyframe(src, first.digest, store, options.level)
+        if budget.fits(keyframe.fetch_bytes(prev.steps) + choice.size):
+            return [*prev.steps, store_staged(choice.update_type, choice.staged, choice.params, first.digest, store)]
+        choice.staged.discard()
+    else:
+        first.staged.discard()
+    check_previous()
+    return keyframe.without_append(src, first.digest, prev, store, budget, options.level, path, stats.warnings)

@@ -39,10 +39,10 @@ from theta.base.errors import BlobMissingError, FileChanged, IntegrityError, Met
 from theta.model import norms
 from theta.storage import codec
 from theta.storage.store import Staged
-from theta.updates import Encoded
+from theta.updates import Encoded, keyframe
 from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import changed_mask, combine, raw_words
-from theta.updates.rebuild import chain_proven, proven_dense_frames
+from theta.updates.rebuild import chain_proven, proven_frames
 from theta.updates.sparse import FixCollector, index_dtype
 from theta.updates.stream import PositionalReader, source
 
@@ -111,17 +111,22 @@ class GroupFrames:
 
 
 class _BlobFrames:
-    """The previous value frame by frame from its dense blob (frames checksummed, decoded on demand)."""
+    """The previous value frame by frame from blobs that prove their own bytes (frames checksummed, decoded on
+    demand: :func:`theta.updates.rebuild.proven_frames`)."""
 
-    def __init__(self, values: memoryview, plan: codec.FramePlan):
-        self._values, self._plan = values, plan
-        self._jobs = {job[0] // plan.item: job for job in plan.jobs}
+    def __init__(self, proven):
+        self._proven, self._plan = proven, proven.plan
+        self._jobs = {job[0] // proven.plan.item: job for job in proven.plan.jobs}
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return codec.decode_frame(self._values, self._plan, self._jobs[start]).view(self._plan.dtype)
+        return self._proven.decode(self._jobs[start], None).view(self._plan.dtype)
 
     def whole(self) -> np.ndarray:
-        return codec.decode_array(self._values, max_bytes=self._plan.nbytes)
+        out = np.empty(self._plan.nbytes, np.uint8)
+        for job in self._plan.jobs:
+            a = job[0]
+            out[a:a + job[1] * self._plan.item] = self._proven.decode(job, None)
+        return out.view(self._plan.dtype).reshape(self._plan.shape)
 
 
 class _ArrayFrames:
@@ -169,22 +174,23 @@ def _hashed_chain(prev, store, path: str) -> str:
 @contextmanager
 def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None],
                     on_check: Callable | None = None) -> Iterator:
-    """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blob when it is one
-    proven dense blob cut into ``bounds`` (:func:`theta.updates.rebuild.proven_dense_frames`), else read by
-    position through its chain (never whole: :class:`_ChainFrames`; unless the store proves the chain, its value's
-    name is checked by a pass on the hash thread, handed to ``on_check`` as a future of the name it found), else
-    ``rebuilt()``'s value (None when there is none: not fetched, or broken -- ``rebuilt`` reports that)."""
+    """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blobs when they
+    prove their own bytes and are cut into ``bounds`` (:func:`theta.updates.rebuild.proven_frames`: one dense
+    step, or a split keyframe chain), else read by position through its chain (never whole: :class:`_ChainFrames`;
+    unless the store proves the chain, its value's name is checked by a pass on the hash thread, handed to
+    ``on_check`` as a future of the name it found), else ``rebuilt()``'s value (None when there is none: not
+    fetched, or broken -- ``rebuilt`` reports that)."""
     if prev is None:
         yield None
         return
     with ExitStack() as stack:
         try:
-            proven = stack.enter_context(proven_dense_frames(prev, store, path))
+            proven = stack.enter_context(proven_frames(prev, store, path))
         except (BlobMissingError, IntegrityError, MetadataError):
             proven = None  # rebuilt() meets it again and reports it
-        if proven is not None and [(j[0] // proven[1].item, j[1]) for j in proven[1].jobs] == \
+        if proven is not None and [(j[0] // proven.plan.item, j[1]) for j in proven.plan.jobs] == \
                 [(a, b - a) for a, b in bounds]:
-            yield _BlobFrames(*proven)
+            yield _BlobFrames(proven)
             return
         stack.close()
         try:
@@ -212,20 +218,23 @@ class FirstPass:
     squares: float              # sum of squares (the fold's, lsh.Folder.squares)
     changed: int                # elements whose bits differ from the previous value (all, with none)
     sample: np.ndarray          # dense's sample (auto.sample_spans)
-    kind: str                   # "delta" (against the previous value) or "dense"
-    staged: Staged              # the candidate's blob
+    kind: str                   # "delta" (against the previous value), "dense", or "high" (a split keyframe's
+    staged: Staged              # the candidate's blob                        dense high part: theta.updates.keyframe)
     sums: norms.Sums            # sums of squares of the value and (delta) of its change (theta.model.norms)
+    high_hash: str | None = None  # kind "high": the hash of the high part's value
 
     @property
     def norm(self) -> float:
         return float(np.sqrt(self.squares))
 
 
-def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
+def first_pass(frames: GroupFrames, old, level: int, store, high_op: str | None = None) -> FirstPass:
     """One read of ``frames``: the hashes, signature and sample of the value, and its blob staged beside
-    ``store`` -- the delta against ``old`` (previous frames, :func:`previous_frames`), or dense when ``old`` is
-    None."""
+    ``store`` -- the delta against ``old`` (previous frames, :func:`previous_frames`), or when ``old`` is None
+    dense, or with ``high_op`` the dense high part of a split keyframe (theta.updates.keyframe)."""
     sha, fast, folder = valuehash.new(), xxhash.xxh3_128(), lsh.Folder()
+    high = keyframe.InOrder() if old is None and high_op is not None else None
+    mask = keyframe.masks(raw_words(np.empty(0, frames.dtype)).dtype, high_op)[0] if high is not None else None
     spans = sample_spans(frames.size)
     sample = np.empty(sum(b - a for a, b in spans), frames.dtype)
     # frame start -> (its values, changed elements, Σ of the change's squares)
@@ -237,6 +246,10 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
         frames.record(a, new)
         if old is None:
             read_ahead[a] = (new, b - a, 0.0)
+            if high is not None:
+                part = np.bitwise_and(raw_words(new), mask)
+                high.keep(a, part)
+                return part.view(frames.dtype)
             return new
         before = old.read(a, b)
         codes = combine(raw_words(new), raw_words(before), DELTA_OP)
@@ -244,6 +257,8 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
         return codes
 
     def after(a: int, b: int) -> None:  # in order, in this thread
+        if high is not None:
+            high.after(a, b)
         new, changed, change = read_ahead.pop(a)
         sums.change += change
         sums.changed += changed
@@ -258,7 +273,8 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
             at += e - s
 
     if old is None:
-        kind, parts = "dense", {"values": codec.LazyArray(frames.dtype, frames.shape, read, after=after)}
+        kind = "dense" if high is None else "high"
+        parts = {"values": codec.LazyArray(frames.dtype, frames.shape, read, after=after)}
     else:
         words = raw_words(np.empty(0, frames.dtype)).dtype
         kind, parts = "delta", {"codes": codec.LazyArray(words, (frames.size,), read, planes=True, after=after)}
@@ -266,7 +282,13 @@ def first_pass(frames: GroupFrames, old, level: int, store) -> FirstPass:
     size = frames.size * (2 if frames.dtype.kind == "c" else 1)
     sums.value = folder.squares
     return FirstPass(sha.hexdigest(), fast.hexdigest(), lsh.signature_of_fold(folder.result(), size), folder.squares,
-                     sums.changed, sample, kind, staged, sums)
+                     sums.changed, sample, kind, staged, sums,
+                     high.hexdigest() if high is not None else None)
+
+
+def words(frames: GroupFrames) -> keyframe.Words:
+    """The group's raw words by ranges, each frame proven (:meth:`GroupFrames.verified`)."""
+    return keyframe.Words(frames.dtype, frames.shape, lambda a, b: raw_words(frames.verified(a, b)))
 
 
 def allclose(frames: GroupFrames, old, rtol: float, atol: float) -> bool:

@@ -23,7 +23,7 @@ from zipslice.progress import Bar
 from zipslice.safetensors_format import library_order
 from zipslice.sharded import plan_shards
 
-from theta.base import faults, parallel, scratch
+from theta.base import faults, parallel, scratch, valuehash
 from theta.base.errors import BlobCorruptError, BlobMissingError, CheckpointError, IntegrityError, ThetaError, ViewError
 from theta.base.parallel import READ_AHEAD_BYTES
 from theta.model.views import view_of
@@ -31,24 +31,25 @@ from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash, stream
-from theta.updates.rebuild import (bounds_located, chain_proven, decode_proven_dense, proven_dense_frames, reconstruct,
-                                   reconstruct_proven)
+from theta.updates.rebuild import (bind_steps, bounds_located, chain_bound, chain_proven, is_split_chain, proven_frames,
+                                   reconstruct, reconstruct_proven)
 
 _COPY_CHUNK = 8 << 20
 
 # How smudge verifies each rebuilt group:
 #   "hash"   -- the hash of the rebuilt value equals the group's name, in its algorithm (theta.base.valuehash; always
 #               for chains, low-rank, ...);
-#   "frames" -- a group stored as ONE dense step, or a chain every step of which this store proves
-#               (theta.updates.rebuild.chain_proven), is trusted when this store has proven that its blobs decode
-#               to the group's content hash (LfsStore.bound: theta encoded that value itself, or hashed it at
-#               an earlier checkout), every zstd frame of its blob carries a content checksum (XXH64, checked
-#               by zstd while decoding: every decoded byte is the byte that was encoded) and the decoded dtype
-#               and shape are the group's; the blob's size was checked against its oid's. Other groups are
-#               hashed (and a single dense one that checks out is bound for next time). So metadata whose hash
-#               disagrees with its blob (a forged repository) is always caught at checkout; what is not
-#               detected is a local store object replaced by another valid theta blob of the same size.
-#               `git theta`'s library calls default to "hash", the git filter to "frames".
+#   "frames" -- a group stored as ONE dense step or as a split keyframe chain (theta.updates.rebuild.chain_bound),
+#               or a chain every step of which this store proves (theta.updates.rebuild.chain_proven), is
+#               trusted when this store has proven that its blobs decode to the group's content hash
+#               (LfsStore.bound: theta encoded that value itself, or hashed it at an earlier checkout), every zstd
+#               frame of its blobs carries a content checksum (XXH64, checked by zstd while decoding: every
+#               decoded byte is the byte that was encoded) and the decoded dtype and shape are the group's; the
+#               blob's size was checked against its oid's. Other groups are hashed (and a single dense or split
+#               one that checks out is bound for next time). So metadata whose hash disagrees with its blob (a
+#               forged repository) is always caught at checkout; what is not detected is a local store object
+#               replaced by another valid theta blob of the same size. `git theta`'s library calls default to
+#               "hash", the git filter to "frames".
 VERIFY = ("hash", "frames")
 
 
@@ -330,14 +331,15 @@ class _Job:
         order = _expected_read_order(sources, target, meta, max_shard_bytes)
         # stream_frames (the writer takes a tensor piece by piece: a torch file it can seek in, safetensors): no
         # group bigger than WHOLE_GROUP_BYTES is ever whole in memory. The groups a checkout in "frames" mode may
-        # trust without hashing are handed over frame by frame as they are decoded (_FrameStream); the other big
-        # ones block by block from their chain, hashed as they pass (theta.updates.stream); the small ones are
-        # rebuilt whole, one ahead, and hashed on another thread
+        # trust without hashing (one dense step, or a split keyframe chain, bound here) are handed over frame by
+        # frame as they are decoded (_FrameStream); the other big ones block by block from their chain, hashed as
+        # they pass (theta.updates.stream); the small ones are rebuilt whole, one ahead, and hashed on another
+        # thread
         streamed, blocked = set(), set()
         if stream_frames:
             for gname in dict.fromkeys(order):
                 group = meta.groups[gname]
-                if verify == "frames" and _single_dense(group) and store.bound(group.steps[0].blob.oid, group.hash):
+                if verify == "frames" and chain_bound(group, store):
                     streamed.add(gname)
                 elif _nbytes(group) > WHOLE_GROUP_BYTES:
                     blocked.add(gname)
@@ -424,8 +426,8 @@ def _blocks(group, store: LfsStore, file: str, bar: Bar, verify: str):
     """A group's little-endian bytes block by block (a codec frame's worth each) from its chain, checked
     against the group's hash at the end (ChainError: the caller discards the output) -- unless in "frames" mode
     the store proves every step (:func:`theta.updates.rebuild.chain_proven`: bound here, every frame
-    checksummed, as a single dense step is trusted). A single dense step that checks out is bound in the store,
-    so a later checkout in "frames" mode trusts its frames."""
+    checksummed, as a single dense step is trusted). A single dense step or a split keyframe chain that checks
+    out is bound in the store, so a later checkout in "frames" mode trusts its frames."""
     src = stream.source(group, store, file)
     if src is None:  # a chain that cannot be read in order: rebuilt whole (reconstruct reports what is wrong)
         value = reconstruct(group, store, None, file=file)
@@ -434,12 +436,21 @@ def _blocks(group, store: LfsStore, file: str, bar: Bar, verify: str):
         return
     src.checked = verify == "frames" and chain_proven(group, store, file)
     n = max(1, codec.FRAME_BYTES // dtypes.get(group.dtype).itemsize)
-    for _, block in src.chunks(n):
+    # a split keyframe's high part is hashed on the way too (its own name): both its steps are then bound
+    high = None
+    if is_split_chain(group) and not src.checked and isinstance(src, stream.GroupSource):
+        high = valuehash.like(group.steps[0].hash)
+
+    def on_step(i: int, values: np.ndarray) -> None:
+        if i == 0:
+            high.update(dtypes.le_bytes(values))
+
+    for _, block in src.chunks(n, on_step=None if high is None else on_step):
         bar.advance(block.nbytes)
         yield dtypes.le_bytes(block)
         del block
-    if _single_dense(group):
-        store.bind(group.steps[0].blob.oid, group.hash)
+    if _single_dense(group) or (high is not None and high.hexdigest() == group.steps[0].hash):
+        bind_steps(group.steps, store)
 
 
 def _expected_read_order(sources: list[TensorSource], target: str, meta: CheckpointMeta,
@@ -480,13 +491,9 @@ class _Rebuilder:
 
     def _rebuild(self, group_name: str) -> np.ndarray:
         group = self.meta.groups[group_name]
-        if self.frames_ok and _single_dense(group) and self.store.bound(group.steps[0].blob.oid, group.hash):
-            value = _decode_dense(group, self.store, self.file)
-            if value is not None:
-                self._verified.add(group_name)
-                return value
-        if self.frames_ok and len(group.steps) > 1:
-            # a chain this store proves (bound here, frames checksummed) needs no hash, as a big one streamed
+        if self.frames_ok and (len(group.steps) > 1 or chain_bound(group, self.store)):
+            # a value this store proves (bound here, frames checksummed: one dense step, a split keyframe, any
+            # chain of bound steps) needs no hash, as a big one streamed
             value, proven = reconstruct_proven(group, self.store, self.file)
             if proven:
                 self._verified.add(group_name)
@@ -544,7 +551,8 @@ _FRAMES_AHEAD = 2 * parallel.CODEC_THREADS + 1
 
 class _FrameStream:
     """The frames of the groups a checkout may trust without hashing them (a single dense step whose blob the
-    store has bound to the group's hash, every zstd frame checksummed: :func:`theta.updates.rebuild.proven_dense_frames`),
+    store has bound to the group's hash, or a split keyframe chain both of whose steps it has bound, every zstd
+    frame checksummed: :func:`theta.updates.rebuild.proven_frames`),
     in the order the writer is expected to ask for them, decoded on the codec threads a few frames ahead --
     across group boundaries, so the writer never waits for a group's first frame, and never holds a whole group.
 
@@ -566,26 +574,25 @@ class _FrameStream:
     def _items(self, start: int):
         for name in self.names[start:]:
             stack = contextlib.ExitStack()
-            proven = stack.enter_context(proven_dense_frames(self.meta.groups[name], self.store, self.file))
+            proven = stack.enter_context(proven_frames(self.meta.groups[name], self.store, self.file))
             if proven is None:
                 stack.close()
                 yield name, None, None, -1
                 continue
             self._maps[name] = stack  # closed once its last frame is taken (or by close())
-            blob, plan = proven
-            yield name, None, None, len(plan.jobs)
-            for job in plan.jobs:
-                yield name, blob, plan, job
+            yield name, None, None, len(proven.plan.jobs)
+            for job in proven.plan.jobs:
+                yield name, proven.decode, proven.plan, job
 
     def _decode(self, item):
-        name, blob, plan, job = item
-        if blob is None:
+        name, decode, plan, job = item
+        if decode is None:
             return item
         try:
             spare = self._spare.pop()  # list.pop is atomic: codec threads share the list
         except IndexError:
             spare = np.empty(codec.FRAME_BYTES, dtype=np.uint8)
-        frame = codec.decode_frame(blob, plan, job, out=spare)
+        frame = decode(job, spare)
         return frame, spare
 
     def frames_of(self, name: str):
@@ -639,11 +646,6 @@ def _single_dense(group) -> bool:
     return len(group.steps) == 1 and group.steps[0].type == "dense"
 
 
-def _decode_dense(group, store: LfsStore, file: str) -> np.ndarray | None:
-    """The value of a single-dense-step group if its blob proves its own bytes, else None (hash it)."""
-    return decode_proven_dense(group, store, file)
-
-
 def _nbytes(group) -> int:
     return group.numel * dtypes.get(group.dtype).itemsize
 
@@ -671,8 +673,10 @@ class _HashChecker:
         digest = fut.result()
         oid = group.steps[-1].blob.oid
         if digest == group.hash:
-            if self.store is not None and _single_dense(group):
-                self.store.bind(oid, digest)
+            if self.store is not None and (_single_dense(group) or is_split_chain(group)):
+                # the chain's value checks out (and the value before its last step did, when it was rebuilt):
+                # a checkout in "frames" mode may stream it next time (proven_frames)
+                bind_steps(group.steps, self.store)
         elif raise_errors:
             raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob {oid} does not match its "
                                    f"content hash {group.hash}", file=self.file, group=group.name, oid=oid)

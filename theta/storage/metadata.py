@@ -27,7 +27,9 @@ Version 2 adds one kind of file: one that theta tracks but that is not a checkpo
 Version 3 adds values named by BLAKE3 (``"hash":"blake3:<64 hex>"``, :mod:`theta.base.valuehash`): every value theta
 hashes anew is named so, and a value named before keeps its sha256 name. A checkpoint is written as version 3
 when any of its groups or steps holds a BLAKE3 name, else as version 1 (so a checkpoint committed before
-keeps its text while its values do not change); this reader reads all three. Lines starting
+keeps its text while its values do not change). Version 4 adds ``delta`` steps of op ``split18`` /
+``split50``, the steps of keyframes (:mod:`theta.updates.keyframe`); a text is written as version 4 only when it
+holds one. This reader reads all four. Lines starting
 with ``#`` are comments: the human hint on the second line, and readers skip them, so text written
 before the hint existed reads the same; :func:`same_content` treats two texts that differ only in comments
 as equal (the filter keeps the committed bytes then, so upgrading theta dirties nothing). Every field is checked against
@@ -51,7 +53,9 @@ MAGIC = "theta-metadata"
 VERSION = 1           # checkpoints
 OPAQUE_VERSION = 2    # adds files stored as one opaque blob
 BLAKE3_VERSION = 3    # adds values named by BLAKE3 (theta.base.valuehash); written only by texts that hold such a name
-SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION, BLAKE3_VERSION)
+SPLIT_VERSION = 4     # adds delta steps of op split18/split50 (keyframes, theta.updates.keyframe); written only
+                      # by texts that hold one (a theta reading up to 3 then says to upgrade, before any download)
+SUPPORTED_VERSIONS = (VERSION, OPAQUE_VERSION, BLAKE3_VERSION, SPLIT_VERSION)
 FIRST_LINE = f"{MAGIC} {VERSION}"
 MAX_METADATA_BYTES = schema.MAX_TEXT_BYTES  # git blobs larger than this are never read as metadata
 # The second line: what this file is and how to get the model, for a collaborator without theta (a clone
@@ -274,7 +278,11 @@ def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
         return _finish(lines, where)
     schema.structure(meta.structure, where.at(line=4))
     # the lowest version that can say it: a checkpoint whose values all keep sha256 names keeps its text
-    first = FIRST_LINE if not any(_names_blake3(g) for g in meta.groups.values()) else f"{MAGIC} {BLAKE3_VERSION}"
+    first = FIRST_LINE
+    if any(_splits(g) for g in meta.groups.values()):
+        first = f"{MAGIC} {SPLIT_VERSION}"
+    elif any(_names_blake3(g) for g in meta.groups.values()):
+        first = f"{MAGIC} {BLAKE3_VERSION}"
     lines = [first, HINT, _line({"checkpoint": header}), _line({"structure": meta.structure}),
              _line({"order": schema.order(list(meta.order), where.at(line=5))})]
     for n in sorted(meta.aliases):
@@ -285,6 +293,10 @@ def dumps(meta: CheckpointMeta, file: str | None = None) -> str:
         lines.append(_line(schema.group(obj, where.at(line=len(lines) + 1))))
     meta.validate(file)
     return _finish(lines, where)
+
+
+def _splits(g: GroupMeta) -> bool:
+    return any(s.type == "delta" and str(s.params.get("op", "")).startswith("split") for s in g.steps)
 
 
 def _names_blake3(g: GroupMeta) -> bool:
@@ -377,6 +389,9 @@ def loads(text: "str | bytes", file: str | None = None) -> CheckpointMeta:
             if version < BLAKE3_VERSION and _names_blake3(g):
                 raise at.at(group=g.name).fail("hash", f"a value named by BLAKE3 needs metadata version "
                                                        f"{BLAKE3_VERSION}")
+            if version < SPLIT_VERSION and _splits(g):
+                raise at.at(group=g.name).fail("steps", f"a split delta step needs metadata version "
+                                                        f"{SPLIT_VERSION}")
             if g.name in groups:
                 raise at.at(group=g.name).fail("group", "group appears twice")
             groups[g.name] = g

@@ -1,19 +1,24 @@
 """Moving blobs between the local store and the remote's LFS server (through git-lfs, so any server works).
 
 :func:`fetch_missing` downloads, in one git-lfs run, whatever blobs of a set the store lacks;
-:func:`push_blobs` uploads blobs the pushed commits reference. The git-lfs plumbing is :mod:`theta.git.lfs`.
+:func:`arriving` starts that run in the background and yields a store whose reads wait for each blob, so
+checkpoints are rebuilt while their blobs arrive; :func:`push_blobs` uploads blobs the pushed commits
+reference. Every run moves ``lfs.concurrenttransfers`` objects at a time, keeps what a killed run had
+downloaded (complete objects in the store, partial ones in ``lfs/incomplete``, resumed by the next run), and
+draws a bar with bytes and rate on stderr when it is a terminal. The git-lfs plumbing is :mod:`theta.git.lfs`.
 """
 from __future__ import annotations
 
 import os
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from zipslice.progress import Bar
 
-from theta.base.errors import TransferError
+from theta.base.errors import DownloadError, TransferError
 from theta.git import lfs
 from theta.git import repo as gitutil
 from theta.storage.store import BlobRef, LfsStore, sha256_file
@@ -39,8 +44,9 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
     if remote is None:
         raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
                             "and the repository has no remote to fetch them from")
-    with _watch(store, missing, progress):
-        failure = lfs.fetch_objects(repo_dir, remote, [(r.oid, r.size) for r in missing])
+    with _watch(store, missing, progress), lfs.Fetch(repo_dir, remote, [(r.oid, r.size) for r in missing],
+                                                     store.objects_dir.parent) as run:
+        failure = run.wait()
     still = store.missing(missing)
     if failure is not None or still:
         detail = f": {failure}" if failure else ""
@@ -48,6 +54,73 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
         raise TransferError(f"could not download {len(still) or len(missing)} blob(s) from remote {remote!r} "
                             f"(first: {first}){detail}")
     return len(missing)
+
+
+POLL_SECONDS = 0.02  # how often a read waiting for a blob looks for it in the store
+
+
+class ArrivingStore(LfsStore):
+    """The local store while one git-lfs run downloads ``pending`` blobs into it (:func:`arriving`): a
+    pending blob counts as present, and reading one waits until it is there -- or until the run has ended
+    without it (DownloadError, with git-lfs's reason)."""
+
+    def __init__(self, store: LfsStore, run: "lfs.Fetch", pending: list[BlobRef], remote: str):
+        super().__init__(store.objects_dir, verify=store.verify, keep_dir=store.keep_dir)
+        self.run, self.remote = run, remote
+        self.pending = set(pending)
+        self.failure: str | None = None
+        self._ended = False
+
+    def ended(self) -> bool:
+        """Whether the run is over (its failure, if any, recorded)."""
+        if not self._ended and not self.run.running():
+            self.failure = self.run.wait()
+            self._ended = True
+        return self._ended
+
+    def has(self, ref: BlobRef) -> bool:
+        return super().has(ref) or (ref in self.pending and not self.ended())
+
+    def arrived(self, ref: BlobRef) -> bool:
+        """Wait for ``ref`` while the run goes on; True once it is in the store."""
+        while not super().has(ref):
+            if ref not in self.pending or self.ended():
+                return super().has(ref)
+            time.sleep(POLL_SECONDS)
+        return True
+
+    def _open(self, ref: BlobRef):
+        if not self.arrived(ref) and ref in self.pending:
+            raise DownloadError(f"blob {ref.oid} did not arrive from remote {self.remote!r}: "
+                                f"{self.failure or 'git-lfs did not download it'}")
+        return super()._open(ref)
+
+
+@contextmanager
+def arriving(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
+             store: LfsStore | None = None, progress: str | None = None) -> Iterator[LfsStore]:
+    """A store from which every blob of ``refs`` can be read: the local store, and while one git-lfs run
+    downloads the missing ones in the background (in the order of ``refs``: list them in the order they will
+    be read), an :class:`ArrivingStore` whose reads wait for them. A blob that does not arrive raises
+    DownloadError when read (the checkpoint needing it is not written; the others are).
+
+    On leaving the block the run is waited for, or stopped when the block raised (what it had downloaded
+    stays, partial downloads included, for the next run). ``progress``: as :func:`fetch_missing`'s.
+    TransferError when blobs are missing and there is no remote to fetch them from."""
+    store = store or LfsStore.for_repo(repo_dir)
+    missing = store.missing(refs)
+    if not missing:
+        yield store
+        return
+    remote = remote or lfs.default_remote(repo_dir)
+    if remote is None:
+        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
+                            "and the repository has no remote to fetch them from")
+    with _watch(store, missing, progress), lfs.Fetch(repo_dir, remote, [(r.oid, r.size) for r in missing],
+                                                     store.objects_dir.parent) as run:
+        waiting = ArrivingStore(store, run, missing, remote)
+        yield waiting
+        waiting.failure = run.wait()
 
 
 def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef],
@@ -178,18 +251,27 @@ def _watch(store: LfsStore, refs: list[BlobRef], label: str | None) -> Iterator[
     if not bar.active:
         yield
         return
-    incomplete = store.objects_dir.parent / "incomplete"
+    incomplete = store.objects_dir.parent / "incomplete"  # git-lfs's partial downloads: <oid><suffix>
+    arrived: set[BlobRef] = set()
 
     def count() -> int:
+        partial: dict[str, int] = {}
+        try:
+            with os.scandir(incomplete) as it:
+                for e in it:
+                    try:
+                        partial[e.name[:64]] = max(partial.get(e.name[:64], 0), e.stat().st_size)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
         done = 0
         for r in refs:
-            if store.has(r):
+            if r in arrived or store.has(r):
+                arrived.add(r)
                 done += r.size
-                continue
-            try:
-                done += (incomplete / r.oid).stat().st_size
-            except OSError:
-                pass
+            else:
+                done += min(partial.get(r.oid, 0), r.size)
         return done
 
     with _polled(bar, count):

@@ -36,9 +36,9 @@ from theta.base import valuehash
 from theta.base.errors import BlobMissingError, IntegrityError, MetadataError, UpdateDataError
 from theta.storage import codec
 from theta.storage.store import Staged, stage_chunks
-from theta.updates import Encoded, content_hash, get, relayout_steps, steps
+from theta.updates import Encoded, content_hash, get, keyframe, relayout_steps, steps
 from theta.updates.delta import OPS, changed_count, combine, raw_words, same_layout
-from theta.updates.rebuild import reconstruct
+from theta.updates.rebuild import is_split_chain, reconstruct
 from theta.updates.rows import encode_sources
 from theta.updates.sparse import index_dtype
 
@@ -86,17 +86,23 @@ def _sample(arr: np.ndarray) -> np.ndarray:
     return np.concatenate([flat[a:b] for a, b in spans])
 
 
+def dense_estimate(sample: np.ndarray, size: int, level: int) -> float:
+    """The size of the dense blob of a value of ``size`` elements, estimated from its ``sample``
+    (:func:`sample_spans`)."""
+    return len(codec.encode_parts({"values": sample}, level)) * (size / max(sample.size, 1))
+
+
 def dense_might_win(new: np.ndarray | int, delta_size: int, level: int, *,
-                    new_sample: np.ndarray | None = None) -> bool:
+                    new_sample: np.ndarray | None = None, estimate: float | None = None) -> bool:
     """Whether the dense blob of ``new`` (the value, or its number of elements when ``new_sample`` is given)
     may be smaller than the delta blob already encoded (``delta_size`` bytes): dense is estimated from a
-    sample of ``new``, scaled to the whole group (see module docstring). (The delta used to be estimated on the
-    same sample too: for the many groups of a few MiB that sample was a third to all of the group, compressed
-    twice before the group itself.)"""
-    s = _sample(new) if new_sample is None else new_sample
-    size = new if isinstance(new, int) else new.size
-    dense_size = len(codec.encode_parts({"values": s}, level)) * (size / max(s.size, 1))
-    return dense_size <= delta_size * DENSE_MARGIN
+    sample of ``new``, scaled to the whole group (see module docstring), unless the caller has that
+    ``estimate``. (The delta used to be estimated on the same sample too: for the many groups of a few MiB
+    that sample was a third to all of the group, compressed twice before the group itself.)"""
+    if estimate is None:
+        s = _sample(new) if new_sample is None else new_sample
+        estimate = dense_estimate(s, new if isinstance(new, int) else new.size, level)
+    return estimate <= delta_size * DENSE_MARGIN
 
 
 def _stager(store):
@@ -108,10 +114,11 @@ def _stager(store):
 
 
 def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFAULT_LEVEL, store=None,
-           with_dense: bool = True) -> Choice | None:
+           with_dense: bool = True, dense_est: float | None = None) -> Choice | None:
     """The smallest exact encoding of ``new`` given ``previous`` (None: no previous value), staged beside
     ``store`` (an LfsStore; None: a system temp file). ``with_dense=False``: dense is not a candidate (the
-    caller has it already); None when nothing else applies."""
+    caller has it already); None when nothing else applies. ``dense_est``: the caller's estimate of the dense
+    blob's size (:func:`dense_estimate`), else made here when needed."""
     picker = _Picker(level, store, with_dense)
     consider = picker.consider
     if same_layout(new, previous):
@@ -124,7 +131,7 @@ def choose(new: np.ndarray, previous: np.ndarray | None, level: int = codec.DEFA
             consider("sparse", get("sparse").encode(new, previous))
         if k:
             consider("delta", get("delta").encode(new, previous))
-            if dense_might_win(new, picker.tried["delta"], level, new_sample=new_s):
+            if dense_might_win(new, picker.tried["delta"], level, new_sample=new_s, estimate=dense_est):
                 consider("dense", get("dense").encode(new, None))
     else:
         # lazy: the new rows are gathered frame by frame while compressed (no copy of them beside new and
@@ -197,6 +204,86 @@ def _change_of_grown(new: np.ndarray, previous: np.ndarray, level: int, store, w
 
 
 # ---------------------------------------------------------------- the clean filter's policy
+def _auto_on_keyframe(new: np.ndarray, new_hash: str, previous, previous_value, store, options,
+                      self_contained, on_previous=None) -> list:
+    """auto's chain for a changed group whose previous chain is a split keyframe: the value rebased on that
+    keyframe, counting on the way how many elements changed -- without rebuilding the previous value, which
+    only a change of few elements needs (a step appended to the chain may then fit the budget, and be smaller).
+    ``on_previous``: :func:`theta.updates.keyframe.rebase`'s ``beside``."""
+    budget = keyframe.Budget(dense_estimate(_sample(new), new.size, options.level), options.keyframe_ratio)
+    try:
+        r = keyframe.rebase(new, previous, store, options.level, count=True, beside=on_previous)
+    except (BlobMissingError, IntegrityError):  # the keyframe is not here, or unusable: stored self-contained
+        r = None
+    if r is not None and not budget.append_may_fit(previous, lambda: budget.self_contained * r.changed / new.size):
+        if budget.fits(r.fetch_bytes):
+            return r.keep(new_hash, store)
+        r.discard()
+        return self_contained()
+    base = previous_value()  # few elements changed: a step on the previous value is a candidate too
+    if base is None:
+        if r is not None and budget.fits(r.fetch_bytes):
+            return r.keep(new_hash, store)
+        if r is not None:
+            r.discard()
+        return self_contained()
+    choice = choose(new, base, options.level, store, dense_est=budget.self_contained)
+    appended = keyframe.fetch_bytes(previous.steps) + choice.size
+    if choice.update_type != "dense" and budget.fits(appended) and (r is None or choice.size < r.staged.size):
+        if r is not None:
+            r.discard()
+        return [*previous.steps, steps.store_staged(choice.update_type, choice.staged, choice.params, new_hash,
+                                                    store)]
+    choice.staged.discard()
+    if r is not None and budget.fits(r.fetch_bytes):
+        return r.keep(new_hash, store)
+    if r is not None:
+        r.discard()
+    return self_contained()
+
+
+def _auto_chain(new: np.ndarray, new_hash: str, base: np.ndarray, base_meta, store, options, self_contained) -> list:
+    """auto's chain for a changed group whose previous value ``base`` (its metadata ``base_meta``) is local: the
+    smallest step appended to the previous chain when the chain then still fits the keyframe budget
+    (theta.updates.keyframe), else a rebased or self-contained chain. Each candidate is staged, and kept only
+    once the chain it makes is known to fit."""
+    new_s = _sample(new)
+    budget = keyframe.Budget(dense_estimate(new_s, new.size, options.level), options.keyframe_ratio)
+
+    def step_estimate() -> float | None:  # a delta of the samples, scaled to the group
+        if not same_layout(new, base):
+            return None
+        enc = get("delta").encode(new_s, _sample(base))
+        return len(codec.encode_parts(enc.parts, options.level)) * (new.size / max(new_s.size, 1))
+
+    if not budget.append_may_fit(base_meta, step_estimate):
+        return keyframe.without_append(new, new_hash, base_meta, store, budget, options.level)
+    choice = choose(new, base, options.level, store, dense_est=budget.self_contained)
+    staged = [(choice.update_type, choice.staged, choice.params, new_hash)]
+    if (choice.update_type == "dense" and base.shape != new.shape
+            and len(base_meta.steps) + 2 <= options.max_chain):
+        two = resize_then_change(new, base, options.level, store, dense_size=choice.size)
+        if two is not None and two[0].size + two[1].size < choice.size * TWO_STEP_MARGIN:
+            choice.staged.discard()
+            resized, changed, resized_hash = two
+            staged = [("rows", resized.staged, resized.params, resized_hash),
+                      (changed.update_type, changed.staged, changed.params, new_hash)]
+        elif two is not None:
+            two[0].staged.discard()
+            two[1].staged.discard()
+    if staged[0][0] == "dense":  # self-contained anyway: stored as auto's keyframe (split when it is split)
+        if keyframe.split_op(new.dtype, new.nbytes) is None:
+            return [steps.store_staged("dense", choice.staged, {}, new_hash, store)]
+        choice.staged.discard()
+        return self_contained()
+    fetch = keyframe.fetch_bytes(base_meta.steps) + sum(s[1].size for s in staged)
+    if not budget.fits(fetch):
+        for s in staged:
+            s[1].discard()
+        return keyframe.without_append(new, new_hash, base_meta, store, budget, options.level)
+    return [*base_meta.steps, *(steps.store_staged(t, st, params, h, store) for t, st, params, h in staged)]
+
+
 
 TWO_STEP_MARGIN = 0.9  # resize + change must save 10 % over dense to be worth a two-step chain link
 
@@ -252,7 +339,7 @@ def rows_may_apply(previous_meta, new: np.ndarray) -> bool:
 
 
 def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_value, store, options, *,
-                  reshaped_previous=None, update_data=None) -> list:
+                  reshaped_previous=None, update_data=None, on_previous=None) -> list:
     """The step chain of a changed group (what ``theta.model.clean.encode_changed_group`` returns).
 
     ``options.update_type``: "auto" (default) picks the smallest exact encoding; "dense" stores the
@@ -262,10 +349,15 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     side-loaded ``update_data`` is stored as that update after checking it reproduces ``new`` (the other
     changed groups then go through "auto"). A chain that reached
     ``options.max_chain`` steps gets a self-contained (dense) step instead. ``reshaped_previous``: the
-    previous version of a group whose shape changed (for ``rows``).
+    previous version of a group whose shape changed (for ``rows``). ``on_previous(start, stop, words)``: given
+    the previous value's words range by range when it is rebuilt frame by frame beside a rebase on its split
+    keyframe instead of whole (:func:`theta.updates.keyframe.rebase`).
     """
     def store_dense() -> list:
         return [steps.store_dense(new, store, options.level, new_hash)]
+
+    def self_contained() -> list:  # auto's keyframe: split for big float groups (theta.updates.keyframe)
+        return keyframe.split_keyframe(new, new_hash, store, options.level) or store_dense()
 
     if update_data is not None and name in update_data:
         prev_val = previous_value() if previous is not None else None
@@ -282,6 +374,10 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
 
     # with side-loaded data, --update-type names the file's type: the other groups are plain changes
     wanted = "auto" if update_data is not None else (options.update_type or "auto")
+    if (wanted == "auto" and previous is not None and is_split_chain(previous)
+            and not steps.chain_full(previous, options.max_chain)):
+        return _auto_on_keyframe(new, new_hash, previous, previous_value, store, options, self_contained,
+                                 on_previous)
     base, base_meta = None, None
     if previous is not None and not steps.chain_full(previous, options.max_chain):
         base, base_meta = previous_value(), previous
@@ -299,24 +395,10 @@ def encode_change(name: str, new: np.ndarray, new_hash: str, previous, previous_
     if base is None:
         if wanted not in ("auto", "dense"):
             get(wanted)  # an unknown name still fails clearly
-        return store_dense()
+        return self_contained() if wanted == "auto" else store_dense()
 
     if wanted == "auto":
-        choice = choose(new, base, options.level, store)
-        if (choice.update_type == "dense" and base.shape != new.shape
-                and len(base_meta.steps) + 2 <= options.max_chain):
-            two = resize_then_change(new, base, options.level, store, dense_size=choice.size)
-            if two is not None and two[0].size + two[1].size < choice.size * TWO_STEP_MARGIN:
-                choice.staged.discard()
-                resized, changed, resized_hash = two
-                return [*base_meta.steps,
-                        steps.store_staged("rows", resized.staged, resized.params, resized_hash, store),
-                        steps.store_staged(changed.update_type, changed.staged, changed.params, new_hash, store)]
-            if two is not None:
-                two[0].staged.discard()
-                two[1].staged.discard()
-        step = steps.store_staged(choice.update_type, choice.staged, choice.params, new_hash, store)
-        return steps.chain(base_meta, step, get(choice.update_type).incremental)
+        return _auto_chain(new, new_hash, base, base_meta, store, options, self_contained)
 
     ut = get(wanted)
     enc = ut.encode(new, base if ut.incremental else None, rtol=options.rtol, atol=options.atol)

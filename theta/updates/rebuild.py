@@ -6,8 +6,10 @@ update type (:func:`theta.updates.get`) and the result is checked against the va
 from __future__ import annotations
 
 import hashlib
+import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -18,9 +20,11 @@ from theta.storage import codec
 from theta.storage.codec import decode_parts, part_blobs
 from theta.updates import bounds, content_hash, get, step_layout
 from theta.updates.bounds import where
+from theta.updates.delta import _uncombine, raw_words
 from theta.updates.rows import apply_grown
 
 if TYPE_CHECKING:
+    from theta.storage.codec import FramePlan
     from theta.storage.metadata import GroupMeta
     from theta.storage.store import LfsStore
 
@@ -59,6 +63,87 @@ def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None 
             yield None
             return
         yield values, plan
+
+
+_scratch = threading.local()  # per codec thread: the buffer a split step's codes are decoded into
+
+
+@dataclass(frozen=True)
+class ProvenFrames:
+    """A value to decode frame by frame from blobs that prove their own bytes (:func:`proven_frames`): the
+    frames of ``plan`` (its ``jobs``), each decoded by ``decode(job, out)`` into the value's little-endian
+    bytes (a uint8 array; in ``out``, a reused buffer, when it is large enough)."""
+
+    plan: "FramePlan"
+    decode: "Callable[[tuple, np.ndarray | None], np.ndarray]"
+
+
+def is_split_chain(group: "GroupMeta") -> bool:
+    """A split keyframe chain (theta.updates.keyframe): a dense step, then one delta step of a split op."""
+    steps = group.steps
+    return (len(steps) == 2 and steps[0].type == "dense" and steps[1].type == "delta"
+            and str(steps[1].params.get("op", "")).startswith("split"))
+
+
+def chain_bound(group: "GroupMeta", store: "LfsStore") -> bool:
+    """Whether this store has proven every step of a chain :func:`proven_frames` can stream (one dense step, or
+    a split keyframe chain) -- cheap: the blobs are not opened."""
+    steps = group.steps
+    if len(steps) == 1 and steps[0].type == "dense":
+        return store.bound(steps[0].blob.oid, group.hash)
+    return (is_split_chain(group) and steps[1].hash == group.hash and store.bound(steps[0].blob.oid, steps[0].hash)
+            and store.bound(steps[1].blob.oid, step_binding(steps[0].hash, group.hash)))
+
+
+@contextmanager
+def proven_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None):
+    """:func:`proven_dense_frames` for the chains that decode frame by frame: one dense step, or a split
+    keyframe chain whose two steps the store has bound (:func:`bind_steps`), both blobs checksummed frame by
+    frame and cut into the same frames (each frame of the value: the high part's frame, its split codes'
+    applied in place). Yields a :class:`ProvenFrames`, or None (the caller rebuilds and hashes the value)."""
+    if not is_split_chain(group):
+        with proven_dense_frames(group, store, file) as proven:
+            if proven is None:
+                yield None
+                return
+            values, plan = proven
+            yield ProvenFrames(plan, lambda job, out: codec.decode_frame(values, plan, job, out=out))
+        return
+    if not chain_bound(group, store):
+        yield None
+        return
+    high, split = group.steps
+    want = dtypes.get(group.dtype).to_numpy()
+    with store.mapped(high.blob, group=group.name, file=file) as hblob, \
+            store.mapped(split.blob, group=group.name, file=file) as sblob:
+        try:
+            hparts, sparts = codec.part_blobs(hblob), codec.part_blobs(sblob)
+            ok = set(hparts) == {"values"} and set(sparts) == {"codes"} and codec.frames_checksummed(hblob) \
+                and codec.frames_checksummed(sblob)
+            hplan = codec.frame_plan(hparts["values"]) if ok else None
+            splan = codec.frame_plan(sparts["codes"]) if ok else None
+        except IntegrityError as e:
+            raise bounds_located(e, file, group.name, high.blob.oid) from None
+        word = raw_words(np.empty(0, want)).dtype
+        if (hplan is None or hplan.dtype != want or tuple(hplan.shape) != tuple(group.shape)
+                or hplan.nbytes != group.numel * hplan.item or splan.dtype != word
+                or [(j[0], j[1]) for j in hplan.jobs] != [(j[0], j[1]) for j in splan.jobs]):
+            yield None
+            return
+        op, codes_of = split.params["op"], {j[0]: j for j in splan.jobs}
+
+        def decode(job, out):  # on the codec threads: a buffer for the codes each
+            frame = codec.decode_frame(hparts["values"], hplan, job, out=out)
+            words = frame.view(word)
+            cjob = codes_of[job[0]]
+            buf = getattr(_scratch, "codes", None)
+            if buf is None or buf.nbytes < cjob[1] * splan.item:
+                buf = _scratch.codes = np.empty(max(codec.FRAME_BYTES, cjob[1] * splan.item), np.uint8)
+            codes = codec.decode_frame(sparts["codes"], splan, cjob, out=buf)
+            _uncombine(codes.view(word), words, op, out=words, scratch=True)
+            return frame
+
+        yield ProvenFrames(hplan, decode)
 
 
 def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) -> IntegrityError:

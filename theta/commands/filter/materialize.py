@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,28 +248,28 @@ def materialize(root: str | os.PathLike, placeholders: list[Placeholder], progre
 
 def _write_all(root: Path, work: Path, store, todo, out: Outcome, dog: Watchdog, remote, progress: bool, verify,
                held: dict, updates: dict, settled: set) -> None:
-    """Fetch, then write each file of ``todo`` (see :func:`materialize`): ``updates`` gets each written file's
-    (blob, stat), ``settled`` those dated back, ``out`` what is done and left; Ctrl-C leaves the rest."""
+    """Write each file of ``todo`` as its blobs arrive (see :func:`materialize`): ``updates`` gets each written
+    file's (blob, stat), ``settled`` those dated back, ``out`` what is done and left; Ctrl-C leaves the rest."""
     pending = [p.path for p, _, _ in todo]
     try:
-        todo = _fetch(root, store, todo, out, remote, progress)
-        pending = [p.path for p, _, _ in todo]
         verify = verify or settings.verify_mode(root)
         formats = settings.checkout_formats([p.path for p, _, _ in todo], root) if todo else {}
-        for p, meta, before in todo:
-            settle = held.get(p.path) == p.oid
-            try:
-                st = _write_one(root, work, p, meta, store, before, verify, progress, settle, formats[p.path])
-            except (ThetaError, OSError) as e:
-                out.left.append((p.path, _one_line(e)))
-            else:
-                if st is not None:
-                    updates[p.path] = (p.oid, st)
-                    out.done.append(p.path)
-                    if settle:
-                        settled.add(p.path)
-            pending.remove(p.path)
-            dog.done(p.path)
+        with _fetching(root, store, todo, out, remote, progress) as arrived:
+            for p, meta, before in todo:
+                settle = held.get(p.path) == p.oid
+                try:
+                    st = _write_one(root, work, p, meta, arrived, before, verify, progress, settle,
+                                    formats[p.path])
+                except (ThetaError, OSError) as e:
+                    out.left.append((p.path, _one_line(e)))
+                else:
+                    if st is not None:
+                        updates[p.path] = (p.oid, st)
+                        out.done.append(p.path)
+                        if settle:
+                            settled.add(p.path)
+                pending.remove(p.path)
+                dog.done(p.path)
     except KeyboardInterrupt:  # Ctrl-C: temp files go, what is done stays done and is recorded
         out.left.extend((path, "interrupted") for path in pending)
         out.interrupted = True
@@ -276,29 +277,43 @@ def _write_all(root: Path, work: Path, store, todo, out: Outcome, dog: Watchdog,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _fetch(root: Path, store, todo, out: Outcome, remote: str | None, progress: bool):
-    """Download every missing blob of every file in one git-lfs run; files still incomplete are left."""
-    from theta.storage.transfer import fetch_missing
+@contextmanager
+def _fetching(root: Path, store, todo, out: Outcome, remote: str | None, progress: bool):
+    """The store the files are rebuilt from: while one git-lfs run downloads every missing blob of every file
+    in the background, in the order the files and their groups are rebuilt, reads wait for them
+    (theta.storage.transfer.arriving), so a checkpoint is written as its blobs arrive. A file whose blobs do not
+    all arrive fails alone, naming the blob and git-lfs's reason."""
+    from theta.storage.transfer import arriving
 
-    refs = [r for _, meta, _ in todo for r in meta.blob_refs()]
-    if not store.missing(refs):
-        return todo
-    failure = None
+    refs = [r for _, meta, _ in todo for r in _in_file_order(meta)]
+    names = [p.path for p, _, _ in todo]
+    label = f"theta fetch {names[0]}" + (f" (+{len(names) - 1} files)" if len(names) > 1 else "") if names else ""
+    with ExitStack() as stack:
+        try:
+            arrived = stack.enter_context(arriving(root, refs, remote=remote, store=store,
+                                                   progress=label if progress else None))
+        except TransferError as e:  # nothing to fetch from: every file whose blobs are missing stays
+            out.notes.append(str(e))
+            arrived = store
+        yield arrived
+
+
+def _in_file_order(meta) -> list:
+    """The blobs of a checkpoint in the order a checkout reads them: group by group as the file lists them,
+    each group's chain from its first step."""
+    if meta.is_opaque:
+        return meta.blob_refs()
     try:
-        names = [p.path for p, _, _ in todo]
-        label = f"theta fetch {names[0]}" + (f" (+{len(names) - 1} files)" if len(names) > 1 else "")
-        fetch_missing(root, refs, remote=remote, store=store, progress=label if progress else None)
-    except TransferError as e:
-        failure = str(e)
-    kept = []
-    for item in todo:
-        missing = store.missing(item[1].blob_refs())
-        if missing:
-            out.left.append((item[0].path, f"{len(missing)} blob(s) not available locally"
-                             + (f": {failure}" if failure else "")))
-        else:
-            kept.append(item)
-    return kept
+        groups = [meta.group_for(n) for n in meta.order] + [meta.groups[n] for n in sorted(meta.groups)]
+    except MetadataError:  # (the rebuild refuses such metadata, naming the problem)
+        return meta.blob_refs()
+    seen, refs = set(), []
+    for g in groups:
+        for step in g.steps:
+            if step.blob not in seen:
+                seen.add(step.blob)
+                refs.append(step.blob)
+    return refs
 
 
 def _work_dir(root: Path) -> Path:
