@@ -10,8 +10,7 @@ round), and resets the index:
 - ``--change finetune``: every element of every float group moved (x (1 + 1e-3 N(0, 1)), cast back);
 - ``--change 20%``: every 5th group so moved, the others unchanged.
 
-Each `git add` runs the filter of its checkout (PYTHONPATH), from cached bytecode, the warm filter off unless a
-variant turns it on. Printed per checkout: wall and CPU seconds of the process tree (median and range over the
+Each `git add` runs the filter of its checkout (PYTHONPATH), from cached bytecode. Printed per checkout: wall and CPU seconds of the process tree (median and range over the
 rounds) and the peak RSS; then each checkout's CPU and wall medians against the first one's. The machine may be
 shared: CPU seconds are the figure to compare.
 
@@ -114,7 +113,7 @@ def main() -> int:
     root = args.workdir / "repos"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        env = {**git_env(root / "home"), "GIT_THETA_THREADS": args.threads, "GIT_THETA_WARM": "0"}
+        env = {**git_env(root / "home"), "GIT_THETA_THREADS": args.threads}
         first = {**env, **variants[codes[0]]}
         repo = new_repo(root, "repo", "theta", first, pattern="*.safetensors")
         shutil.copyfile(base, repo / "model.safetensors")

@@ -5,7 +5,7 @@ speed, git-lfs and git-theta side by side.
 Server and clients run inside a private network namespace (``unshare --net``, root) whose only link is its
 loopback; a ``tbf`` qdisc on that loopback sets the rate (``--rates 200mbit``: ``tc qdisc add dev lo root tbf
 rate 200mbit burst 256kb latency 100ms``; ``unlimited``: no qdisc). The LFS server is giftless with local
-storage (tests/support/lfs_server.py, installed by the test extras), one repository path per tool; git's own
+storage (scripts/bench/lfs_server.py; giftless is installed by the test extras), one repository path per tool; git's own
 objects move through a file:// remote (the metadata text and pointer files: kilobytes), LFS objects over HTTP
 on the link. Bytes are counted on that loopback (``/proc/net/dev`` of the namespace: every byte of both
 directions, TCP/IP headers included).
@@ -39,7 +39,6 @@ Large files go under --workdir (default /tmp/theta-bench-transfer).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -54,7 +53,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # harness; this checkout's zipslice (same_tensors reads with it)
 
-from harness import MiB, ROOT, git_env, run_measured, sh  # noqa: E402
+from harness import MiB, git_env, run_measured, sh  # noqa: E402
+from lfs_server import GiftlessServer  # noqa: E402
 
 DEFAULT_SCALE = 0.75  # ~310 MiB of float32: the history the issue measured
 TBF = "burst 256kb latency 100ms"
@@ -149,13 +149,6 @@ class Figure:
 class Run:
     figures: dict = field(default_factory=dict)  # step -> Figure
     stored: int = 0                                 # bytes on the LFS server at the end
-
-
-def _load_lfs_server():
-    spec = importlib.util.spec_from_file_location("theta_bench_lfs_server", ROOT / "tests" / "support" / "lfs_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def measured(args: list, cwd: Path, env: dict) -> Figure:
@@ -306,22 +299,17 @@ def inside(args) -> int:
     print(f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores", flush=True)
     tools = args.tools.split(",")
     envs = {t: env for t in tools}
-    for t in tools:  # each theta its own warm filter servers: a server runs the code it started with
-        if t != "lfs":
-            envs[t] = {**env, "GIT_THETA_WARM_DIR": str(_private_dir(root / f"warm-{t}"))}
     if args.baseline:
         tools.append("theta-base")
         envs["theta-base"] = {**env, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")) if p),
-            "GIT_THETA_WARM_DIR": str(_private_dir(root / "warm-theta-base"))}
-    lfs_server = _load_lfs_server()
+            p for p in (str(args.baseline.resolve()), os.environ.get("PYTHONPATH", "")) if p)}
     missed, out = [], {}
     for rate in args.rates.split(","):
         set_rate(rate)
         runs: dict[str, list[Run]] = {t: [] for t in tools}
         storage = root / f"lfs-store-{rate}"
         shutil.rmtree(storage, ignore_errors=True)
-        with lfs_server.GiftlessServer(storage) as server:
+        with GiftlessServer(storage) as server:
             for n in range(args.runs):
                 order = tools[n % len(tools):] + tools[:n % len(tools)]  # each tool first in turn
                 current = {t: ToolRun(t, root, envs[t], server, paths, n) for t in order}
@@ -349,12 +337,6 @@ def inside(args) -> int:
     if missed:
         print("\nmissed: " + "; ".join(missed), flush=True)
     return 1 if missed and not args.no_fail and "lfs" in tools and "theta" in tools else 0
-
-
-def _private_dir(d: Path) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    d.chmod(0o700)
-    return d
 
 
 def main() -> int:

@@ -8,10 +8,10 @@ from collections import OrderedDict
 from dataclasses import replace
 
 import pytest
-
+from scripts.bench.lfs_server import GiftlessServer
 from support.checkpoints import assert_same_checkpoint, make_state, save_pt
 from support.gitrepo import GitEnv, Repo
-from support.lfs_server import GiftlessServer
+
 from theta.storage.metadata import dumps, loads
 from theta.storage.store import QUARANTINE_DIR, LfsStore, sha256_file
 

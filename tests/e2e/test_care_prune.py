@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripts.bench.lfs_server import GiftlessServer
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
 from support.gitrepo import GitEnv, Repo
-from support.lfs_server import GiftlessServer
 
 from theta.storage.metadata import loads
 from theta.storage.store import KEEP_DIR, BlobRef, LfsStore

@@ -4,10 +4,9 @@ clone downloads only the blobs of the checked-out version."""
 from collections import OrderedDict
 
 import pytest
-
-from support.gitrepo import GitEnv, bare_lfs_objects
-from support.lfs_server import GiftlessServer
+from scripts.bench.lfs_server import GiftlessServer
 from support.checkpoints import assert_same_checkpoint, blob_oids, make_state, save_pt
+from support.gitrepo import GitEnv, bare_lfs_objects
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from scripts.bench.lfs_server import GiftlessServer
 from support.checkpoints import assert_same_checkpoint, save_pt
 from support.gitrepo import GitEnv
-from support.lfs_server import GiftlessServer
 
 from theta.storage import codec
 from theta.storage.metadata import loads
@@ -140,9 +140,8 @@ def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published)
 
     server.throttle(2 << 20)  # 2 MiB/s: each ~0.5 MiB step takes a quarter of a second
     before = len(server.requests())
-    # (a cold filter: a warm filter server's child is not in the pull's process group, and would go on)
     proc = subprocess.Popen(["git", "pull", "-q", "--ff-only"], cwd=clone.path,
-                            env={**genv.env, "GIT_THETA_WARM": "0"}, stdout=subprocess.DEVNULL,
+                            env=genv.env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 120
     try:

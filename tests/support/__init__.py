@@ -1,4 +1,4 @@
-"""Shared test support: real git/git-lfs environments (gitrepo), a real LFS server (lfs_server), small
+"""Shared test support: real git/git-lfs environments (gitrepo), small
 checkpoints and their comparison (checkpoints, torch_compare), a third-party-style format plugin (npy_plugin).
 
 Import the submodule you need (``from support.gitrepo import GitEnv``): torch-dependent helpers live in their

@@ -1,4 +1,5 @@
-"""A real Git LFS HTTP server for tests: giftless on 127.0.0.1, local storage, anonymous read/write.
+"""A real Git LFS HTTP server for the tests and the benchmarks (the tests import it as scripts.bench.lfs_server):
+giftless on 127.0.0.1, local storage, anonymous read/write.
 
     with GiftlessServer(tmp_path / "lfs-store") as server:
         repo.git("config", "lfs.url", server.lfs_url("org", "repo"))
