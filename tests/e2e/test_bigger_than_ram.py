@@ -281,7 +281,9 @@ def big_state(n_groups: int, group_mib: int, seed: int = 0) -> OrderedDict:
     return OrderedDict((f"layers.{i}.weight", torch.randn(n, generator=g)) for i in range(n_groups))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+# kill -9 of the writer at every git command is tests/e2e/test_checkout_failures.py's (default run)
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGKILL, marks=pytest.mark.slow), signal.SIGINT],
+                         ids=["kill-9", "ctrl-c"])
 def test_interrupted_materialization_leaves_a_usable_repository(genv, cgroup, sig):
     repo = genv.init("work")
     v1 = big_state(12, 4, seed=1)

@@ -26,6 +26,19 @@ from theta.storage.store import BlobRef, LfsStore, sha256_file
 VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
 
 
+def _to_fetch(store: LfsStore, refs, remote: str | None, repo_dir) -> tuple[list, str | None]:
+    """The blobs of ``refs`` this store lacks, and the remote to fetch them from (the default remote when
+    none is named); TransferError when some are missing and there is no remote."""
+    missing = store.missing(refs)
+    if not missing:
+        return [], None
+    remote = remote or lfs.default_remote(repo_dir)
+    if remote is None:
+        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
+                            "and the repository has no remote to fetch them from")
+    return missing, remote
+
+
 def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
                   store: LfsStore | None = None, progress: str | None = None) -> int:
     """Download every blob of ``refs`` that the local store lacks, all in one git-lfs run.
@@ -37,13 +50,9 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
     or the remote does not have them.
     """
     store = store or LfsStore.for_repo(repo_dir)
-    missing = store.missing(refs)
+    missing, remote = _to_fetch(store, refs, remote, repo_dir)
     if not missing:
         return 0
-    remote = remote or lfs.default_remote(repo_dir)
-    if remote is None:
-        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
-                            "and the repository has no remote to fetch them from")
     with _watch(store, missing, progress), lfs.Fetch(repo_dir, remote, [(r.oid, r.size) for r in missing],
                                                      store.objects_dir.parent) as run:
         failure = run.wait()
@@ -108,14 +117,10 @@ def arriving(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str |
     stays, partial downloads included, for the next run). ``progress``: as :func:`fetch_missing`'s.
     TransferError when blobs are missing and there is no remote to fetch them from."""
     store = store or LfsStore.for_repo(repo_dir)
-    missing = store.missing(refs)
+    missing, remote = _to_fetch(store, refs, remote, repo_dir)
     if not missing:
         yield store
         return
-    remote = remote or lfs.default_remote(repo_dir)
-    if remote is None:
-        raise TransferError(f"{len(missing)} blob(s) are missing locally (first: {missing[0].oid}) "
-                            "and the repository has no remote to fetch them from")
     with _watch(store, missing, progress), lfs.Fetch(repo_dir, remote, [(r.oid, r.size) for r in missing],
                                                      store.objects_dir.parent) as run:
         waiting = ArrivingStore(store, run, missing, remote)
