@@ -74,7 +74,7 @@ class History:
             with open(repo / path, "rb") as f:
                 assert f.read(15) != b"theta-metadata ", f"{path} is a placeholder"
             assert sha256(repo / path) == digest, f"{path} differs from {version or 'the commit'}"
-        assert sorted(line[3:] for line in repo.status().splitlines()) == sorted(modified)
+        assert sorted(line.split(None, 1)[1] for line in repo.status().splitlines()) == sorted(modified)
         assert not (repo.git_common_dir() / "index.lock").exists()
         if cg is not None:
             assert cg.oom_kills() == 0
