@@ -17,7 +17,10 @@ from support.gitrepo import GitEnv, Repo
 from theta.storage.metadata import loads
 
 # committed format, view format (one streamed writer, one written through a temp file)
-CASES = [("safetensors", "torch"), pytest.param("torch", "hdf5", marks=pytest.mark.slow)]
+# slow suite: the default run covers views at every verb (test_format_views) and the placeholder path at every
+# verb (test_bigger_than_ram, test_checkout_failures); these cases cover the two together
+CASES = [pytest.param("safetensors", "torch", marks=pytest.mark.slow),
+         pytest.param("torch", "hdf5", marks=pytest.mark.slow)]
 NAME = {"safetensors": "model.safetensors", "torch": "model.pt"}
 
 
