@@ -8,10 +8,10 @@ temp files, and `git status` in the clone must work afterwards.
 from __future__ import annotations
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
-
 from support.crafted import (Attacker, group_line, leftovers, limited_git, meta_text, outside_store_reads, step,
                              value_hash, victim_clone)
 from support.gitrepo import GitEnv
@@ -32,7 +32,11 @@ def _clone_refused(genv, evil, *fragments, name="clone"):
     for fragment in fragments:
         assert fragment in res.err, f"{fragment!r} not in:\n{res.err[-3000:]}"
     assert "Traceback" not in res.err
-    assert not (clone / "model.pt").exists()  # nothing under the real name
+    target = clone / "model.pt"  # under the real name: nothing, or the placeholder (the metadata text git holds,
+    if target.exists():          # named on stderr with a non-zero exit), never refused content
+        committed = subprocess.run(["git", "-C", str(clone.path), "cat-file", "blob", "HEAD:model.pt"],
+                                   capture_output=True, check=True).stdout
+        assert target.read_bytes() == committed and "model.pt is a placeholder" in res.err
     status = limited_git(clone, "status", "--porcelain")
     assert status.returncode == 0, status.err
     assert outside_store_reads(clone) == [] and leftovers(clone) == []
