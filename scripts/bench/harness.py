@@ -26,9 +26,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # imported as bench.harness (scripts/demo.py), not run from this folder
+    sys.path.insert(0, str(HERE))
 
-
-from memcg import MemoryCgroup  # noqa: E402  (this folder is first on sys.path)
+from memcg import MemoryCgroup  # noqa: E402
 
 MiB = 1 << 20
 
