@@ -24,9 +24,8 @@ from scripts.bench.memcg import MemoryCgroup, Unavailable
 from support.gitrepo import GitEnv, Repo
 
 SMALL = lm.Dims(hidden=1024, intermediate=2816, kv=256, vocab=393216, layers=2, tied=True)
-# the embedding is 768 MiB: 2x the limit. At the heaviest step -- git stash, whose filter waits (about 100 MiB)
-# while update-index's own filter cleans the changed shard against a three-step chain (about 150 MiB), beside
-# git and a hook -- the processes hold about 270 MiB of anonymous memory together
+# the embedding is 768 MiB: 2x the limit. The heaviest step is git stash: its filter waits while update-index's
+# own filter cleans the changed shard against a three-step chain, beside git and a hook
 SMALL_LIMIT = 384 << 20
 FULL_LIMIT = 1 << 30        # two 1.0 GB tensors, 3.85 GB in all
 SHARDS = tuple(f"model/{s}" for s in lm.SHARDS)
