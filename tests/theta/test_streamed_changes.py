@@ -340,3 +340,31 @@ def test_group_source_streams_a_trimmed_chain_and_reads_moved_rows_by_position(s
     src = stream.source(moved, store)
     assert isinstance(src, stream.PositionalSource)
     assert bits(np.concatenate([b for _, b in src.chunks(1000)])) == bits(reconstruct(moved, store)) == bits(v0[::-1])
+
+
+# ------------------------------------------------------------------ a partial change's unchanged frames are skipped
+@pytest.mark.parametrize("op", ["zigzag", "xor", "sub"])
+def test_delta_frames_of_zero_codes_are_skipped_and_the_value_is_exact(store, op, monkeypatch):
+    """A few rows of a big embedding changed (Llama's reserved tokens): the delta's code words are zero in every
+    frame but the last, and those frames are neither decoded into planes nor applied."""
+    import ml_dtypes
+
+    from theta.updates import delta, stream
+
+    rng = np.random.default_rng(21)
+    rows, cols = 1536, 4096  # 3 codec frames of bfloat16
+    v0 = weights(rng, (rows, cols), ml_dtypes.bfloat16)
+    v1 = v0.copy()
+    v1[-8:] = tuned(rng, v1[-8:])
+    enc = delta.DeltaUpdate().encode(v1, v0, op=op)
+    assert enc.params["op"] == op
+    g = chain_group(store, [v0, v1], [("delta", enc)])
+    applied = []
+    real = stream._uncombine
+    monkeypatch.setattr(stream, "_uncombine", lambda code, *a, **k: applied.append(code.size) or real(code, *a, **k))
+    src = stream.source(g, store)
+    n = codec.FRAME_BYTES // 2
+    got = np.concatenate([b for _, b in src.chunks(n)])
+    assert bits(got) == bits(v1) == bits(reconstruct(g, store))
+    assert src.checked
+    assert applied == [n]  # only the last frame, the one holding the changed rows

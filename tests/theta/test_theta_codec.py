@@ -159,3 +159,47 @@ def test_near_noise_planes_keep_their_literals_and_the_rest_is_compressed_as_bef
     for count, sizes in dense.frames:
         assert sizes[3] < count * 0.5  # the exponent plane: Huffman coding still pays
     assert bits(codec.decode_array(codec.encode_array(new))) == bits(new)
+
+
+# ------------------------------------------------------------------ frames of zeros (a delta's unchanged frames)
+def _frames_of(dtype, kinds: list[str]) -> np.ndarray:
+    """One codec frame per kind: "noise", "zeros", or "sevens" (constant but not zero: compresses as well)."""
+    per = codec.FRAME_BYTES // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(5)
+    parts = []
+    for k in kinds:
+        if k == "noise" and np.dtype(dtype).kind == "u":
+            parts.append(rng.integers(0, 1 << 16, per).astype(dtype))
+        elif k == "noise":
+            parts.append((rng.standard_normal(per) * 0.02).astype(dtype))
+        else:
+            parts.append(np.full(per, 0 if k == "zeros" else 7, dtype))
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32, ml_dtypes.bfloat16], ids=["u16", "f32", "bf16"])
+def test_frames_of_zeros_decode_bit_for_bit_and_are_told_apart(dtype):
+    kinds = ["noise", "zeros", "sevens", "zeros", "noise"]
+    a = _frames_of(dtype, kinds)
+    blob = codec.encode_array(a)
+    assert codec.decode_array(blob).view(np.uint8).tobytes() == a.view(np.uint8).tobytes()
+    plain = list(codec.iter_decode_array(blob))
+    assert not any(codec.is_zero_run(f) for _, f in plain)
+    runs = list(codec.iter_decode_array(blob, zeros=True))
+    assert [codec.is_zero_run(f) for _, f in runs] == [k == "zeros" for k in kinds]
+    got = np.concatenate([np.asarray(f) for _, f in runs])
+    assert got.view(np.uint8).tobytes() == a.view(np.uint8).tobytes()
+    reader_frames = [f for _, f in runs if not codec.is_zero_run(f)]
+    assert all(f.flags.writeable for f in reader_frames)  # decoded frames stay the caller's to modify
+
+
+def test_a_corrupt_frame_of_zeros_is_refused_not_taken_for_zeros():
+    a = _frames_of(np.uint16, ["zeros", "zeros"])
+    blob = bytearray(codec.encode_array(a))
+    layout = codec._array_layout(memoryview(blob))
+    _, _, off, sizes = codec._frame_jobs(layout)[1]
+    blob[off + sizes[0] // 2] ^= 0x5A  # inside the second frame's zstd bytes
+    with pytest.raises(CodecError):
+        codec.decode_array(bytes(blob))
+    with pytest.raises(CodecError):
+        list(codec.iter_decode_array(bytes(blob), zeros=True))

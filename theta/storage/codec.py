@@ -384,16 +384,47 @@ def _frame_jobs(layout: "_ArrayLayout") -> list:
     return jobs
 
 
+# A frame of zeros compresses ~30000x (zstd writes RLE blocks after a first compressed one); a part compressed
+# less than this is never one, and is not decompressed twice to find out
+_ZERO_RATIO = 512
+
+
+def _zero_frame(blob: memoryview, enc: str, item: int, job) -> bool:
+    """Whether one array frame decodes to zeros -- as the code words of a delta step's unchanged frames do. Only
+    parts compressed more than _ZERO_RATIO x are decompressed to see (zstd's run-length blocks: at memory
+    speed); what makes a frame expensive -- gathering planes into elements, and whatever the caller would do
+    with the values -- is then skipped."""
+    _, count, o, sizes = job
+    per_part = count if enc == "planes" else count * item
+    if any(c * _ZERO_RATIO > per_part for c in sizes):
+        return False
+    d = _decompressor()
+    for c in sizes:
+        try:
+            data = _decompress(d, blob[o:o + c], per_part)
+        except zstandard.ZstdError as e:
+            raise CodecError(f"theta array blob is corrupt: {e}") from None
+        words = np.frombuffer(data, np.uint64 if per_part % 8 == 0 else np.uint8)
+        if words.any():
+            return False
+        o += c
+    return True
+
+
 def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
     """Decompress one frame into ``dest`` (uint8, count * item bytes); each zstd frame must declare exactly
-    the size the header says (:func:`_decompress`)."""
+    the size the header says (:func:`_decompress`). A frame of zeros (:func:`_zero_frame`) is filled, not
+    decompressed."""
     _, count, o, sizes = job
     forget_after = (o, o + sum(sizes))
+    if enc == "planes" and len(sizes) != item:
+        raise CodecError(f"theta array blob frame has {len(sizes)} planes, its dtype {item} bytes")
+    if _zero_frame(blob, enc, item, job):
+        dest[:] = 0
+        return
     d = _decompressor()
     try:
         if enc == "planes":
-            if len(sizes) != item:
-                raise CodecError(f"theta array blob frame has {len(sizes)} planes, its dtype {item} bytes")
             grid = dest.reshape(count, item)
             for i, c in enumerate(sizes):
                 grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count), np.uint8)
@@ -442,23 +473,31 @@ def array_info(blob: "bytes | bytearray | memoryview") -> tuple[np.dtype, tuple]
     return layout.dtype.to_numpy(), layout.shape
 
 
-def iter_decode_array(blob: "bytes | bytearray | memoryview", ahead: int | None = None
+def iter_decode_array(blob: "bytes | bytearray | memoryview", ahead: int | None = None, zeros: bool = False
                       ) -> Iterator[tuple[int, np.ndarray]]:
     """The array of an array blob frame by frame, in order: (index of the first element in the flattened
     array, the frame's elements as a flat array of the real dtype). Frames are decoded on the codec threads a
     few ahead (``ahead``: at most that many in flight; default 2 per codec thread), so memory stays at a few
-    frames (``FRAME_BYTES`` each) whatever the array's size."""
+    frames (``FRAME_BYTES`` each) whatever the array's size. ``zeros``: a frame of zeros comes as a read-only
+    array of stride 0 (:func:`is_zero_run`: nothing decoded, nothing filled) for a caller that skips them."""
     blob = memoryview(blob).cast("B")
     layout = _array_layout(blob)
     dt, enc, jobs = layout.dtype, layout.enc, _frame_jobs(layout)
     item, np_dt = dt.itemsize, dt.to_numpy()
 
     def work(job) -> tuple[int, np.ndarray]:
+        if zeros and _zero_frame(blob, enc, item, job):
+            return job[0] // item, np.broadcast_to(np.zeros((), np_dt), (job[1],))
         dest = np.empty(job[1] * item, dtype=np.uint8)
         _decode_frame(blob, enc, item, job, dest)
         return job[0] // item, dest.view(np_dt)
 
     yield from _ordered(work, jobs, ahead)
+
+
+def is_zero_run(a: np.ndarray) -> bool:
+    """Whether ``a`` is (a slice of) a frame of zeros as :func:`iter_decode_array` yields them with ``zeros``."""
+    return a.ndim == 1 and a.size > 0 and a.strides[0] == 0 and not a[0]
 
 
 class ArrayReader:

@@ -48,13 +48,14 @@ BLOCK = 1 << 20  # elements per block of a pass over a whole value (a squash, a 
 class _Cursor:
     """The elements of an array blob in order, any number at a time (frames decoded a few ahead)."""
 
-    def __init__(self, blob: memoryview):
+    def __init__(self, blob: memoryview, zeros: bool = False):
         _, shape = codec.array_info(blob)
         self.size = int(np.prod(shape, dtype=np.int64))
         # one frame decoded ahead per cursor: a merge reads a cursor per step of each of its three chains, and
         # the codec's default (2 per thread) would hold ~5 frames per cursor, so a merge of 8-step chains would
-        # exceed its memory bound on frames alone; the cursors together keep the threads busy
-        self._frames = codec.iter_decode_array(blob, ahead=1)
+        # exceed its memory bound on frames alone; the cursors together keep the threads busy. ``zeros``: a
+        # frame of zeros is taken as a read-only run (codec.is_zero_run), never decoded
+        self._frames = codec.iter_decode_array(blob, ahead=1, zeros=zeros)
         self._frame = np.empty(0)
         self._at = 0
 
@@ -88,10 +89,14 @@ class _Delta:
         dt, shape = codec.array_info(blobs["codes"])
         if dt != word or int(np.prod(shape, dtype=np.int64)) != size:
             raise UpdateTypeError(f"delta codes are {list(shape)} x {dt}, expected {size} x {word}")
-        self.op, self.codes = op, _Cursor(blobs["codes"])
+        # a code of 0 leaves the word as it was, except in split codes (their low bits are stored whole): the
+        # unchanged frames of a partial change (a few rows of a 1 GB embedding) are skipped, not decoded
+        self.op, self.codes = op, _Cursor(blobs["codes"], zeros=not op.startswith("split"))
 
     def apply(self, block: np.ndarray, words: np.ndarray, start: int) -> None:
-        _uncombine(self.codes.take(words.size), words, self.op, out=words)
+        codes = self.codes.take(words.size)
+        if not codec.is_zero_run(codes):
+            _uncombine(codes, words, self.op, out=words)
 
     def close(self) -> None:
         self.codes.close()
