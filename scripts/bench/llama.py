@@ -314,6 +314,9 @@ def steps(c: Ctx, wanted: Callable[[str], bool]) -> list[Result]:
             out.append(Result(step, c.tool, None, "n/a", "git-lfs cannot merge a checkpoint"))
     shutil.rmtree(c.clone, ignore_errors=True)  # (the disk: the merges below store a dense model each)
     shutil.rmtree(c.bare, ignore_errors=True)
+    # with the remote gone, its tracking refs go too: they would tell `git theta prune` (forget_merge) that
+    # the pushed commits' blobs are on a server, and the merges' common ancestor could no longer be read
+    c.git("remote", "remove", "origin", check=False)
 
     # -- merges (theta only: git-lfs cannot merge a checkpoint) --------------------------------------------
     for strategy in STRATEGIES if theta else ():
