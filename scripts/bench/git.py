@@ -538,8 +538,7 @@ EMBED_CHAIN: list[str] = []  # the step types of the embedding at the chain's ti
 
 
 def embedding_chain(repo: Path, env: dict) -> list[str]:
-    """The step types of ``embed.weight`` in HEAD's metadata (theta's own parser, from this checkout)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    """The step types of ``embed.weight`` in HEAD's metadata (theta's own parser, from this checkout: harness)."""
     from theta.storage.metadata import loads
 
     text = subprocess.run(["git", "show", "HEAD:model.pt"], cwd=repo, env=env, capture_output=True,

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # imported as bench.harness (scripts/demo.py), not run from this folder
     sys.path.insert(0, str(HERE))
+if str(ROOT) not in sys.path:  # a benchmark measures this checkout's zipslice and theta, installed or not
+    sys.path.insert(1, str(ROOT))
 
 from memcg import MemoryCgroup  # noqa: E402
 
