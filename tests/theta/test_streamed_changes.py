@@ -11,17 +11,16 @@ import dataclasses
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from support.traced import traced_peak
 
 from theta.base.errors import UpdateDataError
+from theta.peers.gittheta import update_files as sideload
 from theta.storage import codec
 from theta.storage.metadata import GroupMeta
 from theta.storage.store import LfsStore
-from theta.updates import content_hash, get, steps
-from theta.updates.rebuild import reconstruct
-from theta.updates import auto, ia3
-from theta.peers.gittheta import update_files as sideload
+from theta.updates import auto, content_hash, get, ia3, steps
 from theta.updates.auto import _change_of_grown, choose, resize_then_change
-from support.traced import traced_peak
+from theta.updates.rebuild import reconstruct
 
 
 def bits(a: np.ndarray) -> bytes:

@@ -2,11 +2,13 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from theta.storage import codec
-from theta.base.errors import CodecError
 from zipslice import dtypes
+
+from theta.base.errors import CodecError
+from theta.storage import codec
 
 ALL_DTYPES = [d.name for d in dtypes._TABLE]
 
