@@ -411,15 +411,15 @@ def _zero_frame(blob: memoryview, enc: str, item: int, job) -> bool:
     return True
 
 
-def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray) -> None:
+def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray, zeros_checked: bool = False) -> None:
     """Decompress one frame into ``dest`` (uint8, count * item bytes); each zstd frame must declare exactly
-    the size the header says (:func:`_decompress`). A frame of zeros (:func:`_zero_frame`) is filled, not
-    decompressed."""
+    the size the header says (:func:`_decompress`). A frame of zeros (:func:`_zero_frame`, unless the caller
+    has just asked: ``zeros_checked``) is filled, not decompressed."""
     _, count, o, sizes = job
     forget_after = (o, o + sum(sizes))
     if enc == "planes" and len(sizes) != item:
         raise CodecError(f"theta array blob frame has {len(sizes)} planes, its dtype {item} bytes")
-    if _zero_frame(blob, enc, item, job):
+    if not zeros_checked and _zero_frame(blob, enc, item, job):
         dest[:] = 0
         return
     d = _decompressor()
@@ -489,7 +489,7 @@ def iter_decode_array(blob: "bytes | bytearray | memoryview", ahead: int | None 
         if zeros and _zero_frame(blob, enc, item, job):
             return job[0] // item, np.broadcast_to(np.zeros((), np_dt), (job[1],))
         dest = np.empty(job[1] * item, dtype=np.uint8)
-        _decode_frame(blob, enc, item, job, dest)
+        _decode_frame(blob, enc, item, job, dest, zeros_checked=zeros)
         return job[0] // item, dest.view(np_dt)
 
     yield from _ordered(work, jobs, ahead)
