@@ -58,3 +58,23 @@ assert theta.merges.get("ties").name == "ties"
                          "assert dtypes.from_numpy(np.dtype(ml_dtypes.bfloat16)).name == 'bfloat16'\n"
                          "assert dtypes.from_numpy(np.dtype('>f4')).name == 'float32'")
     assert "ml_dtypes" in bf16
+
+
+def test_the_hooks_git_runs_after_a_checkout_import_neither_typer_nor_the_command_tree(tmp_path):
+    """post-checkout and post-index-change run after every checkout, switch, clone and reset: called as git calls
+    them they go straight to their work (typer and the pydantic it imports took ~0.2 s of each), and with
+    other arguments (``--help``) through the typer app."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    code = ("import sys\nfrom theta.commands.cli import main\n"
+            "status = main(sys.argv[1:])\nprint(status)\nprint('\\n'.join(sys.modules))")
+    for args in (["post-checkout", "0" * 40, "1" * 40, "1"], ["post-index-change", "1", "0"]):
+        out = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path,
+                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert out[0] == "0"
+        assert "theta.commands.filter.checkout_hooks" in out
+        assert not {m.split(".")[0] for m in out} & {"typer", "click", "pydantic"}
+        assert "theta.commands.app" not in out
+    helped = subprocess.run([sys.executable, "-c", code, "post-checkout", "--help"], cwd=tmp_path,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert "Usage: git theta post-checkout" in helped.stdout and "typer" in helped.stdout.split()
