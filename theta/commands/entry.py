@@ -71,8 +71,11 @@ def is_hook_call(args: list[str]) -> bool:
 def hook_main(args: list[str]) -> int:
     """`git-theta post-checkout PREVIOUS NEW FLAG` / `post-index-change WORKTREE SKIP`, as git runs them: the
     typer app's commands of those names, without building the CLI (typer, and the pydantic its parameter
-    handling imports, took ~0.2 s of every checkout before the first placeholder could be written). Errors
-    and interrupts end as the app's do."""
+    handling imports, took ~0.2 s of every checkout before the first placeholder could be written). The
+    filter's BLAS and collector settings too: idle OpenBLAS threads spinning took ~5% of a checkout's CPU
+    (perf, a clone's hook). Errors and interrupts end as the app's do."""
+    single_threaded_blas()
+    few_collections()
     from theta.base.errors import ThetaError
     from theta.commands.filter import checkout_hooks
 
