@@ -7,6 +7,10 @@ For each: wall time, CPU seconds and peak RSS of the process tree (scripts/bench
 lowest and the median of --runs starts, alternating the two tools so a drifting load hits both; the git
 processes theta's filter starts (counted with strace -f when it is installed); the load average.
 
+Then the other start a checkout pays: the post-checkout hook, as git runs it after `git checkout` (the script
+in .git/hooks with git's three arguments), with a checkout's ledger of placeholders to take but nothing in it
+to write -- theta's hook starting `git-theta post-checkout`, beside git-lfs's post-checkout hook.
+
     python3 scripts/bench/filter_startup.py              # 10 starts of each
     python3 scripts/bench/filter_startup.py --runs 30
 """
@@ -32,6 +36,34 @@ def start(cmd: list[str], repo: Path, env: dict, script: Path) -> Measure:
     if m.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({m.returncode}):\n{m.stderr}")
     return m
+
+
+def hook_start(repo: Path, env: dict, ledger: Path | None) -> Measure:
+    """One run of ``repo``'s post-checkout hook as git runs it after a checkout (previous and new commit, 1 for
+    a branch checkout); ``ledger``: a placeholder ledger to leave first (theta's hook starts git-theta only
+    when a checkout handed placeholders out; an empty one makes it start and find nothing to write)."""
+    if ledger is not None:
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        ledger.write_bytes(b"")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    m = run_measured([str(repo / ".git" / "hooks" / "post-checkout"), head, head, "1"], repo, env, check=False)
+    if m.returncode != 0:
+        raise SystemExit(f"the post-checkout hook of {repo} failed ({m.returncode}):\n{m.stderr}")
+    return m
+
+
+def table(title: str, results: "dict[str, list[Measure]]", extra: "dict[str, str] | None" = None) -> None:
+    print(title)
+    print(f"{'tool':<8} {'wall min':>9} {'wall median':>12} {'CPU min':>8} {'CPU median':>11} {'peak RSS':>9}"
+          + (f" {'git processes':>14}" if extra else ""))
+    for name, runs in results.items():
+        walls, cpus = [m.seconds for m in runs], [m.cpu for m in runs]
+        print(f"{name:<8} {min(walls):8.3f}s {statistics.median(walls):11.3f}s {min(cpus):7.3f}s "
+              f"{statistics.median(cpus):10.3f}s {max(m.peak_tree_rss for m in runs) / 2**20:7.0f} MiB"
+              + (f" {extra[name]:>14}" if extra else ""))
+    lfs, theta = (min(m.seconds for m in results[k]) for k in ("git-lfs", "theta"))
+    print(f"ratio theta / git-lfs (wall min): {theta / lfs:.2f}x")
 
 
 def git_processes(cmd: list[str], repo: Path, env: dict, script: Path) -> int | None:
@@ -62,20 +94,19 @@ def main() -> int:
     for _ in range(args.runs):
         for name, (repo, cmd) in tools.items():
             results[name].append(start(cmd, repo, env, script))
+    hooks: dict[str, list[Measure]] = {name: [] for name in tools}
+    for _ in range(args.runs):
+        for name, (repo, _cmd) in tools.items():
+            ledger = repo / ".git" / "theta" / "handed-0" if name == "theta" else None
+            hooks[name].append(hook_start(repo, env, ledger))
     la = os.getloadavg()
-    print(f"filter start -> handshake -> end of input, {args.runs} starts each; load average {la[0]:.1f} / "
-          f"{la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores")
-    print(f"{'tool':<8} {'wall min':>9} {'wall median':>12} {'CPU min':>8} {'CPU median':>11} {'peak RSS':>9} "
-          f"{'git processes':>14}")
-    for name, runs in results.items():
-        walls, cpus = [m.seconds for m in runs], [m.cpu for m in runs]
-        repo, cmd = tools[name]
+    print(f"{args.runs} starts each; load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores")
+    counts = {}
+    for name, (repo, cmd) in tools.items():
         n = git_processes(cmd, repo, env, script)
-        print(f"{name:<8} {min(walls):8.3f}s {statistics.median(walls):11.3f}s {min(cpus):7.3f}s "
-              f"{statistics.median(cpus):10.3f}s {max(m.peak_tree_rss for m in runs) / 2**20:7.0f} MiB "
-              f"{'?' if n is None else n:>14}")
-    lfs, theta = (min(m.seconds for m in results[k]) for k in ("git-lfs", "theta"))
-    print(f"ratio theta / git-lfs (wall min): {theta / lfs:.2f}x")
+        counts[name] = "?" if n is None else str(n)
+    table("filter start -> handshake -> end of input", results, counts)
+    table("\npost-checkout hook, as git runs it after a checkout (nothing to write)", hooks)
     return 0
 
 
