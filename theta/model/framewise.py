@@ -42,7 +42,7 @@ from theta.storage.store import Staged
 from theta.updates import Encoded, keyframe
 from theta.updates.auto import Choice, _Picker, dense_might_win, sample_spans
 from theta.updates.delta import changed_mask, combine, raw_words
-from theta.updates.rebuild import chain_proven, proven_frames
+from theta.updates.rebuild import chain_frames, chain_proven
 from theta.updates.sparse import FixCollector, index_dtype
 from theta.updates.stream import PositionalReader, source
 
@@ -112,7 +112,7 @@ class GroupFrames:
 
 class _BlobFrames:
     """The previous value frame by frame from blobs that prove their own bytes (frames checksummed, decoded on
-    demand: :func:`theta.updates.rebuild.proven_frames`)."""
+    demand: :func:`theta.updates.rebuild.chain_frames`)."""
 
     def __init__(self, proven):
         self._proven, self._plan = proven, proven.plan
@@ -175,7 +175,7 @@ def _hashed_chain(prev, store, path: str) -> str:
 def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], np.ndarray | None],
                     on_check: Callable | None = None) -> Iterator:
     """The previous version ``prev`` (a GroupMeta, or None) frame by frame: straight from its blobs when they
-    prove their own bytes and are cut into ``bounds`` (:func:`theta.updates.rebuild.proven_frames`: one dense
+    prove their own bytes and are cut into ``bounds`` (:func:`theta.updates.rebuild.chain_frames`: one dense
     step, or a split keyframe chain), else read by position through its chain (never whole: :class:`_ChainFrames`;
     unless the store proves the chain, its value's name is checked by a pass on the hash thread, handed to
     ``on_check`` as a future of the name it found), else ``rebuilt()``'s value (None when there is none: not
@@ -185,7 +185,7 @@ def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], 
         return
     with ExitStack() as stack:
         try:
-            proven = stack.enter_context(proven_frames(prev, store, path))
+            proven = stack.enter_context(chain_frames(prev, store, path))
         except (BlobMissingError, IntegrityError, MetadataError):
             proven = None  # rebuilt() meets it again and reports it
         if proven is not None and [(j[0] // proven.plan.item, j[1]) for j in proven.plan.jobs] == \

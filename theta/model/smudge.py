@@ -6,6 +6,7 @@ source's tie key, so the torch writer stores them once and they load tied.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -31,7 +32,7 @@ from theta.storage import codec
 from theta.storage.metadata import CheckpointMeta
 from theta.storage.store import LfsStore
 from theta.updates import bounds, content_hash, stream
-from theta.updates.rebuild import (bind_steps, bounds_located, chain_bound, chain_proven, is_split_chain, proven_frames,
+from theta.updates.rebuild import (bind_steps, bounds_located, chain_bound, chain_frames, chain_proven, is_split_chain,
                                    reconstruct, reconstruct_proven)
 
 _COPY_CHUNK = 8 << 20
@@ -330,22 +331,23 @@ class _Job:
                                         requires_grad=owner.requires_grad))
         order = _expected_read_order(sources, target, meta, max_shard_bytes)
         # stream_frames (the writer takes a tensor piece by piece: a torch file it can seek in, safetensors): no
-        # group bigger than WHOLE_GROUP_BYTES is ever whole in memory. The groups a checkout in "frames" mode may
-        # trust without hashing (one dense step, or a split keyframe chain, bound here) are handed over frame by
-        # frame as they are decoded (_FrameStream); the other big ones block by block from their chain, hashed as
-        # they pass (theta.updates.stream); the small ones are rebuilt whole, one ahead, and hashed on another
-        # thread
+        # group bigger than WHOLE_GROUP_BYTES is ever whole in memory. The groups stored as one dense step or a
+        # split keyframe chain are handed over frame by frame as they are decoded, several frames ahead across
+        # groups (_FrameStream: trusted when this store proves them, else hashed as they pass); the other big ones
+        # block by block from their chain, hashed as they pass (theta.updates.stream); the small ones are rebuilt
+        # whole, one ahead, and hashed on another thread
         streamed, blocked = set(), set()
         if stream_frames:
             for gname in dict.fromkeys(order):
                 group = meta.groups[gname]
-                if verify == "frames" and chain_bound(group, store):
+                if streams_by_frames(group):
                     streamed.add(gname)
                 elif _nbytes(group) > WHOLE_GROUP_BYTES:
                     blocked.add(gname)
         self.rebuild = rebuild = _Rebuilder(meta, store, name, [g for g in order if g not in streamed | blocked],
                                             frames_ok=verify == "frames", with_crc=target == "torch")
-        self.frames = frames = _FrameStream(meta, store, name, [g for g in dict.fromkeys(order) if g in streamed])
+        self.frames = frames = _FrameStream(meta, store, name, [g for g in dict.fromkeys(order) if g in streamed],
+                                            trust=verify == "frames")
         handed: list[memoryview] = []
 
         def before_new() -> None:
@@ -383,7 +385,11 @@ class _Job:
                 before_new()
                 stream = frames.frames_of(group_name)
                 faults.point("smudge:group")
-                if stream is None:  # the blob does not prove itself after all: rebuilt whole and hashed
+                if stream is None and _nbytes(meta.groups[group_name]) > WHOLE_GROUP_BYTES:
+                    # blobs not cut into frames as their chain says: block by block (hashed), never whole
+                    yield from _blocks(meta.groups[group_name], store, name, bar, verify)
+                    return
+                if stream is None:  # rebuilt whole and hashed
                     value = rebuild.whole(group_name)
                     checker.submit(meta.groups[group_name], value)
                     bar.advance(value.nbytes)
@@ -547,22 +553,36 @@ class _Rebuilder:
 # items decoded ahead by the frame stream (frames, and one header per group): the codec's default of 2 frames
 # per codec thread, plus a group's header -- at most ~5 x codec.FRAME_BYTES in flight, whatever the group size
 _FRAMES_AHEAD = 2 * parallel.CODEC_THREADS + 1
+# frames handed to the writer and still being hashed (on the hash thread) before their buffers are reused
+_HASHING_BEHIND = 2
+
+
+def streams_by_frames(group) -> bool:
+    """Whether a checkout can stream ``group``'s value frame by frame from its blobs (:class:`_FrameStream`): one
+    dense step, or a split keyframe chain -- from the metadata alone; the blobs decide when they are opened."""
+    return _single_dense(group) or is_split_chain(group)
 
 
 class _FrameStream:
-    """The frames of the groups a checkout may trust without hashing them (a single dense step whose blob the
-    store has bound to the group's hash, or a split keyframe chain both of whose steps it has bound, every zstd
-    frame checksummed: :func:`theta.updates.rebuild.proven_frames`),
-    in the order the writer is expected to ask for them, decoded on the codec threads a few frames ahead --
-    across group boundaries, so the writer never waits for a group's first frame, and never holds a whole group.
+    """The frames of the groups whose chains decode frame by frame (one dense step, or a split keyframe chain:
+    :func:`theta.updates.rebuild.chain_frames`), in the order the writer is expected to ask for them, decoded on
+    the codec threads a few frames ahead -- across group boundaries, so the writer never waits for a group's
+    first frame, and never holds a whole group.
+
+    A group the store proves (its blobs bound here, every zstd frame checksummed) is trusted in "frames" mode
+    (``trust``). Any other -- every group of a fresh clone, of a version just pulled -- is hashed as its frames
+    pass, on the hash thread, a frame or two behind the writer (a split chain's first step too, from a copy of
+    its frame taken before the codes are applied), and checked at its last frame (BlobCorruptError: the caller
+    discards the output); a group that checks out is bound, so the next checkout trusts it.
 
     ``frames_of(group)`` hands out one group's frames (uint8 arrays of its little-endian bytes, in order), or
-    None when its blob does not prove itself after all (then it is rebuilt whole and hashed). Asked out of the
-    expected order, the stream starts again from that group."""
+    None when its blobs are not cut into frames that way after all (then it is rebuilt another way). Asked out
+    of the expected order, the stream starts again from that group."""
 
-    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, names: list[str]):
+    def __init__(self, meta: CheckpointMeta, store: LfsStore, file: str, names: list[str], trust: bool = True):
         self.meta, self.store, self.file = meta, store, file
         self.names = names
+        self.trust = trust
         self.pos = {n: i for i, n in enumerate(names)}
         self._results = None   # codec.ordered over _items(): headers and decoded frames, in order
         self._items_gen = None
@@ -574,60 +594,95 @@ class _FrameStream:
     def _items(self, start: int):
         for name in self.names[start:]:
             stack = contextlib.ExitStack()
-            proven = stack.enter_context(proven_frames(self.meta.groups[name], self.store, self.file))
-            if proven is None:
+            frames = stack.enter_context(chain_frames(self.meta.groups[name], self.store, self.file,
+                                                      proven_only=False))
+            if frames is None:
                 stack.close()
-                yield name, None, None, -1
+                yield name, None
                 continue
             self._maps[name] = stack  # closed once its last frame is taken (or by close())
-            yield name, None, None, len(proven.plan.jobs)
-            for job in proven.plan.jobs:
-                yield name, proven.decode, proven.plan, job
+            yield name, frames
+            high = frames.split and not self._trusted(frames)  # its first step's value is hashed too
+            for job in frames.plan.jobs:
+                yield frames, job, high
+
+    def _trusted(self, frames) -> bool:
+        return self.trust and frames.proven
+
+    def _buffer(self) -> np.ndarray:
+        try:
+            return self._spare.pop()  # list.pop is atomic: codec threads share the list
+        except IndexError:
+            return np.empty(codec.FRAME_BYTES, dtype=np.uint8)
 
     def _decode(self, item):
-        name, decode, plan, job = item
-        if decode is None:
+        if len(item) == 2:  # a group's header
             return item
-        try:
-            spare = self._spare.pop()  # list.pop is atomic: codec threads share the list
-        except IndexError:
-            spare = np.empty(codec.FRAME_BYTES, dtype=np.uint8)
-        frame = decode(job, spare)
-        return frame, spare
+        frames, job, high = item
+        buffers = [self._buffer()] + ([self._buffer()] if high else [])
+        frame = frames.decode(job, buffers[0], high=buffers[1] if high else None)
+        return frame, buffers, buffers[1][:frame.nbytes] if high else None
 
     def frames_of(self, name: str):
         if self._results is None or self._next != name or self._in_group:
             self._restart(name)
         header = next(self._results)
-        if len(header) != 4 or header[0] != name:  # out of step (never expected): start again from this group
+        if len(header) != 2 or header[0] != name:  # out of step (never expected): start again from this group
             self._restart(name)
             header = next(self._results)
         i = self.pos[name] + 1
         self._next = self.names[i] if i < len(self.names) else None
-        if header[3] < 0:
+        if header[1] is None:
             return None
-        return self._frames(name, header[3])
+        return self._frames(name, header[1])
 
     def _restart(self, name: str) -> None:
         self.close()
         self._items_gen = self._items(self.pos[name])
         self._results = codec.ordered(self._decode, self._items_gen, _FRAMES_AHEAD)
 
-    def _frames(self, name: str, count: int):
+    def _frames(self, name: str, frames):
         group = self.meta.groups[name]
+        hashed = not self._trusted(frames)
+        value = valuehash.like(group.hash) if hashed else None
+        first = valuehash.like(group.steps[0].hash) if hashed and frames.split else None
+        hashing: collections.deque = collections.deque()  # (hash future, buffers) behind the writer
         self._in_group = True
         try:
-            for _ in range(count):
-                frame, buffer = next(self._results)
+            for _ in frames.plan.jobs:
+                frame, buffers, high = next(self._results)
+                if hashed:
+                    hashing.append((parallel.pool("hash").submit(_hash_frame, value, frame, first, high), buffers))
                 yield frame
-                del frame
-                self._spare.append(buffer)  # the writer asked for the next piece: it is done with this one
+                del frame, high
+                if not hashed:
+                    self._spare.extend(buffers)  # the writer asked for the next piece: it is done with this one
+                while len(hashing) > _HASHING_BEHIND:
+                    self._reuse(hashing.popleft())
+            while hashing:
+                self._reuse(hashing.popleft())
         except IntegrityError as e:  # a frame failed its checksum or its declared size
             raise bounds_located(e, self.file, name, group.steps[0].blob.oid) from None
+        finally:
+            for fut, _ in hashing:  # (left by an error: their buffers are not reused)
+                fut.cancel() or fut.exception()
         self._in_group = False
         stack = self._maps.pop(name, None)  # every frame decoded and taken: the blob can go
         if stack is not None:
             stack.close()
+        if hashed:
+            if value.hexdigest() != group.hash:
+                oid = group.steps[-1].blob.oid
+                raise BlobCorruptError(f"{self.file}: group {name!r} rebuilt from blob {oid} does not match its "
+                                       f"content hash {group.hash}", file=self.file, group=name, oid=oid)
+            if first is None or first.hexdigest() == group.steps[0].hash:
+                # the next checkout in "frames" mode trusts its frames; on the hash thread, off the writer's way
+                parallel.pool("hash").submit(bind_steps, group.steps, self.store)
+
+    def _reuse(self, hashed: tuple) -> None:
+        fut, buffers = hashed
+        fut.result()
+        self._spare.extend(buffers)
 
     def close(self) -> None:
         """Stop the stream: frames in flight finish (codec.ordered waits for them), then the blobs are unmapped."""
@@ -640,6 +695,13 @@ class _FrameStream:
         for stack in self._maps.values():
             stack.close()
         self._maps.clear()
+
+
+def _hash_frame(value, frame: np.ndarray, first, high: np.ndarray | None) -> None:
+    """One frame into a group's value hash (and its first step's, from ``high``): on the hash thread, in order."""
+    value.update(frame)
+    if first is not None:
+        first.update(high)
 
 
 def _single_dense(group) -> bool:
@@ -675,7 +737,7 @@ class _HashChecker:
         if digest == group.hash:
             if self.store is not None and (_single_dense(group) or is_split_chain(group)):
                 # the chain's value checks out (and the value before its last step did, when it was rebuilt):
-                # a checkout in "frames" mode may stream it next time (proven_frames)
+                # a checkout in "frames" mode may trust its frames next time (chain_frames)
                 bind_steps(group.steps, self.store)
         elif raise_errors:
             raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob {oid} does not match its "

@@ -443,8 +443,12 @@ class LfsStore:
         """Record that blob ``oid`` decodes to the value of content hash ``value_hash`` (best effort)."""
         p = self._binding(oid, value_hash)
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
+            try:
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the first binding of its directory
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.close(fd)
         except OSError:
             pass  # a read-only store: checkouts keep hashing, nothing is wrong
 

@@ -34,24 +34,27 @@ TRUSTED_INCREMENTAL = ("delta", "sparse", "rows")
 
 
 @contextmanager
-def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None):
-    """The value of a group whose chain is one dense step, as frames to decode one by one, when its blob
-    proves its own bytes -- the checks of :func:`decode_proven_dense`, all made before any frame is decoded:
-    the store binds the blob to the group's hash, every zstd frame carries a checksum (verified by zstd as each
-    frame is decoded: :func:`theta.storage.codec.decode_frame`), the blob holds exactly one part, ``values``,
-    of the group's dtype and shape. Yields ``(values blob, codec.FramePlan)`` while the blob is mapped, or None
-    (the caller rebuilds and hashes the value). Structural errors raise, located."""
+def _dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None, proven_only: bool = True):
+    """The value of a group whose chain is one dense step, as frames to decode one by one -- the checks of
+    :func:`decode_proven_dense`, all made before any frame is decoded: the blob holds exactly one part,
+    ``values``, of the group's dtype and shape; for a blob that proves its own bytes, also: the store binds it to
+    the group's hash and every zstd frame carries a checksum (verified by zstd as each frame is decoded:
+    :func:`theta.storage.codec.decode_frame`). Yields ``(values blob, codec.FramePlan, proven)`` while the blob is
+    mapped, or None (the caller rebuilds the value another way; ``proven_only``: also when not proven).
+    Structural errors raise, located."""
     if len(group.steps) != 1 or group.steps[0].type != "dense":
         yield None
         return
     step = group.steps[0]
-    if not store.bound(step.blob.oid, group.hash):
+    bound = store.bound(step.blob.oid, group.hash)
+    if proven_only and not bound:
         yield None
         return
     with store.mapped(step.blob, group=group.name, file=file) as blob:
         try:
             plan = None
-            if codec.frames_checksummed(blob):
+            proven = bound and codec.frames_checksummed(blob)
+            if proven or not proven_only:
                 parts = codec.part_blobs(blob)
                 if set(parts) == {"values"}:
                     values = parts["values"]
@@ -62,20 +65,25 @@ def proven_dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None 
                 tuple(plan.shape) != tuple(group.shape) or plan.nbytes != group.numel * plan.item:
             yield None
             return
-        yield values, plan
+        yield values, plan, proven
 
 
 _scratch = threading.local()  # per codec thread: the buffer a split step's codes are decoded into
 
 
 @dataclass(frozen=True)
-class ProvenFrames:
-    """A value to decode frame by frame from blobs that prove their own bytes (:func:`proven_frames`): the
-    frames of ``plan`` (its ``jobs``), each decoded by ``decode(job, out)`` into the value's little-endian
-    bytes (a uint8 array; in ``out``, a reused buffer, when it is large enough)."""
+class ChainFrames:
+    """A value to decode frame by frame (:func:`chain_frames`): the frames of ``plan`` (its ``jobs``), each decoded
+    by ``decode(job, out, high=None)`` into the value's little-endian bytes (a uint8 array; in ``out``, a reused
+    buffer, when it is large enough). For a split keyframe chain (``split``), ``high`` (a uint8 buffer of a
+    frame's size) also receives that frame of the first step's value, for a caller hashing both steps' values.
+    ``proven``: the store proves the blobs (bound here, every frame checksummed and verified while decoding): the
+    value needs no hash; else the caller hashes it (and, for a split chain, its first step's) as frames pass."""
 
     plan: "FramePlan"
-    decode: "Callable[[tuple, np.ndarray | None], np.ndarray]"
+    decode: "Callable[..., np.ndarray]"
+    proven: bool
+    split: bool = False
 
 
 def is_split_chain(group: "GroupMeta") -> bool:
@@ -86,7 +94,7 @@ def is_split_chain(group: "GroupMeta") -> bool:
 
 
 def chain_bound(group: "GroupMeta", store: "LfsStore") -> bool:
-    """Whether this store has proven every step of a chain :func:`proven_frames` can stream (one dense step, or
+    """Whether this store has proven every step of a chain :func:`chain_frames` can stream (one dense step, or
     a split keyframe chain) -- cheap: the blobs are not opened."""
     steps = group.steps
     if len(steps) == 1 and steps[0].type == "dense":
@@ -96,30 +104,35 @@ def chain_bound(group: "GroupMeta", store: "LfsStore") -> bool:
 
 
 @contextmanager
-def proven_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None):
-    """:func:`proven_dense_frames` for the chains that decode frame by frame: one dense step, or a split
-    keyframe chain whose two steps the store has bound (:func:`bind_steps`), both blobs checksummed frame by
-    frame and cut into the same frames (each frame of the value: the high part's frame, its split codes'
-    applied in place). Yields a :class:`ProvenFrames`, or None (the caller rebuilds and hashes the value)."""
+def chain_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None, proven_only: bool = True):
+    """The frames of a chain that decodes frame by frame: one dense step (:func:`_dense_frames`), or a split
+    keyframe chain whose two blobs are cut into the same frames (each frame of the value: the high part's frame,
+    its split codes' applied in place). Yields a :class:`ChainFrames`, or None (the caller rebuilds the value
+    another way); ``proven_only``: None also for a chain the store does not prove (both steps bound here, both
+    blobs checksummed frame by frame: :func:`bind_steps`)."""
     if not is_split_chain(group):
-        with proven_dense_frames(group, store, file) as proven:
-            if proven is None:
+        with _dense_frames(group, store, file, proven_only) as dense:
+            if dense is None:
                 yield None
                 return
-            values, plan = proven
-            yield ProvenFrames(plan, lambda job, out: codec.decode_frame(values, plan, job, out=out))
+            values, plan, proven = dense
+            yield ChainFrames(plan, lambda job, out, high=None: codec.decode_frame(values, plan, job, out=out), proven)
         return
-    if not chain_bound(group, store):
+    bound = chain_bound(group, store)
+    if proven_only and not bound:
         yield None
         return
     high, split = group.steps
+    if split.hash != group.hash:
+        yield None
+        return
     want = dtypes.get(group.dtype).to_numpy()
     with store.mapped(high.blob, group=group.name, file=file) as hblob, \
             store.mapped(split.blob, group=group.name, file=file) as sblob:
         try:
             hparts, sparts = codec.part_blobs(hblob), codec.part_blobs(sblob)
-            ok = set(hparts) == {"values"} and set(sparts) == {"codes"} and codec.frames_checksummed(hblob) \
-                and codec.frames_checksummed(sblob)
+            proven = bound and codec.frames_checksummed(hblob) and codec.frames_checksummed(sblob)
+            ok = set(hparts) == {"values"} and set(sparts) == {"codes"} and (proven or not proven_only)
             hplan = codec.frame_plan(hparts["values"]) if ok else None
             splan = codec.frame_plan(sparts["codes"]) if ok else None
         except IntegrityError as e:
@@ -132,8 +145,10 @@ def proven_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None
             return
         op, codes_of = split.params["op"], {j[0]: j for j in splan.jobs}
 
-        def decode(job, out):  # on the codec threads: a buffer for the codes each
+        def decode(job, out, high=None):  # on the codec threads: a buffer for the codes each
             frame = codec.decode_frame(hparts["values"], hplan, job, out=out)
+            if high is not None:
+                high[:frame.nbytes] = frame
             words = frame.view(word)
             cjob = codes_of[job[0]]
             buf = getattr(_scratch, "codes", None)
@@ -143,7 +158,7 @@ def proven_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None
             _uncombine(codes.view(word), words, op, out=words, scratch=True)
             return frame
 
-        yield ProvenFrames(hplan, decode)
+        yield ChainFrames(hplan, decode, proven, split=True)
 
 
 def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) -> IntegrityError:
@@ -153,14 +168,14 @@ def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) ->
 
 def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> np.ndarray | None:
     """The value of a group whose chain is one dense step, when its blob proves its own bytes (the checks of
-    :func:`proven_dense_frames`: every zstd frame carries a checksum, verified while decoding, and the store has
+    :func:`_dense_frames`: every zstd frame carries a checksum, verified while decoding, and the store has
     bound the blob to the group's hash -- :meth:`LfsStore.bind`: theta encoded, or hashed, that value on this
     machine), decoded whole. None otherwise (the caller rebuilds and hashes the value). Bad frames raise,
     located."""
-    with proven_dense_frames(group, store, file) as proven:
+    with _dense_frames(group, store, file) as proven:
         if proven is None:
             return None
-        values, plan = proven
+        values, plan, _ = proven
         try:
             # raises CodecError on a bad checksum or structure; the plan was checked against the group's bytes
             return codec.decode_array(values, max_bytes=plan.nbytes)
