@@ -1,8 +1,8 @@
-"""A checkout writing frame after frame (theta.model.smudge._FrameStream): the groups a checkout in "frames" mode
-trusts without hashing go from the codec threads to the file one frame at a time, with their CRC patched in
+"""A checkout writing frame after frame (theta.model.smudge._FrameStream): the groups of one dense step (or a
+split keyframe chain) go from the codec threads to the file one frame at a time, with their CRC patched in
 afterwards. Checked: the same bytes as the whole-group path and as "hash" mode, a valid zip, memory below one
-group, a group without a binding hashed as before, writer asking out of the expected order, and a flipped byte
-in a bound blob caught at a materialized checkout with the placeholder left in place."""
+group, a group without a binding streamed too and hashed as it passes, writer asking out of the expected order,
+and a flipped byte in a bound blob caught at a materialized checkout with the placeholder left in place."""
 from __future__ import annotations
 
 import io
@@ -102,18 +102,26 @@ def test_frames_never_hold_a_whole_group(tmp_path):
     assert peaks["framed"] < 0.75 * group, peaks  # frames in flight only (at most ~6 x 4 MiB + zstd buffers)
 
 
-def test_a_group_the_store_has_not_bound_is_rebuilt_whole_and_hashed(tmp_path, cleaned, monkeypatch):
+def test_a_group_the_store_has_not_bound_is_streamed_hashed_and_bound(tmp_path, cleaned, monkeypatch):
+    """As for blobs fetched from elsewhere: the group still goes frame by frame, every byte of it hashed as it
+    passes (none of the bound ones), and is bound for the next checkout."""
     import theta.model.smudge as sm
 
     store, meta, _ = cleaned
     expected = _smudge(tmp_path, meta, store, "before")
     g = meta.groups[meta.group_for("a.weight").name]
-    store._binding(g.steps[0].blob.oid, g.hash).unlink()  # as for a blob fetched from elsewhere
-    hashed = []
-    real = sm._HashChecker.submit
-    monkeypatch.setattr(sm._HashChecker, "submit", lambda self, grp, v: hashed.append(grp.name) or real(self, grp, v))
+    binding = store._binding(g.steps[0].blob.oid, g.hash)
+    binding.unlink()
+    hashed, whole = [], []
+    real_hash, real_submit = sm._hash_frame, sm._HashChecker.submit
+    monkeypatch.setattr(sm, "_hash_frame", lambda value, frame, first, high: hashed.append(frame.nbytes)
+                        or real_hash(value, frame, first, high))
+    monkeypatch.setattr(sm._HashChecker, "submit",
+                        lambda self, grp, v: whole.append(grp.name) or real_submit(self, grp, v))
     assert _smudge(tmp_path, meta, store, "after") == expected
-    assert hashed == [g.name]
+    assert sum(hashed) == 300 * 200 * 4 and whole == []
+    sm.parallel.pool("hash").submit(lambda: None).result()  # (bindings are written on the hash thread)
+    assert binding.exists()
 
 
 def test_frames_asked_out_of_order_start_again_from_that_group(cleaned):
