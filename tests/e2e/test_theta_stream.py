@@ -8,13 +8,15 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from support.crafted import flip_byte
 from support.gitrepo import GitEnv
-from theta.model.clean import clean_checkpoint
-from theta.storage.metadata import dumps, loads
+
+from zipslice import dtypes
+
 from theta.git.pktline import MAX_PAYLOAD, PktReader, PktWriter
+from theta.model.clean import clean_checkpoint
 from theta.model.smudge import smudge_checkpoint, smudge_to_stream, streams
+from theta.storage.metadata import dumps, loads
 from theta.storage.store import LfsStore
 
 
@@ -124,13 +126,16 @@ def test_frames_verification_skips_only_the_hash_of_single_dense_steps(tmp_path,
     src = tmp_path / "model.pt"
     torch.save(_state(3), src)
     meta = loads(dumps(clean_checkpoint(src, store, None)))
-    hashed = []
-    real = sm._HashChecker.submit
-    monkeypatch.setattr(sm._HashChecker, "submit", lambda self, g, v: hashed.append(g.name) or real(self, g, v))
+    hashed, whole = [], []  # bytes hashed as frames pass; groups hashed whole
+    real_hash, real_submit = sm._hash_frame, sm._HashChecker.submit
+    monkeypatch.setattr(sm, "_hash_frame", lambda value, frame, first, high: hashed.append(frame.nbytes)
+                        or real_hash(value, frame, first, high))
+    monkeypatch.setattr(sm._HashChecker, "submit", lambda self, g, v: whole.append(g.name) or real_submit(self, g, v))
     framed, full = io.BytesIO(), io.BytesIO()
     smudge_to_stream(meta, store, framed, "model.pt", verify="frames")
-    assert hashed == []  # every group here is one dense step with checksummed frames
+    assert hashed == [] and whole == []  # every group here is one dense step with checksummed frames
     smudge_to_stream(meta, store, full, "model.pt", verify="hash")
-    assert sorted(hashed) == sorted(meta.groups) and framed.getvalue() == full.getvalue()
+    nbytes = sum(g.numel * dtypes.get(g.dtype).itemsize for g in meta.groups.values())
+    assert sum(hashed) == nbytes and whole == [] and framed.getvalue() == full.getvalue()
     with pytest.raises(Exception, match="unknown verification"):
         smudge_to_stream(meta, store, io.BytesIO(), "model.pt", verify="none")
