@@ -76,14 +76,14 @@ def hook_main(args: list[str]) -> int:
     (perf, a clone's hook). Errors and interrupts end as the app's do."""
     single_threaded_blas()
     few_collections()
-    from theta.base.errors import ThetaError
+    from theta.base.errors import MissingDependencyError, ThetaError
     from theta.commands.filter import checkout_hooks
 
     try:
         if args[0] == "post-checkout":
             return checkout_hooks.post_checkout()
         return checkout_hooks.post_index_change(args[1] == "1")
-    except ThetaError as e:
+    except (ThetaError, MissingDependencyError) as e:  # the app's user errors (theta.commands.app.run)
         from zipslice.clistyle import one_line
 
         print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)

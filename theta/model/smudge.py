@@ -672,9 +672,7 @@ class _FrameStream:
             stack.close()
         if hashed:
             if value.hexdigest() != group.hash:
-                oid = group.steps[-1].blob.oid
-                raise BlobCorruptError(f"{self.file}: group {name!r} rebuilt from blob {oid} does not match its "
-                                       f"content hash {group.hash}", file=self.file, group=name, oid=oid)
+                raise _hash_mismatch(self.file, group)
             if first is None or first.hexdigest() == group.steps[0].hash:
                 # the next checkout in "frames" mode trusts its frames; on the hash thread, off the writer's way
                 parallel.pool("hash").submit(bind_steps, group.steps, self.store)
@@ -702,6 +700,14 @@ def _hash_frame(value, frame: np.ndarray, first, high: np.ndarray | None) -> Non
     value.update(frame)
     if first is not None:
         first.update(high)
+
+
+def _hash_mismatch(file: str, group) -> BlobCorruptError:
+    """The error of a rebuilt value whose hash is not its group's name, naming the file, the group and the blob
+    of its last step."""
+    oid = group.steps[-1].blob.oid
+    return BlobCorruptError(f"{file}: group {group.name!r} rebuilt from blob {oid} does not match its content hash "
+                            f"{group.hash}", file=file, group=group.name, oid=oid)
 
 
 def _single_dense(group) -> bool:
@@ -733,12 +739,10 @@ class _HashChecker:
         group, fut = self.pending
         self.pending = None
         digest = fut.result()
-        oid = group.steps[-1].blob.oid
         if digest == group.hash:
             if self.store is not None and (_single_dense(group) or is_split_chain(group)):
                 # the chain's value checks out (and the value before its last step did, when it was rebuilt):
                 # a checkout in "frames" mode may trust its frames next time (chain_frames)
                 bind_steps(group.steps, self.store)
         elif raise_errors:
-            raise BlobCorruptError(f"{self.file}: group {group.name!r} rebuilt from blob {oid} does not match its "
-                                   f"content hash {group.hash}", file=self.file, group=group.name, oid=oid)
+            raise _hash_mismatch(self.file, group)
