@@ -179,3 +179,67 @@ def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published)
     first_try = [r for r in server.requests()[before:cut] if r["kind"] == "download"]
     assert all(r["inflight"] == 1 for r in first_try)  # lfs.concurrenttransfers 1: one download at a time
 
+
+
+def _lfs_fetches(trace) -> list[list[str]]:
+    """The ancestry (process names, nearest first) of every ``git lfs fetch`` a GIT_TRACE2_EVENT file saw."""
+    import json
+
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    fetching = {e["sid"] for e in events if e.get("event") == "start" and e.get("argv", [])[1:3] == ["lfs", "fetch"]}
+    return [e["ancestry"] for e in events if e.get("event") == "cmd_ancestry" and e["sid"] in fetching]
+
+
+def test_a_clone_downloads_from_the_filter_and_the_hook_reads_what_arrives(published, tmp_path):
+    """The filter starts the download when it hands git the placeholder; the post-checkout hook starts no
+    git-lfs run of its own and writes the checkpoint from the blobs as they arrive: each blob crosses the wire
+    once, in one batch request, and the early download leaves no record behind."""
+    genv, server, repo, bare, versions = published
+    server.throttle(1 << 20)  # ~0.5 s per blob: the hook starts while the filter's download still runs
+    before = len(server.requests())
+    trace = tmp_path / "trace.json"
+    genv.run(["git", "clone", "-q", str(bare.path), str(genv.home.parent / "clone")], cwd=genv.home,
+             extra_env={"GIT_TRACE2_EVENT": str(trace)})
+    clone = genv.home.parent / "clone"
+    assert_same_checkpoint(clone / "model.pt", versions[-1])
+    fetches = _lfs_fetches(trace)
+    assert len(fetches) == 1, fetches  # one git-lfs run for the clone
+    assert "post-checkout" not in fetches[0] and "git-theta" in fetches[0]  # run by the filter, not the hook
+    got = server.requests()[before:]
+    served = [(r["oid"], r["sent"]) for r in got if r["kind"] == "download"]
+    assert sorted(served) == sorted(chain_blobs(repo, "HEAD").items())  # each blob once, whole
+    assert len([r for r in got if r["kind"] == "batch"]) == 1
+    assert list((clone / ".git" / "theta" / "prefetch").iterdir()) == []
+    assert genv.run(["git", "status", "--porcelain"], cwd=clone).stdout == b""
+
+
+def test_blobs_an_early_download_ended_without_are_fetched_by_the_reader(published):
+    """An early download that fails (here: its server unreachable) decides nothing: the process writing the
+    checkpoint fetches what it lacks itself, each blob once."""
+    from theta.commands.filter.materialize import in_file_order
+    from theta.storage import prefetch
+    from theta.storage.store import LfsStore
+    from theta.storage.transfer import arriving
+
+    genv, server, repo, bare, versions = published
+    clone = genv.clone(str(bare.path), "clone", "-c", "theta.skipSmudge=true")  # placeholders, no blob
+    assert clone.lfs_objects() == set()
+    meta = loads((clone / "model.pt").read_bytes())
+    refs = in_file_order(meta)
+    store = LfsStore.for_repo(clone.path)
+    url = server.lfs_url("org", "model")
+    clone.git("config", "lfs.url", "http://127.0.0.1:9/none")  # nothing listens there
+    early = prefetch.start(clone.path, refs[:2], store)
+    assert early is not None
+    assert early.run.wait() is not None  # it failed
+    clone.git("config", "lfs.url", url)
+    before = len(server.requests())
+    try:
+        with arriving(clone.path, refs, store=store) as arrived:
+            for r in refs:
+                assert len(arrived.get(r)) == r.size
+    finally:
+        early.close()
+    asked = [r["oid"] for r in server.requests()[before:] if r["kind"] == "download"]
+    assert sorted(asked) == sorted({r.oid for r in refs})  # each once: the failed two refetched, the rest too
+    assert clone.lfs_objects() == {r.oid for r in refs}

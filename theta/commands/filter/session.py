@@ -35,6 +35,7 @@ class Filter(CleanRequests, SmudgeRequests):
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self.ledger: Ledger | None = None     # the same, where a hook can take them (filter.handoff)
+        self.prefetch = None                  # the download started for them (storage.prefetch), or False
         self._verify: str | None = None
         self._max_output: int | None = None
         self._checkout = None
@@ -62,7 +63,10 @@ class Filter(CleanRequests, SmudgeRequests):
         return None if meta.is_opaque else meta
 
     def close(self) -> None:
-        """Remove this process's scratch directory (a killed process's is swept by the next one)."""
+        """Stop the download started for the placeholders if it still runs (nobody waits for it now: git is
+        done), and remove this process's scratch directory (a killed process's is swept by the next one)."""
+        if self.prefetch:
+            self.prefetch.close()
         shutil.rmtree(self.spool_dir, ignore_errors=True)
 
     def max_output(self) -> int:

@@ -20,18 +20,21 @@ from theta import settings
 from theta.base import faults
 from theta.base.errors import TransferError
 from theta.commands.filter.handoff import Ledger
-from theta.commands.filter.materialize import Outcome, Placeholder, data_bytes, materialize, report
+from theta.commands.filter.materialize import Outcome, Placeholder, data_bytes, in_file_order, materialize, report
 from theta.commands.filter.messages import log, report_error
 from theta.commands.filter.receive import Received, receive
 from theta.git import repo as gitutil
 from theta.model.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
 from theta.peers.gittheta import files as gittheta_files
+from theta.storage import prefetch
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.transfer import fetch_missing
 from theta.updates.bounds import check_output
 
 # git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
 CONTENT_WANTED = frozenset({"archive", "cat-file"})
+# git commands whose placeholders are written as soon as git is done: their blobs are worth downloading early
+PREFETCH_FOR = frozenset({"clone", "checkout", "switch", "restore", "reset", "worktree", "pull", "merge"})
 
 
 class SmudgeRequests:
@@ -75,6 +78,7 @@ class SmudgeRequests:
                     if self.ledger is None:
                         self.ledger = Ledger(self.cwd)
                     self.ledger.add(path, oid, p.issued_ns)
+                    self._prefetch(meta)
                 out(io.BytesIO(text))
                 return False
             # everything the metadata alone can refuse is refused before any download or byte of output
@@ -140,6 +144,15 @@ class SmudgeRequests:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return True
+
+    def _prefetch(self, meta) -> None:
+        """Start downloading the blobs of the first placeholder that lacks some, for whoever writes it once
+        git is done (theta.storage.prefetch): git still has the rest of the work tree to write, and the hook
+        a Python process to start. One download per process; the writer fetches the other files' blobs. Not
+        while a rebase, cherry-pick or stash replays commits: their placeholders' versions may never be
+        written (only the last state's are)."""
+        if self.prefetch is None and self.invoker() in PREFETCH_FOR:
+            self.prefetch = prefetch.start(self.cwd, in_file_order(meta), self.store) or False
 
     def _as_placeholder(self, meta) -> bool:
         cs = self.checkout_settings()
