@@ -21,7 +21,6 @@ import os
 from itertools import count
 from pathlib import Path
 
-from theta.base.errors import ThetaError
 from theta.git import lfs
 from theta.git import repo as gitutil
 from theta.storage.store import BlobRef, LfsStore
@@ -77,7 +76,7 @@ def start(repo_dir, refs: list[BlobRef], store: LfsStore) -> Prefetch | None:
         except BaseException:
             run.close()
             raise
-    except (OSError, ThetaError):  # an early download is an optimisation: the reader fetches for itself
+    except Exception:  # an early download only saves time: whatever stops it, the reader fetches for itself
         with contextlib.suppress(OSError):
             os.unlink(temp)
         with contextlib.suppress(OSError):
