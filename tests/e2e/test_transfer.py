@@ -243,3 +243,35 @@ def test_blobs_an_early_download_ended_without_are_fetched_by_the_reader(publish
     asked = [r["oid"] for r in server.requests()[before:] if r["kind"] == "download"]
     assert sorted(asked) == sorted({r.oid for r in refs})  # each once: the failed two refetched, the rest too
     assert clone.lfs_objects() == {r.oid for r in refs}
+
+
+def test_a_clone_of_several_checkpoints_downloads_them_all_in_one_run_from_the_filter(published, tmp_path):
+    """With git's delay capability the filter sets the placeholders aside until git has sent the whole
+    checkout, then starts one download for all of them, in order: one git-lfs run, one batch request."""
+    genv, server, repo, bare, versions = published
+    (repo / "shards").mkdir()
+    for i, sd in enumerate(versions[:2]):
+        save_pt(repo / "shards" / f"part{i}.pt", sd)
+    repo.commit("shards", "shards/part0.pt", "shards/part1.pt")
+    repo.git("push", "-q", "origin", "main")
+    before = len(server.requests())
+    trace = tmp_path / "trace.json"
+    genv.run(["git", "clone", "-q", str(bare.path), str(genv.home.parent / "clone")], cwd=genv.home,
+             extra_env={"GIT_TRACE2_EVENT": str(trace)})
+    clone = genv.home.parent / "clone"
+    assert_same_checkpoint(clone / "model.pt", versions[-1])
+    for i, sd in enumerate(versions[:2]):
+        assert_same_checkpoint(clone / "shards" / f"part{i}.pt", sd)
+    fetches = _lfs_fetches(trace)
+    assert len(fetches) == 1 and "post-checkout" not in fetches[0], fetches
+    got = server.requests()[before:]
+    wanted = {**chain_blobs(repo, "HEAD"), **{o: n for f in ("shards/part0.pt", "shards/part1.pt")
+                                             for o, n in _file_blobs(repo, f"HEAD:{f}").items()}}
+    served = [(r["oid"], r["sent"]) for r in got if r["kind"] == "download"]
+    assert sorted(served) == sorted(wanted.items())  # each blob once, whole
+    assert len([r for r in got if r["kind"] == "batch"]) == 1
+
+
+def _file_blobs(repo, spec: str) -> dict[str, int]:
+    meta = loads(repo.show(spec))
+    return {s.blob.oid: s.blob.size for g in meta.groups.values() for s in g.steps}

@@ -32,6 +32,7 @@ class Filter(CleanRequests, SmudgeRequests):
         self.store = LfsStore.for_repo(self.cwd)
         self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
+        self.delayed_placeholders: dict[str, bytes] = {}  # placeholders set aside until list_available_blobs
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self.ledger: Ledger | None = None     # the same, where a hook can take them (filter.handoff)

@@ -72,6 +72,8 @@ class SmudgeRequests:
                 text = got.path.read_bytes()
             meta = loads(text, file=path)
             if self._as_placeholder(meta):
+                if can_delay and self._prefetch_later(path, text, meta):
+                    return True
                 if not self.checkout_settings().skip and not self._for_a_diff():
                     oid = blob or gitutil.blob_id(text, self._hash_name())
                     p = self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
@@ -145,14 +147,27 @@ class SmudgeRequests:
                 os.unlink(tmp)
         return True
 
+    def _prefetches(self) -> bool:
+        """Whether this process starts downloads for the placeholders it hands out (theta.storage.prefetch):
+        git still has the rest of the work tree to write, and the hook a Python process to start. Not while a
+        rebase, cherry-pick or stash replays commits: their placeholders' versions may never be written (only
+        the last state's are)."""
+        return (self.prefetch is None and not self.checkout_settings().skip and not self._for_a_diff()
+                and self.invoker() in PREFETCH_FOR)
+
     def _prefetch(self, meta) -> None:
-        """Start downloading the blobs of the first placeholder that lacks some, for whoever writes it once
-        git is done (theta.storage.prefetch): git still has the rest of the work tree to write, and the hook
-        a Python process to start. One download per process; the writer fetches the other files' blobs. Not
-        while a rebase, cherry-pick or stash replays commits: their placeholders' versions may never be
-        written (only the last state's are)."""
-        if self.prefetch is None and self.invoker() in PREFETCH_FOR:
+        """Start downloading the blobs of the first placeholder that lacks some, for whoever writes it once git
+        is done. One download per process; the writer fetches the other files' blobs."""
+        if self._prefetches():
             self.prefetch = prefetch.start(self.cwd, in_file_order(meta), self.store) or False
+
+    def _prefetch_later(self, path: str, text: bytes, meta) -> bool:
+        """With git's delay capability, set a placeholder whose blobs are missing aside until git has sent the
+        whole checkout (:meth:`available`): one download then takes every placeholder's blobs, in order."""
+        if not self._prefetches() or not self.store.missing(in_file_order(meta)):
+            return False
+        self.delayed_placeholders[path] = text
+        return True
 
     def _as_placeholder(self, meta) -> bool:
         cs = self.checkout_settings()
@@ -193,12 +208,20 @@ class SmudgeRequests:
 
     def available(self) -> list[str]:
         """Answer git's list_available_blobs: fetch the blobs of all delayed files at once, return their paths.
+        Placeholders set aside are available at once: their blobs' download starts now, one for them all.
 
         A failed download is not reported here: git asks for each file again and its smudge reports the
         error naming the file, the group and the blob.
         """
+        paths = list(self.delayed_placeholders)
+        if paths:  # their download runs while git writes them and after (theta.storage.prefetch)
+            refs = [r for path, text in self.delayed_placeholders.items()
+                    for r in in_file_order(loads(text, file=path))]
+            self.prefetch = prefetch.start(self.cwd, refs, self.store) or False
+            self.ready.update(self.delayed_placeholders)
+            self.delayed_placeholders.clear()
         if not self.delayed:
-            return []
+            return paths
         refs = [r for path, text in self.delayed.items() for r in loads(text, file=path).blob_refs()]
         t0 = time.perf_counter()
         try:
@@ -208,7 +231,7 @@ class SmudgeRequests:
                     f"({time.perf_counter() - t0:.2f}s)")
         except TransferError:
             pass
-        paths = list(self.delayed)
+        paths += list(self.delayed)
         self.ready.update(self.delayed)
         self.delayed.clear()
         return paths
