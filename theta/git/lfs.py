@@ -104,9 +104,8 @@ class Fetch:
     """
 
     def __init__(self, repo_dir: str | os.PathLike, remote: str, objects: Iterable[tuple[str, int]],
-                 lfs_dir: str | os.PathLike | None = None, hold_fd: int | None = None):
+                 lfs_dir: str | os.PathLike | None = None):
         self.repo_dir, self.remote, self.objects = repo_dir, remote, list(objects)
-        self.hold_fd = hold_fd  # a descriptor git-lfs keeps open while it runs (theta.storage.prefetch's lock)
         self.lfs_dir = Path(lfs_dir) if lfs_dir is not None else None  # the LFS store's directory, if known
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
@@ -137,8 +136,7 @@ class Fetch:
         # -I/-X "" clear any lfs.fetchinclude/fetchexclude: our synthetic paths must all be fetched.
         self._proc = subprocess.Popen(["git", "lfs", "fetch", "-I", "", "-X", "", self.remote, commit],
                                       cwd=self.repo_dir, env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=self._err,
-                                      pass_fds=() if self.hold_fd is None else (self.hold_fd,))
+                                      stdout=subprocess.DEVNULL, stderr=self._err)
         return self
 
     def running(self) -> bool:

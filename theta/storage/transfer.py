@@ -13,7 +13,7 @@ import os
 import tempfile
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from zipslice.progress import Bar
@@ -21,7 +21,6 @@ from zipslice.progress import Bar
 from theta.base.errors import DownloadError, TransferError
 from theta.git import lfs
 from theta.git import repo as gitutil
-from theta.storage import prefetch
 from theta.storage.store import BlobRef, LfsStore, sha256_file
 
 VERIFY_BATCH_BYTES = 1 << 30  # scratch space a remote verification holds at most at once (plus one object)
@@ -69,144 +68,64 @@ def fetch_missing(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: 
 POLL_SECONDS = 0.02  # how often a read waiting for a blob looks for it in the store
 
 
-class _OwnRun:
-    """A git-lfs run of this process, as a source of arriving blobs."""
+class ArrivingStore(LfsStore):
+    """The local store while one git-lfs run downloads ``pending`` blobs into it (:func:`arriving`): a
+    pending blob counts as present, and reading one waits until it is there -- or until the run has ended
+    without it (DownloadError, with git-lfs's reason)."""
 
-    def __init__(self, run: "lfs.Fetch"):
-        self.run = run
+    def __init__(self, store: LfsStore, run: "lfs.Fetch", pending: list[BlobRef], remote: str):
+        super().__init__(store.objects_dir, verify=store.verify, keep_dir=store.keep_dir)
+        self.run, self.remote = run, remote
+        self.pending = set(pending)
         self.failure: str | None = None
         self._ended = False
 
     def ended(self) -> bool:
+        """Whether the run is over (its failure, if any, recorded)."""
         if not self._ended and not self.run.running():
             self.failure = self.run.wait()
             self._ended = True
         return self._ended
 
-
-class ArrivingStore(LfsStore):
-    """The local store while git-lfs downloads the missing blobs into it (:func:`arriving`): a blob being
-    downloaded counts as present, and reading one waits until it is there -- or until its download has ended
-    without it (DownloadError, with git-lfs's reason). A blob another process's early download
-    (:mod:`theta.storage.prefetch`) ended without is fetched by a run of this process, started then."""
-
-    def __init__(self, store: LfsStore, remote: str, repo_dir, stack: ExitStack):
-        super().__init__(store.objects_dir, verify=store.verify, keep_dir=store.keep_dir)
-        self.remote, self.repo_dir, self._stack = remote, repo_dir, stack
-        self.sources: dict[BlobRef, object] = {}  # each pending blob -> the download bringing it
-        self.own: list[_OwnRun] = []
-        self.deferred: list[BlobRef] = []  # ours, fetched once the other downloads end or one is read
-
-    def defer(self, refs: list[BlobRef]) -> None:
-        """Fetch ``refs`` once the other processes' downloads have ended, or as soon as one of them is read:
-        blobs arrive in the order they are read, not shared between two downloads at once."""
-        self.deferred = list(refs)
-        self.sources.update((r, None) for r in refs)
-
-    def _start_deferred(self, ref: BlobRef | None = None) -> None:
-        if self.deferred and (ref in self.sources and self.sources[ref] is None or all(
-                s.ended() for s in set(self.sources.values()) if s is not None and not isinstance(s, _OwnRun))):
-            refs, self.deferred = self.deferred, []
-            self.fetch(refs)
-
-    def fetch(self, refs: list[BlobRef]) -> None:
-        """Start one git-lfs run of ``refs`` in the background (they are read in this order)."""
-        run = self._stack.enter_context(lfs.Fetch(self.repo_dir, self.remote, [(r.oid, r.size) for r in refs],
-                                                  self.objects_dir.parent))
-        own = _OwnRun(run)
-        self.own.append(own)
-        self.sources.update((r, own) for r in refs)
-
-    def expect(self, refs: list[BlobRef], source: "prefetch.Running") -> None:
-        """``refs`` come from another process's download (fetched here if it ends without them)."""
-        self.sources.update((r, source) for r in refs)
-
-    def _refetch(self, source) -> None:
-        """Fetch what another process's download ended without."""
-        left = [r for r, s in self.sources.items() if s is source and not LfsStore.has(self, r)]
-        if left:
-            self.fetch(left)
-
     def has(self, ref: BlobRef) -> bool:
-        if super().has(ref):
-            return True
-        if ref not in self.sources:
-            return False
-        source = self.sources[ref]
-        return source is None or not source.ended() or not isinstance(source, _OwnRun)
+        return super().has(ref) or (ref in self.pending and not self.ended())
 
     def arrived(self, ref: BlobRef) -> bool:
-        """Wait for ``ref`` while its download goes on; True once it is in the store."""
+        """Wait for ``ref`` while the run goes on; True once it is in the store."""
         while not super().has(ref):
-            if ref not in self.sources:
-                return False
-            self._start_deferred(ref)
-            source = self.sources[ref]
-            if source.ended():
-                if super().has(ref):
-                    return True
-                if isinstance(source, _OwnRun):
-                    return False
-                self._refetch(source)
-                continue
+            if ref not in self.pending or self.ended():
+                return super().has(ref)
             time.sleep(POLL_SECONDS)
         return True
 
     def _open(self, ref: BlobRef):
-        if not self.arrived(ref) and ref in self.sources:
-            failure = getattr(self.sources[ref], "failure", None)
+        if not self.arrived(ref) and ref in self.pending:
             raise DownloadError(f"blob {ref.oid} did not arrive from remote {self.remote!r}: "
-                                f"{failure or 'git-lfs did not download it'}")
+                                f"{self.failure or 'git-lfs did not download it'}")
         return super()._open(ref)
-
-    def wait(self) -> None:
-        """Wait for this process's runs to end (their failures recorded)."""
-        if self.deferred:  # nothing read them: nothing needs them now
-            self.deferred = []
-        for own in self.own:
-            own.failure = own.run.wait()
 
 
 @contextmanager
 def arriving(repo_dir: str | os.PathLike, refs: Iterable[BlobRef], remote: str | None = None,
              store: LfsStore | None = None, progress: str | None = None) -> Iterator[LfsStore]:
-    """A store from which every blob of ``refs`` can be read: the local store, and while git-lfs downloads
-    the missing ones in the background (in the order of ``refs``: list them in the order they will be read),
-    an :class:`ArrivingStore` whose reads wait for them. Blobs an early download of another process
-    (:mod:`theta.storage.prefetch`: the filter's) is bringing are awaited from it; the others come in one
-    git-lfs run of this process. A blob that does not arrive raises DownloadError when read (the checkpoint
-    needing it is not written; the others are).
+    """A store from which every blob of ``refs`` can be read: the local store, and while one git-lfs run
+    downloads the missing ones in the background (in the order of ``refs``: list them in the order they will
+    be read), an :class:`ArrivingStore` whose reads wait for them. A blob that does not arrive raises
+    DownloadError when read (the checkpoint needing it is not written; the others are).
 
-    On leaving the block the runs are waited for, or stopped when the block raised (what they had downloaded
+    On leaving the block the run is waited for, or stopped when the block raised (what it had downloaded
     stays, partial downloads included, for the next run). ``progress``: as :func:`fetch_missing`'s.
     TransferError when blobs are missing and there is no remote to fetch them from."""
     store = store or LfsStore.for_repo(repo_dir)
-    refs = list(refs)
     missing, remote = _to_fetch(store, refs, remote, repo_dir)
-    early = prefetch.records(repo_dir)
-    lacking = set(missing)
-    # the bar counts what an early download already brought too: it is this checkout's download
-    brought = [r for r in dict.fromkeys(refs) if r not in lacking and any(r.oid in s.oids for s in early)]
-    with ExitStack() as stack, _watch(store, brought + missing, progress):
-        for source in early:
-            stack.callback(source.close)
-        if not missing:
-            yield store
-            return
-        waiting = ArrivingStore(store, remote, repo_dir, stack)
-        coming = set()
-        for source in early:
-            theirs = [r for r in missing if r.oid in source.oids and r not in coming]
-            if theirs:
-                waiting.expect(theirs, source)
-                coming.update(theirs)
-        ours = [r for r in missing if r not in coming]
-        if ours and coming:
-            waiting.defer(ours)
-        elif ours:
-            waiting.fetch(ours)
+    if not missing:
+        yield store
+        return
+    with _watch(store, missing, progress), lfs.Fetch(repo_dir, remote, [(r.oid, r.size) for r in missing],
+                                                     store.objects_dir.parent) as run:
+        waiting = ArrivingStore(store, run, missing, remote)
         yield waiting
-        waiting.wait()
+        waiting.failure = run.wait()
 
 
 def push_blobs(repo_dir: str | os.PathLike, remote: str, refs: Iterable[BlobRef],

@@ -285,7 +285,7 @@ def _fetching(root: Path, store, todo, out: Outcome, remote: str | None, progres
     all arrive fails alone, naming the blob and git-lfs's reason."""
     from theta.storage.transfer import arriving
 
-    refs = [r for _, meta, _ in todo for r in in_file_order(meta)]
+    refs = [r for _, meta, _ in todo for r in _in_file_order(meta)]
     names = [p.path for p, _, _ in todo]
     label = f"theta fetch {names[0]}" + (f" (+{len(names) - 1} files)" if len(names) > 1 else "") if names else ""
     with ExitStack() as stack:
@@ -298,7 +298,7 @@ def _fetching(root: Path, store, todo, out: Outcome, remote: str | None, progres
         yield arrived
 
 
-def in_file_order(meta) -> list:
+def _in_file_order(meta) -> list:
     """The blobs of a checkpoint in the order a checkout reads them: group by group as the file lists them,
     each group's chain from its first step."""
     if meta.is_opaque:

@@ -32,11 +32,9 @@ class Filter(CleanRequests, SmudgeRequests):
         self.store = LfsStore.for_repo(self.cwd)
         self.spool_dir = gitutil.scratch_dir(self.cwd)  # ours alone; what killed filters left is swept
         self.delayed: dict[str, bytes] = {}   # smudges set aside until list_available_blobs (path -> metadata)
-        self.delayed_placeholders: dict[str, bytes] = {}  # placeholders set aside until list_available_blobs
         self.ready: dict[str, bytes] = {}     # delayed files whose blobs were fetched, awaiting git's request
         self.placeholders: dict = {}          # path -> Placeholder handed to git, materialized by finish()
         self.ledger: Ledger | None = None     # the same, where a hook can take them (filter.handoff)
-        self.prefetch = None                  # the download started for them (storage.prefetch), or False
         self._verify: str | None = None
         self._max_output: int | None = None
         self._checkout = None
@@ -64,10 +62,7 @@ class Filter(CleanRequests, SmudgeRequests):
         return None if meta.is_opaque else meta
 
     def close(self) -> None:
-        """Stop the download started for the placeholders if it still runs (nobody waits for it now: git is
-        done), and remove this process's scratch directory (a killed process's is swept by the next one)."""
-        if self.prefetch:
-            self.prefetch.close()
+        """Remove this process's scratch directory (a killed process's is swept by the next one)."""
         shutil.rmtree(self.spool_dir, ignore_errors=True)
 
     def max_output(self) -> int:

@@ -20,21 +20,18 @@ from theta import settings
 from theta.base import faults
 from theta.base.errors import TransferError
 from theta.commands.filter.handoff import Ledger
-from theta.commands.filter.materialize import Outcome, Placeholder, data_bytes, in_file_order, materialize, report
+from theta.commands.filter.materialize import Outcome, Placeholder, data_bytes, materialize, report
 from theta.commands.filter.messages import log, report_error
 from theta.commands.filter.receive import Received, receive
 from theta.git import repo as gitutil
 from theta.model.smudge import check_rebuildable, check_space, smudge_checkpoint, smudge_to_stream, streams
 from theta.peers.gittheta import files as gittheta_files
-from theta.storage import prefetch
 from theta.storage.metadata import is_metadata, loads
 from theta.storage.transfer import fetch_missing
 from theta.updates.bounds import check_output
 
 # git commands whose smudged content goes somewhere other than the work tree (an archive, stdout)
 CONTENT_WANTED = frozenset({"archive", "cat-file"})
-# git commands whose placeholders are written as soon as git is done: their blobs are worth downloading early
-PREFETCH_FOR = frozenset({"clone", "checkout", "switch", "restore", "reset", "worktree", "pull", "merge"})
 
 
 class SmudgeRequests:
@@ -72,15 +69,12 @@ class SmudgeRequests:
                 text = got.path.read_bytes()
             meta = loads(text, file=path)
             if self._as_placeholder(meta):
-                if can_delay and self._prefetch_later(path, text, meta):
-                    return True
                 if not self.checkout_settings().skip and not self._for_a_diff():
                     oid = blob or gitutil.blob_id(text, self._hash_name())
                     p = self.placeholders[path] = Placeholder(path, text, oid, issued_ns=time.time_ns(), meta=meta)
                     if self.ledger is None:
                         self.ledger = Ledger(self.cwd)
                     self.ledger.add(path, oid, p.issued_ns)
-                    self._prefetch(meta)
                 out(io.BytesIO(text))
                 return False
             # everything the metadata alone can refuse is refused before any download or byte of output
@@ -147,28 +141,6 @@ class SmudgeRequests:
                 os.unlink(tmp)
         return True
 
-    def _prefetches(self) -> bool:
-        """Whether this process starts downloads for the placeholders it hands out (theta.storage.prefetch):
-        git still has the rest of the work tree to write, and the hook a Python process to start. Not while a
-        rebase, cherry-pick or stash replays commits: their placeholders' versions may never be written (only
-        the last state's are)."""
-        return (self.prefetch is None and not self.checkout_settings().skip and not self._for_a_diff()
-                and self.invoker() in PREFETCH_FOR)
-
-    def _prefetch(self, meta) -> None:
-        """Start downloading the blobs of the first placeholder that lacks some, for whoever writes it once git
-        is done. One download per process; the writer fetches the other files' blobs."""
-        if self._prefetches():
-            self.prefetch = prefetch.start(self.cwd, in_file_order(meta), self.store) or False
-
-    def _prefetch_later(self, path: str, text: bytes, meta) -> bool:
-        """With git's delay capability, set a placeholder whose blobs are missing aside until git has sent the
-        whole checkout (:meth:`available`): one download then takes every placeholder's blobs, in order."""
-        if not self._prefetches() or not self.store.missing(in_file_order(meta)):
-            return False
-        self.delayed_placeholders[path] = text
-        return True
-
     def _as_placeholder(self, meta) -> bool:
         cs = self.checkout_settings()
         if cs.skip:
@@ -208,20 +180,12 @@ class SmudgeRequests:
 
     def available(self) -> list[str]:
         """Answer git's list_available_blobs: fetch the blobs of all delayed files at once, return their paths.
-        Placeholders set aside are available at once: their blobs' download starts now, one for them all.
 
         A failed download is not reported here: git asks for each file again and its smudge reports the
         error naming the file, the group and the blob.
         """
-        paths = list(self.delayed_placeholders)
-        if paths:  # their download runs while git writes them and after (theta.storage.prefetch)
-            refs = [r for path, text in self.delayed_placeholders.items()
-                    for r in in_file_order(loads(text, file=path))]
-            self.prefetch = prefetch.start(self.cwd, refs, self.store) or False
-            self.ready.update(self.delayed_placeholders)
-            self.delayed_placeholders.clear()
         if not self.delayed:
-            return paths
+            return []
         refs = [r for path, text in self.delayed.items() for r in loads(text, file=path).blob_refs()]
         t0 = time.perf_counter()
         try:
@@ -231,7 +195,7 @@ class SmudgeRequests:
                     f"({time.perf_counter() - t0:.2f}s)")
         except TransferError:
             pass
-        paths += list(self.delayed)
+        paths = list(self.delayed)
         self.ready.update(self.delayed)
         self.delayed.clear()
         return paths
