@@ -115,6 +115,9 @@ def history(repo: Repo):
 
 
 # -- every command ---------------------------------------------------------------------------------------
+# ~24 s: the default run has each of these commands in test_checkout_failures.py (killed, then completed) and
+# test_git_e2e.py's history; test_llama_frames.py (slow) runs every one in a cgroup
+@pytest.mark.slow
 def test_every_command_materializes_the_checkpoint(genv, cgroup):
     repo = genv.init("work")
     v1, v2, v3 = history(repo)
@@ -236,6 +239,7 @@ def test_numeric_merge_result_is_materialized(genv, cgroup):
         assert cgroup.oom_kills() == 0
 
 
+@pytest.mark.slow  # ~12 s: test_transfer.py's clone and pull through giftless, bit for bit, stay in the default run
 def test_clone_and_pull_through_a_remote(genv, cgroup):
     repo = genv.init("work")
     bare = genv.init("remote.git", theta=False, bare=True)

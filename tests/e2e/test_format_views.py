@@ -223,6 +223,7 @@ def test_refusals_stage_nothing(repo):
     assert not (repo / "c.pt").exists() and not list(repo.path.glob(".c.pt*"))
 
 
+@pytest.mark.slow  # ~20 s: the default run keeps every view through add and checkout (test_every_pair_end_to_end)
 def test_git_verbs_that_write_the_work_tree(repo, tmp_path):
     """switch, checkout, rebase, merge, stash/pop, reset --hard, restore, cherry-pick, clone: the work tree is always the view, the
     repository always safetensors, and the tree clean after each."""
