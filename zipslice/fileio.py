@@ -197,6 +197,8 @@ class WriteBehindFile:
         return self._f.seekable()
 
     def __getattr__(self, name):
+        if name.startswith("_"):  # not a file's attribute (and not ours yet, before __init__ ends)
+            raise AttributeError(name)
         self.flush()  # whatever else the file is asked (read, fileno...), it holds every byte written
         return getattr(self._f, name)
 
