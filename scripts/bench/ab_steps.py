@@ -199,12 +199,12 @@ def read_measurements(paths: list[Path]) -> list[dict]:
     return out
 
 
-def report(records: list[dict], specs: list[str]) -> None:
-    """Per step and variant: wall (median, min-max), CPU (median), peak RSS; against the first variant, the
+def report(records: list[dict], specs: list[str], steps: tuple = STEPS) -> None:
+    """Per step (of ``steps``) and variant: wall (median, min-max), CPU (median), peak RSS; against the first variant, the
     ratio of medians and the median of the per-round differences (pairs measured in the same round of the
     same run)."""
     base = specs[0]
-    for step in STEPS:
+    for step in steps:
         print(f"\n{step}:")
         of = {spec: {(r.get("run", 0), r["round"]): r for r in records if r["step"] == step and r["variant"] == spec}
               for spec in specs}
