@@ -27,9 +27,10 @@ reboot, whatever the variant before it left cached.
     python3 scripts/bench/llama_rounds.py --rounds 6 --variants theta@/tmp/before,theta --steps checkout,switch
     python3 scripts/bench/llama_rounds.py --rounds 1 --scale 0.125 --mem-limit 0.25   # a proportionally small model
 
-Steps not named by --steps are still run (a checkout needs the add) but not reported. The model's versions are
-made once under --workdir/data (shared with llama.py's --workdir); each round needs ~12 GB free for git-lfs
-(work tree and objects), ~8 GB for theta.
+Without the add among --steps, each variant's repository (base and the fine-tune committed) is made once, by
+its first round, and kept for the others: a round then measures the checkout and the switch only. The model's
+versions are made once under --workdir/data (shared with llama.py's --workdir); a repository takes ~12 GB for
+git-lfs (work tree and objects), ~8 GB for theta.
 """
 from __future__ import annotations
 
@@ -75,18 +76,27 @@ def parse_variant(spec: str, base_env: dict) -> tuple[str, dict]:
     return tool, env
 
 
-def theta_or_lfs_round(c: llama.Ctx, cold: bool) -> dict[str, object]:
-    """One repository's three measured steps (see the module's docstring); step -> Measure."""
-    c.repo = new_repo(c.root, f"rounds-{c.tool}", c.tool, c.env, pattern="model/*.safetensors")
-    try:
+def theta_or_lfs_round(c: llama.Ctx, name: Path, cold: bool, add: bool) -> dict[str, object]:
+    """One round's measured steps of a theta or git-lfs variant (see the module's docstring); step -> Measure.
+    ``add``: in a fresh repository, the fine-tune's add measured first (else in the variant's repository, made
+    by its first round and kept at ``name``: the checkouts leave it on main, as they found it)."""
+    if add or not name.exists():
+        c.repo = new_repo(c.root, name.name, c.tool, c.env, pattern="model/*.safetensors")
         c.put("base")
         c.git("add", "model")
         c.git("commit", "-q", "-m", "base")
         c.put("finetune")
-        got = {}
+        if not add:
+            c.git("add", "model")
+            c.git("commit", "-q", "-m", "finetune")
+    c.repo = name
+    got = {}
+    try:
         for step, cmd, version in (("add fine-tune", ["git", "add", "model"], None),
                                    ("checkout HEAD~1", ["git", "checkout", "-q", "HEAD~1"], "base"),
                                    ("switch main", ["git", "switch", "-q", "main"], "finetune")):
+            if version is None and not add:
+                continue
             llama.settle(c)
             if cold:
                 drop_caches()
@@ -100,8 +110,12 @@ def theta_or_lfs_round(c: llama.Ctx, cold: bool) -> dict[str, object]:
             if tree != "ok":
                 raise SystemExit(f"{c.tool}: after {step} the work tree is not {version}: {tree}")
         return got
+    except BaseException:
+        shutil.rmtree(name, ignore_errors=True)
+        raise
     finally:
-        shutil.rmtree(c.repo, ignore_errors=True)
+        if add:
+            shutil.rmtree(name, ignore_errors=True)
 
 
 def cp_round(c: llama.Ctx, cold: bool) -> dict[str, object]:
@@ -121,7 +135,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="lfs,theta,cp", help="comma-separated; the first is the reference")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", default="", help="comma-separated prefixes of the steps to report (default all)")
+    ap.add_argument("--steps", default="", help="comma-separated prefixes of the steps to measure (default all; "
+                    "without the add, each variant's repository is kept from round to round)")
     ap.add_argument("--mem-limit", type=float, default=1.0, metavar="GIB", help="theta's memory cgroup (default 1)")
     ap.add_argument("--scale", type=float, default=1.0, help="every dimension of the model times this (default 1)")
     ap.add_argument("--warm", action="store_true", help="leave the page cache as each step finds it")
@@ -131,6 +146,7 @@ def main() -> int:
     specs = args.variants.split(",")
     prefixes = [p.strip() for p in args.steps.split(",") if p.strip()]
     steps = [s for s in STEPS if not prefixes or s.startswith(tuple(prefixes))]
+    add = "add fine-tune" in steps
     dims = lm.LLAMA3_8B_4L if args.scale == 1 else lm.LLAMA3_8B_4L.scaled(args.scale)
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
@@ -145,6 +161,9 @@ def main() -> int:
           f"{'dropped before each measured command' if cold else 'left warm'}; theta in {args.mem_limit:g} GiB; "
           f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)", flush=True)
     variants = {s: parse_variant(s, env) for s in specs}
+    repos = {s: root / f"rounds-{i}" for i, s in enumerate(specs)}
+    for path in repos.values():
+        shutil.rmtree(path, ignore_errors=True)
     records: list[dict] = []
     try:
         for r in range(1, args.rounds + 1):
@@ -153,7 +172,7 @@ def main() -> int:
                 limit = int(args.mem_limit * (1 << 30)) if tool == "theta" else 1 << 62
                 with MemCgroup(limit, f"rounds-{tool}") as cg:
                     c = llama.Ctx(root, root / "data", dims, venv, tool, cg)
-                    got = cp_round(c, cold) if tool == "cp" else theta_or_lfs_round(c, cold)
+                    got = cp_round(c, cold) if tool == "cp" else theta_or_lfs_round(c, repos[spec], cold, add)
                 for step, m in got.items():
                     rec = {"round": r, "step": step, "variant": spec, "seconds": m.seconds, "cpu": m.cpu,
                            "rss": m.peak_tree_rss, "cgroup_peak": m.cgroup_peak, "load": os.getloadavg()[0]}
@@ -164,6 +183,8 @@ def main() -> int:
                     print(f"round {r} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU, cgroup peak "
                           f"{m.cgroup_peak / 2**20:.0f} MiB (load {rec['load']:.1f})", flush=True)
     finally:
+        for path in repos.values():
+            shutil.rmtree(path, ignore_errors=True)
         for step in steps:
             # cp is its own step: its figures go against the checkouts' (ratios to the first variant's cp
             # make no sense), so each checkout's median is also printed against cp's below
