@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -106,88 +105,27 @@ class WriteBehindFile:
     """A binary file written front to back whose dirty pages stay within a few windows (see
     :class:`zipslice.pagecache.WriteBehind`): big writes go in window-sized pieces, and each completed window's
     writeback is started and the one before it waited for. Seeking back to patch a few bytes (a zip CRC) is
-    fine.
+    fine: those pages stay dirty until the final fsync."""
 
-    Once the file is too big to stay cached (:func:`zipslice.pagecache.too_big_to_cache`: its written pages
-    are let go of anyway), the rest goes around the page cache, whole windows gathered in an aligned buffer
-    and written with ``O_DIRECT`` (:class:`_DirectWindows`): copying into the page cache, waiting for the
-    writeback and dropping the pages was the writing thread's CPU while the decoders waited (writing 3.85 GB
-    in a 1 GiB cgroup: 1.9-2.0 s of system CPU, 0.1 s direct; the Llama-shaped checkout ~12 % sooner,
-    docs/design/streaming.md). ``direct_after``: the size from which to write direct (default: when the cache
-    budget says so; where ``O_DIRECT`` is refused, the page cache); ``window``: bytes between two writeback
-    starts, and the size of a direct window.
-
-    Use it as a context manager (or call :meth:`flush` last): the direct windows' last, partial one is written
-    when the block ends.
-    """
-
-    def __init__(self, f: BinaryIO, direct_after: int | None = None, window: int = pagecache.WRITE_WINDOW):
+    def __init__(self, f: BinaryIO):
         self._f = f
-        self._pos = self._end = f.tell()
-        self._wb = pagecache.WriteBehind(f.fileno(), window)
-        self._direct_after = direct_after
-        self._direct: _DirectWindows | None = None
-        self._may_go_direct = hasattr(os, "O_DIRECT")
-        self._going_direct = False  # decided: direct from the next aligned end of the file
-        self._first_direct: int | None = None  # where the direct windows started
-
-    def __enter__(self) -> "WriteBehindFile":
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        try:
-            if exc_type is None:
-                self.flush()
-        finally:
-            if self._direct is not None:
-                self._direct.close()
+        self._pos = f.tell()
+        self._wb = pagecache.WriteBehind(f.fileno())
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        size = view.nbytes
-        while view.nbytes:
-            if self._direct is not None:
-                self._direct.write(view, self._pos)
-                self._pos += view.nbytes
-                break
-            if self._going_direct and self._pos == self._end and self._pos % _DirectWindows.ALIGN == 0:
-                self._f.flush()
-                self._direct = _DirectWindows.open(self._f.fileno(), self._pos, self._wb.window)
-                self._first_direct = self._pos
-                self._going_direct = self._may_go_direct = self._direct is not None
-                continue
-            step = self._wb.window
-            if self._going_direct and self._pos == self._end:  # up to the alignment through the cache
-                step = -self._pos % _DirectWindows.ALIGN
-            piece = view[:step]
+        step = self._wb.window
+        for i in range(0, view.nbytes, step):
+            piece = view[i:i + step]
             self._f.write(piece)
             self._pos += piece.nbytes
-            self._end = max(self._end, self._pos)
-            view = view[piece.nbytes:]
             if self._wb.due(self._pos):
                 self._f.flush()
                 self._wb.wrote(self._pos)
-                self._going_direct = self._going_direct or self._direct_due()
-        return size
-
-    def _direct_due(self) -> bool:
-        if not self._may_go_direct or self._pos != self._end:  # only appending goes direct
-            return False
-        if self._direct_after is not None:
-            return self._pos >= self._direct_after
-        return self._wb.dropping()
-
-    def flush(self) -> None:
-        """Every byte written so far is in the file (the partial direct window through the page cache)."""
-        self._f.flush()
-        if self._direct is not None:
-            self._direct.flush()
+        return view.nbytes
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if self._direct is None:
-            self._pos = self._f.seek(offset, whence)
-        else:
-            self._pos = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._direct.end}[whence] + offset
+        self._pos = self._f.seek(offset, whence)
         return self._pos
 
     def tell(self) -> int:
@@ -197,92 +135,7 @@ class WriteBehindFile:
         return self._f.seekable()
 
     def __getattr__(self, name):
-        if name.startswith("_"):  # not a file's attribute (and not ours yet, before __init__ ends)
-            raise AttributeError(name)
-        self.flush()  # whatever else the file is asked (read, fileno...), it holds every byte written
         return getattr(self._f, name)
-
-
-class _DirectWindows:
-    """The rest of a file, from an aligned offset, written with ``O_DIRECT`` (through a second descriptor of
-    it) window by window from an aligned buffer: no copy into the page cache, no dirty pages. A write before
-    the window (a patch) goes through the page cache; the window's last, partial fill is written through it
-    by :meth:`flush` and kept, to be written whole when it fills."""
-
-    ALIGN = 4096  # a multiple of every block size O_DIRECT asks of offsets, lengths and buffers
-
-    def __init__(self, fd: int, direct_fd: int, start: int, window: int):
-        self.fd, self.start = fd, start
-        self.direct_fd: int | None = direct_fd
-        self.buf = mmap.mmap(-1, window)  # page-aligned
-        self.view = memoryview(self.buf)
-        self.fill = 0
-        self.unflushed = False
-
-    @classmethod
-    def open(cls, fd: int, start: int, window: int) -> "_DirectWindows | None":
-        """Direct windows of ``fd``'s file from ``start`` (aligned), or None where ``O_DIRECT`` is refused."""
-        try:
-            direct_fd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
-        except OSError:
-            return None
-        return cls(fd, direct_fd, start, max(window // cls.ALIGN, 1) * cls.ALIGN)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.fill
-
-    def write(self, view: memoryview, pos: int) -> None:
-        if pos > self.end:
-            raise ValueError(f"a write at {pos} would leave a hole after the file's end at {self.end}")
-        if pos < self.start:  # a patch of what is written
-            before = view[:self.start - pos]
-            _pwrite_all(self.fd, before, pos)
-            view, pos = view[before.nbytes:], pos + before.nbytes
-        if view.nbytes and pos < self.end:  # a patch of the window
-            n = min(view.nbytes, self.end - pos)
-            self.view[pos - self.start:pos - self.start + n] = view[:n]
-            view, self.unflushed = view[n:], True
-        while view.nbytes:
-            n = min(view.nbytes, len(self.buf) - self.fill)
-            self.view[self.fill:self.fill + n] = view[:n]
-            self.fill += n
-            view, self.unflushed = view[n:], True
-            if self.fill == len(self.buf):
-                self._write_window()
-
-    def _write_window(self) -> None:
-        if self.direct_fd is not None:
-            try:
-                _pwrite_all(self.direct_fd, self.view, self.start)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                os.close(self.direct_fd)  # a file system that opens O_DIRECT but refuses these writes
-                self.direct_fd = None
-        if self.direct_fd is None:  # through the page cache, each window waited for
-            _pwrite_all(self.fd, self.view, self.start)
-            pagecache.sync_range(self.fd, self.start, self.fill, wait=True)
-        self.start += self.fill
-        self.fill = 0
-        self.unflushed = False
-
-    def flush(self) -> None:
-        if self.unflushed:
-            _pwrite_all(self.fd, self.view[:self.fill], self.start)
-            self.unflushed = False
-
-    def close(self) -> None:
-        self.view.release()
-        self.buf.close()
-        if self.direct_fd is not None:
-            os.close(self.direct_fd)
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < view.nbytes:
-        done += os.pwrite(fd, view[done:], offset + done)
 
 
 @contextlib.contextmanager
@@ -292,5 +145,5 @@ def atomic_output(dest: str | os.PathLike) -> Iterator[BinaryIO]:
 
     On any exception the temp file is removed and ``dest`` is untouched.
     """
-    with atomic_path(dest) as tmp, open(tmp, "w+b") as f, WriteBehindFile(f) as out:
-        yield out
+    with atomic_path(dest) as tmp, open(tmp, "w+b") as f:
+        yield WriteBehindFile(f)

@@ -11,8 +11,7 @@ Writing is the other half: a dirty page cannot be reclaimed until the disk has i
 limit counts it (cgroup v1 has no per-group dirty throttling). Writing 2 GiB in 8 MiB pieces inside a
 128 MiB cgroup was OOM-killed with 64 MiB pieces and took 4.4 s at the limit with 8 MiB ones; with
 :class:`WriteBehind` (writeback started every 8 MiB, the window before it waited for and let go of) it took
-1.5-1.8 s at a 27 MiB peak (8 to 64 MiB windows: 1.5-2.0 s, peaks 27 to 127 MiB). Once a file is too big to
-stay cached, :class:`zipslice.fileio.WriteBehindFile` writes the rest of it around the cache (``O_DIRECT``).
+1.5-1.8 s at a 27 MiB peak (8 to 64 MiB windows: 1.5-2.0 s, peaks 27 to 127 MiB).
 """
 from __future__ import annotations
 

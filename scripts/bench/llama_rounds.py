@@ -142,10 +142,16 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="leave the page cache as each step finds it")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench"))
     ap.add_argument("--json", type=Path, help="append each measurement to this file (JSON lines)")
+    ap.add_argument("--report-from", type=Path, metavar="JSON", help="measure nothing: report what this --json "
+                    "file holds for --variants and --steps")
     args = ap.parse_args()
     specs = args.variants.split(",")
     prefixes = [p.strip() for p in args.steps.split(",") if p.strip()]
     steps = [s for s in STEPS if not prefixes or s.startswith(tuple(prefixes))]
+    if args.report_from:
+        records = [json.loads(line) for line in args.report_from.read_text().splitlines() if line.strip()]
+        report_all([x for x in records if x["variant"] in specs], specs, steps)
+        return 0
     add = "add fine-tune" in steps
     dims = lm.LLAMA3_8B_4L if args.scale == 1 else lm.LLAMA3_8B_4L.scaled(args.scale)
     root = args.workdir
@@ -185,28 +191,35 @@ def main() -> int:
     finally:
         for path in repos.values():
             shutil.rmtree(path, ignore_errors=True)
-        for step in steps:
-            # cp is its own step: its figures go against the checkouts' (ratios to the first variant's cp
-            # make no sense), so each checkout's median is also printed against cp's below
-            report([x for x in records if x["step"] == step], [s for s in specs if s != "cp" or step == "cp"],
-                   steps=(step,))
-        floor_vs(records, specs)
+        report_all(records, specs, steps)
     return 0
 
 
-def floor_vs(records: list[dict], specs: list[str]) -> None:
-    """Each theta/git-lfs variant's checkout steps against the same rounds' cp: median of the per-round ratios."""
-    cp = {x["round"]: x["seconds"] for x in records if x["step"] == "cp"}
-    if not cp:
-        return
-    print("\nagainst the same round's cp (median of the per-round ratios):")
-    for spec in specs:
-        for step in ("checkout HEAD~1", "switch main"):
-            ratios = [x["seconds"] / cp[x["round"]] for x in records
-                      if x["variant"] == spec and x["step"] == step and x["round"] in cp]
-            if ratios:
-                print(f"  {spec} {step}: {statistics.median(ratios):.2f}x (per round: "
-                      f"{' '.join(f'{v:.2f}' for v in ratios)})")
+def per_round_ratios(records: list[dict], specs: list[str]) -> None:
+    """Each theta variant's steps against the same round's git-lfs (same step) and ``cp`` (checkouts only):
+    the median of the per-round ratios, and each round's."""
+    for ref in ("lfs", "cp"):
+        of_ref = {(x["round"], x["step"]): x["seconds"] for x in records if x["variant"] == ref}
+        if not of_ref:
+            continue
+        print(f"\nagainst the same round's {ref} (median of the per-round ratios):")
+        for spec in specs:
+            if spec in ("lfs", "cp"):
+                continue
+            for step in STEPS[:3] if ref == "lfs" else STEPS[1:3]:
+                ratios = [x["seconds"] / of_ref[key] for x in records if x["variant"] == spec and x["step"] == step
+                          and (key := (x["round"], step if ref == "lfs" else "cp")) in of_ref]
+                if ratios:
+                    print(f"  {spec} {step}: {statistics.median(ratios):.2f}x (per round: "
+                          f"{' '.join(f'{v:.2f}' for v in ratios)})")
+
+
+def report_all(records: list[dict], specs: list[str], steps: list[str]) -> None:
+    for step in steps:
+        # cp is its own step: each checkout is set against the same round's cp in per_round_ratios
+        report([x for x in records if x["step"] == step], [s for s in specs if s != "cp" or step == "cp"],
+               steps=(step,))
+    per_round_ratios(records, specs)
 
 
 if __name__ == "__main__":

@@ -111,23 +111,3 @@ def test_put_stream_matches_put_and_dedups(tmp_path):
     with pytest.raises(RuntimeError):
         store.put_stream(failing())
     assert not list((tmp_path / "tmp").iterdir()) and store.written_objects == 1
-
-
-def test_blobs_too_big_to_cache_are_written_around_it_byte_for_byte(tmp_path, monkeypatch):
-    """A blob past half the cache budget is written with O_DIRECT windows through a second descriptor of
-    its anonymous temp file (zipslice.fileio): staged, read back and published, it is the bytes given."""
-    from zipslice import fileio, pagecache
-    opened = []
-    real_open = fileio._DirectWindows.open.__func__
-    monkeypatch.setattr(fileio._DirectWindows, "open",
-                        classmethod(lambda cls, *a: opened.append(real_open(cls, *a)) or opened[-1]))
-    monkeypatch.setattr(pagecache, "cache_budget", lambda: 16 << 20)  # too big to cache past 8 MiB
-    store = LfsStore(tmp_path / "o")
-    parts = [os.urandom(3 << 20 | 17) for _ in range(12)]
-    staged = store.stage(iter(parts))
-    assert opened and opened[0] is not None  # the rest went direct
-    assert b"".join(staged.chunks()) == b"".join(parts)
-    ref = staged.publish()
-    assert ref == BlobRef(hashlib.sha256(b"".join(parts)).hexdigest(), sum(map(len, parts)))
-    assert store.get(ref) == b"".join(parts)
-    assert store.put_stream(iter(parts)) == ref  # published the same way: stored once

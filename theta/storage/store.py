@@ -337,8 +337,8 @@ class LfsStore:
             tmp_dir.mkdir(parents=True, exist_ok=True)
             scratch.sweep(tmp_dir)  # named temp files of killed theta processes (file systems without O_TMPFILE)
             fd, name = scratch.anonymous(tmp_dir)
-            with os.fdopen(fd, "wb", closefd=False) as f, WriteBehindFile(f) as out:
-                fill(out)  # its dirty pages bounded: a memory cgroup counts them
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                fill(WriteBehindFile(f))  # its dirty pages bounded: a memory cgroup counts them
             faults.point("store:written")
             ref = ref_of()
             if self.has(ref):
@@ -549,7 +549,8 @@ def stage_chunks(chunks: "Iterable[bytes | bytearray | memoryview]", tmp_dir: "s
             scratch.sweep(tmp_dir)  # once per process (a `git add` stages a blob per changed group)
             _swept.add(tmp_dir)
         fd, name = scratch.anonymous(tmp_dir, readable=True)
-        with os.fdopen(fd, "wb", closefd=False) as raw, WriteBehindFile(raw) as f:  # dirty pages bounded
+        with os.fdopen(fd, "wb", closefd=False) as raw:
+            f = WriteBehindFile(raw)  # its dirty pages bounded: a memory cgroup counts them
             for c in chunks:
                 h.update(c)  # releases the GIL: the codec threads keep compressing meanwhile
                 f.write(c)

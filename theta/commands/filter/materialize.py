@@ -372,8 +372,8 @@ def _build(meta, store, tmp: Path, name: str, fmt: str | None, verify: str, prog
     if streams(meta, fmt, path):
         # written straight into the temp file (no second temp file, no fsync: git does not fsync the
         # work tree either; a kill leaves the placeholder, the exchange publishes the whole file)
-        with open(tmp, "wb") as f, WriteBehindFile(f) as out:  # dirty pages bounded, as zipslice's writers
-            smudge_to_stream(meta, store, out, name, fmt=fmt, progress=progress, verify=verify)
+        with open(tmp, "wb") as f:  # its dirty pages bounded, as zipslice's writers keep theirs
+            smudge_to_stream(meta, store, WriteBehindFile(f), name, fmt=fmt, progress=progress, verify=verify)
     else:
         smudge_checkpoint(meta, store, tmp, fmt=fmt, progress=progress, verify=verify, name=name)
 
