@@ -199,6 +199,20 @@ def read_measurements(paths: list[Path]) -> list[dict]:
     return out
 
 
+def in_turn(specs: list[str], r: int) -> list[str]:
+    """The variants in round ``r``'s order: each variant first in turn, so a drifting load hits them all alike."""
+    return specs[r % len(specs):] + specs[:r % len(specs)]
+
+
+def keep(records: list[dict], json_path: Path | None, **rec) -> dict:
+    """Add one measurement to ``records`` and, with ``--json``, append it to that file as a JSON line."""
+    records.append(rec)
+    if json_path:
+        with open(json_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return rec
+
+
 def report(records: list[dict], specs: list[str], steps: tuple = STEPS) -> None:
     """Per step (of ``steps``) and variant: wall (median, min-max), CPU (median), peak RSS; against the first variant, the
     ratio of medians and the median of the per-round differences (pairs measured in the same round of the
@@ -266,14 +280,10 @@ def main() -> int:
     records: list[dict] = []
     try:
         for r in range(args.first_round, args.first_round + args.rounds):
-            for spec in specs[r % len(specs):] + specs[:r % len(specs)]:  # (each variant first in turn)
+            for spec in in_turn(specs, r):
                 for step, m in retried_cycle(repo, versions, envs[spec], args.min_free_gib * 2**30).items():
-                    rec = {"round": r, "step": step, "variant": spec, "seconds": m.seconds, "cpu": m.cpu,
-                           "rss": m.peak_tree_rss, "load": os.getloadavg()[0], "scale": args.scale}
-                    records.append(rec)
-                    if args.json:
-                        with open(args.json, "a") as f:
-                            f.write(json.dumps(rec) + "\n")
+                    rec = keep(records, args.json, round=r, step=step, variant=spec, seconds=m.seconds, cpu=m.cpu,
+                               rss=m.peak_tree_rss, load=os.getloadavg()[0], scale=args.scale)
                     print(f"round {r} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU "
                           f"(load {rec['load']:.1f})", flush=True)
     finally:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import llama
 import llama_model as lm
-from ab_steps import report
+from ab_steps import in_turn, keep, report
 from harness import ROOT, MemCgroup, git_env, new_repo, run_measured, sh, variant_env
 
 STEPS = ("add fine-tune", "checkout HEAD~1", "switch main", "cp")
@@ -70,7 +70,8 @@ def parse_variant(spec: str, base_env: dict) -> tuple[str, dict]:
         return tool, base_env
     env = dict(base_env)
     if rest:
-        if not rest.split("@")[0] or "=" in rest.split("@")[0]:  # only variables: this checkout
+        path = rest.split("@")[0]
+        if not path or "=" in path:  # only variables: this checkout
             rest = str(ROOT) + "@" + rest
         env.update(variant_env(rest))
     return tool, env
@@ -173,19 +174,15 @@ def main() -> int:
     records: list[dict] = []
     try:
         for r in range(1, args.rounds + 1):
-            for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
+            for spec in in_turn(specs, r):
                 tool, venv = variants[spec]
                 limit = int(args.mem_limit * (1 << 30)) if tool == "theta" else 1 << 62
                 with MemCgroup(limit, f"rounds-{tool}") as cg:
                     c = llama.Ctx(root, root / "data", dims, venv, tool, cg)
                     got = cp_round(c, cold) if tool == "cp" else theta_or_lfs_round(c, repos[spec], cold, add)
                 for step, m in got.items():
-                    rec = {"round": r, "step": step, "variant": spec, "seconds": m.seconds, "cpu": m.cpu,
-                           "rss": m.peak_tree_rss, "cgroup_peak": m.cgroup_peak, "load": os.getloadavg()[0]}
-                    records.append(rec)
-                    if args.json:
-                        with open(args.json, "a") as f:
-                            f.write(json.dumps(rec) + "\n")
+                    rec = keep(records, args.json, round=r, step=step, variant=spec, seconds=m.seconds, cpu=m.cpu,
+                               rss=m.peak_tree_rss, cgroup_peak=m.cgroup_peak, load=os.getloadavg()[0])
                     print(f"round {r} {step} {spec}: {m.seconds:.2f} s wall, {m.cpu:.2f} s CPU, cgroup peak "
                           f"{m.cgroup_peak / 2**20:.0f} MiB (load {rec['load']:.1f})", flush=True)
     finally:
