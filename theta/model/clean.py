@@ -531,7 +531,10 @@ def _clean_group(got: _Read, store: LfsStore, same_lsh: bool, options: CleanOpti
 
 def _written(got: _Read, steps: list[Step], sig, store: LfsStore, stats: CleanStats, new_bytes: int) -> GroupMeta:
     """The metadata of a group stored as ``steps`` (checked), its chain bound in ``store``."""
-    bind_steps(steps, store)  # every step's value is now proven (hashed here, or bound before)
+    # every step's value is now proven (hashed here, or bound before); the blobs not of an earlier chain are
+    # the ones this clean encoded
+    earlier = {s.blob.oid for p in (got.prev, got.reshaped) if p is not None for s in p.steps}
+    bind_steps(steps, store, encoded={s.blob.oid for s in steps} - earlier)
     stats.written += 1
     stats.by_type[steps[-1].type] = stats.by_type.get(steps[-1].type, 0) + 1
     stats.new_blob_bytes += new_bytes

@@ -195,7 +195,7 @@ def previous_frames(prev, store, path: str, bounds: list, rebuilt: Callable[[], 
         stack.close()
         try:
             reader = stack.enter_context(PositionalReader(prev, store, path))
-            if not chain_proven(prev, store, path):
+            if not chain_proven(prev, store):
                 check = parallel.pool("hash").submit(_hashed_chain, prev, store, path)
                 if on_check is not None:
                     on_check(check)

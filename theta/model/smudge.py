@@ -440,7 +440,7 @@ def _blocks(group, store: LfsStore, file: str, bar: Bar, verify: str):
         bar.advance(value.nbytes)
         yield dtypes.le_bytes(value)
         return
-    src.checked = verify == "frames" and chain_proven(group, store, file)
+    src.checked = verify == "frames" and chain_proven(group, store)
     n = max(1, codec.FRAME_BYTES // dtypes.get(group.dtype).itemsize)
     # a split keyframe's high part is hashed on the way too (its own name): both its steps are then bound
     high = None

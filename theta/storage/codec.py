@@ -389,7 +389,7 @@ def _frame_jobs(layout: "_ArrayLayout") -> list:
 _ZERO_RATIO = 512
 
 
-def _zero_frame(blob: memoryview, enc: str, item: int, job) -> bool:
+def _zero_frame(blob: memoryview, enc: str, item: int, job, checksums: bool = False) -> bool:
     """Whether one array frame decodes to zeros -- as the code words of a delta step's unchanged frames do. Only
     parts compressed more than _ZERO_RATIO x are decompressed to see (zstd's run-length blocks: at memory
     speed); what makes a frame expensive -- gathering planes into elements, and whatever the caller would do
@@ -401,7 +401,7 @@ def _zero_frame(blob: memoryview, enc: str, item: int, job) -> bool:
     d = _decompressor()
     for c in sizes:
         try:
-            data = _decompress(d, blob[o:o + c], per_part)
+            data = _decompress(d, blob[o:o + c], per_part, checksums)
         except zstandard.ZstdError as e:
             raise CodecError(f"theta array blob is corrupt: {e}") from None
         words = np.frombuffer(data, np.uint64 if per_part % 8 == 0 else np.uint8)
@@ -411,15 +411,16 @@ def _zero_frame(blob: memoryview, enc: str, item: int, job) -> bool:
     return True
 
 
-def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray, zeros_checked: bool = False) -> None:
+def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray, zeros_checked: bool = False,
+                  checksums: bool = False) -> None:
     """Decompress one frame into ``dest`` (uint8, count * item bytes); each zstd frame must declare exactly
-    the size the header says (:func:`_decompress`). A frame of zeros (:func:`_zero_frame`, unless the caller
-    has just asked: ``zeros_checked``) is filled, not decompressed."""
+    the size the header says (:func:`_decompress`), and with ``checksums`` carry a checksum. A frame of zeros
+    (:func:`_zero_frame`, unless the caller has just asked: ``zeros_checked``) is filled, not decompressed."""
     _, count, o, sizes = job
     forget_after = (o, o + sum(sizes))
     if enc == "planes" and len(sizes) != item:
         raise CodecError(f"theta array blob frame has {len(sizes)} planes, its dtype {item} bytes")
-    if not zeros_checked and _zero_frame(blob, enc, item, job):
+    if not zeros_checked and _zero_frame(blob, enc, item, job, checksums):
         dest[:] = 0
         return
     d = _decompressor()
@@ -427,21 +428,23 @@ def _decode_frame(blob: memoryview, enc: str, item: int, job, dest: np.ndarray, 
         if enc == "planes":
             grid = dest.reshape(count, item)
             for i, c in enumerate(sizes):
-                grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count), np.uint8)
+                grid[:, i] = np.frombuffer(_decompress(d, blob[o:o + c], count, checksums), np.uint8)
                 o += c
         else:
-            dest[:] = np.frombuffer(_decompress(d, blob[o:o + sizes[0]], count * item), np.uint8)
+            dest[:] = np.frombuffer(_decompress(d, blob[o:o + sizes[0]], count * item, checksums), np.uint8)
     except zstandard.ZstdError as e:
         raise CodecError(f"theta array blob is corrupt: {e}") from None
     _forget(blob, *forget_after)
 
 
-def decode_array(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> np.ndarray:
+def decode_array(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None,
+                 checksums: bool = False) -> np.ndarray:
     """The array encoded by :func:`encode_array`, with its real dtype (ml_dtypes for bf16/float8) and shape.
 
     The header is checked first (see :func:`_array_layout`); ``max_bytes`` additionally refuses a value
     larger than the caller expects, before anything is allocated. Each zstd frame must declare its content
-    size (theta's encoder always does) equal to what the header says it holds.
+    size (theta's encoder always does) equal to what the header says it holds, and with ``checksums`` carry a
+    checksum (then verified: a blob trusted to prove its own bytes).
     """
     blob = memoryview(blob).cast("B")
     layout = _array_layout(blob)
@@ -449,14 +452,20 @@ def decode_array(blob: "bytes | bytearray | memoryview", max_bytes: int | None =
         raise CodecError(f"theta array blob decodes to {layout.nbytes} bytes, more than the {max_bytes} expected")
     item = layout.dtype.itemsize
     out = np.empty(math.prod(layout.shape) * item, dtype=np.uint8)
-    _map(lambda job: _decode_frame(blob, layout.enc, item, job, out[job[0]:job[0] + job[1] * item]),
+    _map(lambda job: _decode_frame(blob, layout.enc, item, job, out[job[0]:job[0] + job[1] * item],
+                                   checksums=checksums),
          _frame_jobs(layout))
     return out.view(layout.dtype.to_numpy()).reshape(layout.shape)
 
 
-def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, expected: int) -> bytes:
-    """One zstd frame that must decode to exactly ``expected`` bytes (its header says so before decoding)."""
-    declared = zstandard.get_frame_parameters(frame).content_size
+def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, expected: int, checksum: bool = False) -> bytes:
+    """One zstd frame that must decode to exactly ``expected`` bytes (its header says so before decoding);
+    ``checksum``: and must carry a checksum (zstd verifies it while decoding)."""
+    params = zstandard.get_frame_parameters(frame)
+    if checksum and not params.has_checksum:
+        raise CodecError("theta array blob frame carries no checksum, though its blob is bound as one "
+                         "whose frames all do")
+    declared = params.content_size
     if declared != expected:
         raise CodecError(f"theta array blob frame declares {declared} bytes, its header {expected}"
                          if declared != zstandard.CONTENTSIZE_UNKNOWN else
@@ -549,23 +558,26 @@ class FramePlan:
     jobs: list  # per frame: (byte start in the decoded array, element count, offset in the blob, sizes)
     enc: str
     item: int
+    checksums: bool = False  # every zstd frame must carry a checksum (decode_frame raises where one does not)
 
 
-def frame_plan(blob: "bytes | bytearray | memoryview") -> FramePlan:
-    """The frames of an array blob, its header checked as for :func:`decode_array` (nothing decoded)."""
+def frame_plan(blob: "bytes | bytearray | memoryview", checksums: bool = False) -> FramePlan:
+    """The frames of an array blob, its header checked as for :func:`decode_array` (nothing decoded).
+    ``checksums``: :func:`decode_frame` refuses a zstd frame without a checksum (a blob trusted to prove its
+    own bytes, checked frame by frame as it is decoded instead of by a pass over every frame's header)."""
     layout = _array_layout(memoryview(blob).cast("B"))
     return FramePlan(layout.dtype.to_numpy(), layout.shape, layout.nbytes, _frame_jobs(layout), layout.enc,
-                     layout.dtype.itemsize)
+                     layout.dtype.itemsize, checksums)
 
 
 def decode_frame(blob: memoryview, plan: FramePlan, job, out: np.ndarray | None = None) -> np.ndarray:
     """One frame of ``plan`` (one of its ``jobs``) decoded: its little-endian bytes as a uint8 array, in ``out``
     (a uint8 buffer at least that large, reused by the caller: no fresh pages to fault in) or a new array.
-    Each zstd frame must declare exactly the size the header says, and its checksum, when it has one, is
-    verified."""
+    Each zstd frame must declare exactly the size the header says, and its checksum, when it has one (it must
+    with ``plan.checksums``), is verified."""
     n = job[1] * plan.item
     dest = np.empty(n, dtype=np.uint8) if out is None or out.nbytes < n else out[:n]
-    _decode_frame(blob, plan.enc, plan.item, job, dest)
+    _decode_frame(blob, plan.enc, plan.item, job, dest, checksums=plan.checksums)
     return dest
 
 
@@ -622,9 +634,10 @@ def parts_nbytes(blob: "bytes | bytearray | memoryview") -> int:
     return sum(_array_layout(blob[a:b]).nbytes for _, a, b in _parts_index(blob))
 
 
-def decode_parts(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def decode_parts(blob: "bytes | bytearray | memoryview", max_bytes: int | None = None,
+                 checksums: bool = False) -> dict[str, np.ndarray]:
     """The named arrays of a parts blob. ``max_bytes``: refuse, before decoding anything, parts that would
-    decode to more than this many bytes in all."""
+    decode to more than this many bytes in all; ``checksums``: every zstd frame must carry a checksum."""
     blob = memoryview(blob).cast("B")
     index = _parts_index(blob)
     if max_bytes is not None:
@@ -632,7 +645,7 @@ def decode_parts(blob: "bytes | bytearray | memoryview", max_bytes: int | None =
         if total > max_bytes:
             raise CodecError(f"theta parts blob decodes to {total} bytes, more than the {max_bytes} this step "
                              f"can need")
-    return {name: decode_array(blob[a:b]) for name, a, b in index}
+    return {name: decode_array(blob[a:b], checksums=checksums) for name, a, b in index}
 
 
 def part_blobs(blob: "bytes | bytearray | memoryview") -> dict[str, memoryview]:

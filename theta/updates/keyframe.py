@@ -246,14 +246,16 @@ def rebase(new: "np.ndarray | Words", previous: GroupMeta, store: LfsStore, leve
         if set(parts) != {"values"}:
             raise ChainError(f"group {previous.name!r}: its keyframe's dense blob {base.blob.oid} holds "
                              f"{sorted(parts)}", file=file, group=previous.name, oid=base.blob.oid)
-        plan = codec.frame_plan(parts["values"])
+        # bound: every frame carries a checksum (theta.updates.rebuild.bind_steps), required as each is decoded
+        proven = store.bound(base.blob.oid, base.hash)
+        plan = codec.frame_plan(parts["values"], checksums=proven)
         if plan.dtype != src.dtype or int(np.prod(plan.shape, dtype=np.int64)) != src.size:
             return None
         starts = {job[0] // plan.item: job for job in plan.jobs}
         aligned = [(a, b - a) for a, b in codec.frame_bounds(src.size, src.dtype.itemsize)] == \
             [(j[0] // plan.item, j[1]) for j in plan.jobs]
-        whole = None if aligned else raw_words(codec.decode_array(parts["values"], max_bytes=plan.nbytes))
-        proven = store.bound(base.blob.oid, base.hash) and codec.frames_checksummed(parts["values"])
+        whole = None if aligned else raw_words(codec.decode_array(parts["values"], max_bytes=plan.nbytes,
+                                                                  checksums=proven))
         hashed = None if proven else InOrder(like=base.hash)
         previous_codes = _codes_reader(stack, previous, store, file, src) if count else None
         changed: dict[int, int] = {}

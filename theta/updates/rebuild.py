@@ -9,7 +9,7 @@ import hashlib
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Container
 
 import numpy as np
 
@@ -38,10 +38,10 @@ def _dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None
     """The value of a group whose chain is one dense step, as frames to decode one by one -- the checks of
     :func:`decode_proven_dense`, all made before any frame is decoded: the blob holds exactly one part,
     ``values``, of the group's dtype and shape; for a blob that proves its own bytes, also: the store binds it to
-    the group's hash and every zstd frame carries a checksum (verified by zstd as each frame is decoded:
-    :func:`theta.storage.codec.decode_frame`). Yields ``(values blob, codec.FramePlan, proven)`` while the blob is
-    mapped, or None (the caller rebuilds the value another way; ``proven_only``: also when not proven).
-    Structural errors raise, located."""
+    the group's hash (:func:`bind_steps`: a blob is bound only when every zstd frame carries a checksum; each is
+    required and verified as its frame is decoded, :func:`theta.storage.codec.decode_frame`). Yields ``(values
+    blob, codec.FramePlan, proven)`` while the blob is mapped, or None (the caller rebuilds the value another
+    way; ``proven_only``: also when not proven). Structural errors raise, located."""
     if len(group.steps) != 1 or group.steps[0].type != "dense":
         yield None
         return
@@ -53,19 +53,18 @@ def _dense_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None
     with store.mapped(step.blob, group=group.name, file=file) as blob:
         try:
             plan = None
-            proven = bound and codec.frames_checksummed(blob)
-            if proven or not proven_only:
+            if bound or not proven_only:
                 parts = codec.part_blobs(blob)
                 if set(parts) == {"values"}:
                     values = parts["values"]
-                    plan = codec.frame_plan(values)
+                    plan = codec.frame_plan(values, checksums=bound)
         except IntegrityError as e:
             raise bounds_located(e, file, group.name, step.blob.oid) from None
         if plan is None or plan.dtype != dtypes.get(group.dtype).to_numpy() or \
                 tuple(plan.shape) != tuple(group.shape) or plan.nbytes != group.numel * plan.item:
             yield None
             return
-        yield values, plan, proven
+        yield values, plan, bound
 
 
 _scratch = threading.local()  # per codec thread: the buffer a split step's codes are decoded into
@@ -131,10 +130,9 @@ def chain_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None,
             store.mapped(split.blob, group=group.name, file=file) as sblob:
         try:
             hparts, sparts = codec.part_blobs(hblob), codec.part_blobs(sblob)
-            proven = bound and codec.frames_checksummed(hblob) and codec.frames_checksummed(sblob)
-            ok = set(hparts) == {"values"} and set(sparts) == {"codes"} and (proven or not proven_only)
-            hplan = codec.frame_plan(hparts["values"]) if ok else None
-            splan = codec.frame_plan(sparts["codes"]) if ok else None
+            ok = set(hparts) == {"values"} and set(sparts) == {"codes"} and (bound or not proven_only)
+            hplan = codec.frame_plan(hparts["values"], checksums=bound) if ok else None
+            splan = codec.frame_plan(sparts["codes"], checksums=bound) if ok else None
         except IntegrityError as e:
             raise bounds_located(e, file, group.name, high.blob.oid) from None
         word = raw_words(np.empty(0, want)).dtype
@@ -158,7 +156,7 @@ def chain_frames(group: "GroupMeta", store: "LfsStore", file: str | None = None,
             _uncombine(codes.view(word), words, op, out=words, scratch=True)
             return frame
 
-        yield ChainFrames(hplan, decode, proven, split=True)
+        yield ChainFrames(hplan, decode, bound, split=True)
 
 
 def bounds_located(e: IntegrityError, file: str | None, group: str, oid: str) -> IntegrityError:
@@ -178,7 +176,7 @@ def decode_proven_dense(group: "GroupMeta", store: "LfsStore", file: str | None 
         values, plan, _ = proven
         try:
             # raises CodecError on a bad checksum or structure; the plan was checked against the group's bytes
-            return codec.decode_array(values, max_bytes=plan.nbytes)
+            return codec.decode_array(values, max_bytes=plan.nbytes, checksums=True)
         except IntegrityError as e:
             raise bounds_located(e, file, group.name, group.steps[0].blob.oid) from None
 
@@ -190,39 +188,50 @@ def step_binding(base_hash: str, value_hash: str) -> str:
     return hashlib.sha256(f"theta-step\0{base_hash}\0{value_hash}".encode()).hexdigest()
 
 
-def bind_steps(steps: list, store: "LfsStore") -> None:
+def bind_steps(steps: list, store: "LfsStore", encoded: Container[str] = ()) -> None:
     """Record, for a chain theta has just built and checked on this machine, that each step's blob gives its
     step's value (dense: that value; incremental: that value from the step before's): later rebuilds on this
     machine may then trust those blobs' frame checksums instead of hashing the values
-    (:func:`reconstruct` with ``trust_bound``)."""
+    (:func:`reconstruct` with ``trust_bound``).
+
+    A blob is bound only when every zstd frame of it carries a checksum, so a binding alone says a rebuild
+    may trust the blob's frames, and no rebuild reads every frame's header first: blobs theta encoded
+    (``encoded``: their oids; theta's encoder always writes checksums) are bound as they are, any other (a
+    fetched blob whose value was just hashed) once its frames are checked here."""
     for i, step in enumerate(steps):
         if i == 0:
-            store.bind(step.blob.oid, step.hash)
+            key = step.hash
         elif step.type in TRUSTED_INCREMENTAL:
-            store.bind(step.blob.oid, step_binding(steps[i - 1].hash, step.hash))
+            key = step_binding(steps[i - 1].hash, step.hash)
+        else:
+            continue
+        oid = step.blob.oid
+        if store.bound(oid, key):
+            continue
+        if oid not in encoded:
+            with store.mapped(step.blob) as blob:
+                if not codec.frames_checksummed(blob):
+                    continue
+        store.bind(oid, key)
 
 
-def _proven(step, base_hash: str | None, blob, store: "LfsStore") -> bool:
-    """True when this store bound ``step``'s blob to its value (and base) and every frame has a checksum."""
+def _bound(step, base_hash: str | None, store: "LfsStore") -> bool:
+    """True when this store bound ``step``'s blob to its value (and base): theta encoded or hashed it here,
+    and every frame of it has a checksum (:func:`bind_steps`)."""
     key = step.hash if base_hash is None else (step_binding(base_hash, step.hash)
                                               if step.type in TRUSTED_INCREMENTAL else None)
-    return key is not None and store.bound(step.blob.oid, key) and codec.frames_checksummed(blob)
+    return key is not None and store.bound(step.blob.oid, key)
 
 
-def chain_proven(group: "GroupMeta", store: "LfsStore", file: str | None = None) -> bool:
-    """Whether this store proves every step of ``group``'s chain (:func:`bind_steps`: bound here, every frame
-    checksummed) up to the group's own value: its value needs no hashing (as :func:`reconstruct_proven`
-    decides while rebuilding), without decoding anything."""
+def chain_proven(group: "GroupMeta", store: "LfsStore") -> bool:
+    """Whether this store proves every step of ``group``'s chain (:func:`bind_steps`: bound here, so every
+    frame checksummed) up to the group's own value: its value needs no hashing (as :func:`reconstruct_proven`
+    decides while rebuilding), without opening a blob."""
     steps = group.steps
     if not steps or steps[-1].hash != group.hash:
         return False
-    for i, step in enumerate(steps):
-        if i and step.type not in TRUSTED_INCREMENTAL:
-            return False
-        with store.mapped(step.blob, group=group.name, file=file) as blob:
-            if not _proven(step, steps[i - 1].hash if i else None, blob, store):
-                return False
-    return True
+    return all((not i or step.type in TRUSTED_INCREMENTAL) and _bound(step, steps[i - 1].hash if i else None, store)
+               for i, step in enumerate(steps))
 
 
 def reconstruct(group: "GroupMeta", store: "LfsStore", cache: dict | None = None,
@@ -282,7 +291,7 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
         streamed = getattr(ut, "apply_blob", None) if value is not None else None
         try:
             with store.mapped(step.blob, group=group.name, file=file) as blob:
-                proven = proven and _proven(step, steps[i - 1].hash if i else None, blob, store)
+                proven = proven and _bound(step, steps[i - 1].hash if i else None, store)
                 parts = None
                 in_room = _in_room(room, value, blob, step, group) if room is not None else None
                 if in_room is not None:
@@ -293,7 +302,8 @@ def _rebuild(group: "GroupMeta", store: "LfsStore", cache: dict | None, file: st
                     mine = shared is None or not np.may_share_memory(value, shared)
                     value = streamed(part_blobs(blob), step.params, value, in_place=mine)
                 else:
-                    parts = decode_parts(blob, max_bytes=budget)  # fresh memory: nothing points into the map
+                    # fresh memory: nothing points into the map
+                    parts = decode_parts(blob, max_bytes=budget, checksums=proven)
             if parts is not None:
                 value = ut.apply(parts, step.params, value)
                 del parts
