@@ -463,8 +463,8 @@ def _decompress(d: zstandard.ZstdDecompressor, frame: memoryview, expected: int,
     ``checksum``: and must carry a checksum (zstd verifies it while decoding)."""
     params = zstandard.get_frame_parameters(frame)
     if checksum and not params.has_checksum:
-        raise CodecError("theta array blob frame carries no checksum, though its blob is bound as one "
-                         "whose frames all do")
+        raise CodecError("theta array blob frame carries no checksum, though this store's binding of the blob "
+                         "(lfs/theta-verified) says every frame does")
     declared = params.content_size
     if declared != expected:
         raise CodecError(f"theta array blob frame declares {declared} bytes, its header {expected}"
