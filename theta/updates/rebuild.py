@@ -199,14 +199,9 @@ def bind_steps(steps: list, store: "LfsStore", encoded: Container[str] = ()) -> 
     (``encoded``: their oids; theta's encoder always writes checksums) are bound as they are, any other (a
     fetched blob whose value was just hashed) once its frames are checked here."""
     for i, step in enumerate(steps):
-        if i == 0:
-            key = step.hash
-        elif step.type in TRUSTED_INCREMENTAL:
-            key = step_binding(steps[i - 1].hash, step.hash)
-        else:
-            continue
+        key = _binding_key(step, steps[i - 1].hash if i else None)
         oid = step.blob.oid
-        if store.bound(oid, key):
+        if key is None or store.bound(oid, key):
             continue
         if oid not in encoded:
             with store.mapped(step.blob) as blob:
@@ -215,11 +210,18 @@ def bind_steps(steps: list, store: "LfsStore", encoded: Container[str] = ()) -> 
         store.bind(oid, key)
 
 
+def _binding_key(step, base_hash: str | None) -> str | None:
+    """What ``step``'s blob is bound to: its value's name for a first step (no ``base_hash``), the pair of names
+    for a trusted incremental one (:func:`step_binding`); None for a step no binding can vouch for."""
+    if base_hash is None:
+        return step.hash
+    return step_binding(base_hash, step.hash) if step.type in TRUSTED_INCREMENTAL else None
+
+
 def _bound(step, base_hash: str | None, store: "LfsStore") -> bool:
     """True when this store bound ``step``'s blob to its value (and base): theta encoded or hashed it here,
     and every frame of it has a checksum (:func:`bind_steps`)."""
-    key = step.hash if base_hash is None else (step_binding(base_hash, step.hash)
-                                              if step.type in TRUSTED_INCREMENTAL else None)
+    key = _binding_key(step, base_hash)
     return key is not None and store.bound(step.blob.oid, key)
 
 
