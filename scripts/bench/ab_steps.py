@@ -42,29 +42,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from git import D, FF, load_line, model_dims, settle  # noqa: E402  (scripts/bench/git.py)
+from git import group_shapes, load_line, settle  # noqa: E402  (scripts/bench/git.py)
 from harness import Measure, git_env, new_repo, run_measured, sh, variant_env  # noqa: E402
 
 STEPS = ("20% add", "fine-tune add", "checkout previous")
 
 
 # -- the model ------------------------------------------------------------------------------------------------
-def group_shapes(scale: float) -> list[tuple[str, tuple[int, ...]]]:
-    """git.py's make_history layout at ``scale``: the embedding, then per layer q,k,v,o (+ biases), fc1, fc2
-    (+ biases), two layer norms, then the final norm."""
-    vocab, _, layers = model_dims(scale)
-    out = [("embed.weight", (vocab, D))]
-    for i in range(layers):
-        p = f"layers.{i}."
-        for m in ("q", "k", "v", "o"):
-            out += [(p + f"attn.{m}.weight", (D, D)), (p + f"attn.{m}.bias", (D,))]
-        out += [(p + "mlp.fc1.weight", (FF, D)), (p + "mlp.fc1.bias", (FF,)),
-                (p + "mlp.fc2.weight", (D, FF)), (p + "mlp.fc2.bias", (D,))]
-        for ln in ("ln1", "ln2"):
-            out += [(p + f"{ln}.weight", (D,)), (p + f"{ln}.bias", (D,))]
-    return out + [("final_ln.weight", (D,)), ("final_ln.bias", (D,))]
-
-
 def group_value(i: int, name: str, shape: tuple, version: int, seed: int = 0):
     """Group ``i`` of version 1, 2 or 3, each group from its own generators (so any group is made alone)."""
     import numpy as np

@@ -97,6 +97,27 @@ def largest_group_bytes(scale: float) -> int:
     return max(vocab * D, FF * D) * 4
 
 
+def group_shapes(scale: float) -> list[tuple[str, tuple[int, ...]]]:
+    """The history's layout at ``scale``: the embedding, then per layer q,k,v,o (+ biases), fc1, fc2 (+ biases),
+    two layer norms, then the final norm (the order values are drawn in)."""
+    vocab, _, layers = model_dims(scale)
+    out = [("embed.weight", (vocab, D))]
+    for i in range(layers):
+        p = f"layers.{i}."
+        for m in ("q", "k", "v", "o"):
+            out += [(p + f"attn.{m}.weight", (D, D)), (p + f"attn.{m}.bias", (D,))]
+        out += [(p + "mlp.fc1.weight", (FF, D)), (p + "mlp.fc1.bias", (FF,)),
+                (p + "mlp.fc2.weight", (D, FF)), (p + "mlp.fc2.bias", (D,))]
+        for ln in ("ln1", "ln2"):
+            out += [(p + f"{ln}.weight", (D,)), (p + f"{ln}.bias", (D,))]
+    return out + [("final_ln.weight", (D,)), ("final_ln.bias", (D,))]
+
+
+def tuned_in_v2(shapes: list) -> list[str]:
+    """The groups v2 fine-tunes: every 5th, from the first (the embedding)."""
+    return [name for name, _ in shapes[::5]]
+
+
 def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], dict]:
     """The issue's four versions (fp32 torch files, written once per scale under ``data``):
 
@@ -110,7 +131,7 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
     import numpy as np
     import torch
 
-    vocab, trimmed, n_layers = model_dims(scale)
+    vocab, trimmed, _ = model_dims(scale)
     data.mkdir(parents=True, exist_ok=True)
     paths = [data / f"issue17-s{scale:g}-v{i}.pt" for i in (1, 2, 3, 4, 5, 6)]
     rng = np.random.default_rng(seed)
@@ -118,28 +139,21 @@ def make_history(data: Path, scale: float, seed: int = 0) -> tuple[list[Path], d
     def randn(*shape):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
+    shapes = group_shapes(scale)
     sd: OrderedDict = OrderedDict()
-    sd["embed.weight"] = randn(vocab, D)
-    for i in range(n_layers):
-        p = f"layers.{i}."
-        for m in ("q", "k", "v", "o"):
-            sd[p + f"attn.{m}.weight"] = randn(D, D)
-            sd[p + f"attn.{m}.bias"] = randn(D)
-        sd[p + "mlp.fc1.weight"] = randn(FF, D)
-        sd[p + "mlp.fc1.bias"] = randn(FF)
-        sd[p + "mlp.fc2.weight"] = randn(D, FF)
-        sd[p + "mlp.fc2.bias"] = randn(D)
-        for ln in ("ln1", "ln2"):
-            sd[p + f"{ln}.weight"] = 1 + randn(D)
-            sd[p + f"{ln}.bias"] = randn(D)
-    sd["final_ln.weight"] = np.ones(D, np.float32)
-    sd["final_ln.bias"] = np.zeros(D, np.float32)
+    for name, shape in shapes:
+        if name == "final_ln.weight":
+            sd[name] = np.ones(shape, np.float32)
+        elif name == "final_ln.bias":
+            sd[name] = np.zeros(shape, np.float32)
+        else:
+            sd[name] = (1 + randn(*shape)) if ".ln" in name and name.endswith("weight") else randn(*shape)
 
     def tune(x):
         return (x * (1 + np.float32(1e-3) * rng.standard_normal(x.shape, dtype=np.float32))).astype(np.float32)
 
     keys = list(sd)
-    changed = keys[::5]
+    changed = tuned_in_v2(shapes)
     v2 = OrderedDict((k, tune(v) if k in changed else v) for k, v in sd.items())
     v3 = OrderedDict((k, tune(v)) for k, v in v2.items())
     v4 = OrderedDict(v3)
