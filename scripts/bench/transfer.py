@@ -120,6 +120,17 @@ def history(data: Path, scale: float) -> tuple[list[Path], dict]:
     return [paths[0], paths[1], paths[2], v4], info
 
 
+def alone_bytes(path: Path) -> int:
+    """What the checkpoint at ``path`` costs compressed alone: each group one dense blob of theta's codec (the
+    issue's measure of the least a clone of that version can fetch)."""
+    import zipslice
+
+    from theta.storage import codec
+
+    with zipslice.load(path) as ckpt:
+        return sum(len(c) for name in ckpt for c in codec.iter_encode_parts({"values": ckpt.numpy(name)}))
+
+
 def same_tensors(path: Path, reference: Path) -> bool:
     """Whether the checkpoint at ``path`` holds ``reference``'s tensors bit for bit (read group by group)."""
     import numpy as np
@@ -232,8 +243,9 @@ def spread(xs: list[float]) -> str:
     return f" ({min(xs):.1f}-{max(xs):.1f})" if len(xs) > 1 else ""
 
 
-def report(rate: str, runs: dict[str, list[Run]], raw: int) -> list[str]:
-    """Print the table of one rate; return the targets missed (by "theta")."""
+def report(rate: str, runs: dict[str, list[Run]], raw: int, alone: int) -> list[str]:
+    """Print the table of one rate; return the targets missed (by "theta"). ``alone``: the cloned version's bytes
+    compressed alone (:func:`alone_bytes`), which each tool's clone is also compared with."""
     tools = list(runs)
     thetas = [t for t in tools if t != "lfs"] if "lfs" in tools else []
     print(f"\n== link: {rate} (median of {max(len(r) for r in runs.values())} run(s), min-max) ==", flush=True)
@@ -272,6 +284,8 @@ def report(rate: str, runs: dict[str, list[Run]], raw: int) -> list[str]:
                 if br > want_b:
                     missed.append(f"{rate} {step}: {br:.2f}x git-lfs's bytes (target {want_b}x)")
             line += ("  " + ", ".join(goals)) if goals else ""
+        if step == "clone":
+            line += "  (x v3 compressed alone: " + ", ".join(f"{t} {med[t][1] * MiB / alone:.3f}" for t in tools) + ")"
         print(line, flush=True)
     cpu = {t: {s: median([r.figures[s].cpu for r in runs[t] if s in r.figures]) for s in STEPS} for t in tools}
     print("CPU seconds of the command's process tree (median): " + "; ".join(
@@ -295,6 +309,9 @@ def inside(args) -> int:
     raw = info["bytes"]
     print(f"checkpoint: {info['groups']} groups, {raw / MiB:.1f} MiB float32; v2 changes {info['changed_groups']} "
           f"groups ({info['changed_bytes'] / MiB:.1f} MiB), v3 fine-tunes v2, v4 fine-tunes v3", flush=True)
+    alone = alone_bytes(paths[2])
+    print(f"v3 compressed alone (a dense blob per group): {alone / MiB:.1f} MiB, {alone / raw:.3f}x its raw bytes",
+          flush=True)
     la = os.getloadavg()
     print(f"load average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores", flush=True)
     tools = args.tools.split(",")
@@ -329,7 +346,7 @@ def inside(args) -> int:
                         current[t].cleanup()
         if not args.keep:
             shutil.rmtree(storage, ignore_errors=True)
-        missed += report(rate, runs, raw)
+        missed += report(rate, runs, raw, alone)
         out[rate] = {t: [{"stored": r.stored, **{s: vars(f) for s, f in r.figures.items()}} for r in rs]
                      for t, rs in runs.items()}
     if args.json:
