@@ -4,9 +4,9 @@ crosses the wire, counted by the server.
 - a fresh clone downloads exactly the blobs of the checked-out version's chains -- its high parts and one step
   per fine-tuned group -- in one git-lfs run; what a clone of any commit fetches is within 3 % of that version
   stored alone (dense); a pull downloads only the new steps;
-- a pull killed (-9, the whole process group) while its blobs download leaves the work tree a placeholder, and
-  `git theta pull` then downloads only what is missing: complete objects are not asked for again, a partial one
-  is resumed from where it stopped (git-lfs's ``lfs/incomplete``, an HTTP range request);
+- a pull or a clone killed (-9, the whole process group) while its blobs download leaves the work tree a
+  placeholder, and `git theta pull` then downloads only what is missing: complete objects are not asked for
+  again, a partial one is resumed from where it stopped (git-lfs's ``lfs/incomplete``, an HTTP range request);
 - downloads run ``lfs.concurrenttransfers`` at a time (the clone's).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import torch
 from scripts.bench.lfs_server import GiftlessServer
 from support.checkpoints import assert_same_checkpoint, save_pt
-from support.gitrepo import GitEnv
+from support.gitrepo import GitEnv, Repo
 
 from theta.storage import codec
 from theta.storage.metadata import loads
@@ -127,6 +127,54 @@ def _gone(pgid: int, timeout: float = 30) -> None:
         time.sleep(0.01)
 
 
+def _kill_midway(proc: subprocess.Popen, clone, new: dict[str, int]) -> tuple[set[str], dict[str, int]]:
+    """Kill ``proc``'s whole process group (git, the filter, the hook, git-lfs) once ``clone``'s store holds a
+    complete and a partial object of ``new``; returns (the objects of ``new`` complete, the partial downloads)."""
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if (clone / ".git" / "lfs").is_dir():
+                done, partial = _lfs_state(clone)
+                if done & set(new) and any(n > 0 for o, n in partial.items() if o in new):
+                    break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.01)
+        else:
+            pytest.fail("the command never had a complete and a partial object at once")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _gone(proc.pid)
+    done, partial = _lfs_state(clone)
+    had = {o for o in done if o in new}
+    assert had and partial and not set(partial) & had
+    assert (clone / "model.pt").read_bytes().startswith(b"theta-metadata ")  # a placeholder, not half a file
+    return had, partial
+
+
+def _resumed_with_what_is_missing(clone, server, new: dict[str, int], had: set[str], partial: dict[str, int],
+                                  version) -> None:
+    """`git theta pull` completes the checkout, asking only for what is missing and resuming partial objects."""
+    server.throttle(None)
+    cut = len(server.requests())
+    clone.theta("pull")
+    assert_same_checkpoint(clone / "model.pt", version)
+    assert clone.status() == ""
+    again = [r for r in server.requests()[cut:] if r["kind"] == "download"]
+    assert {r["oid"] for r in again} == set(new) - had  # nothing complete is asked for again
+    for r in again:
+        if r["oid"] in partial:  # resumed where it stopped: only the rest crosses the wire
+            assert r["first"] == partial[r["oid"]] and r["sent"] == new[r["oid"]] - partial[r["oid"]]
+        else:
+            assert r["first"] == 0 and r["sent"] == new[r["oid"]]
+
+
+def _started(genv, args: list[str], cwd) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=cwd, env=genv.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
 @pytest.mark.slow  # ~20 s; tests/theta/test_lfs_partials.py checks the adoption of partial files by itself
 def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published):
     genv, server, repo, bare, versions = published
@@ -141,42 +189,19 @@ def test_a_pull_killed_while_downloading_resumes_with_what_is_missing(published)
 
     server.throttle(2 << 20)  # 2 MiB/s: each ~0.5 MiB step takes a quarter of a second
     before = len(server.requests())
-    proc = subprocess.Popen(["git", "pull", "-q", "--ff-only"], cwd=clone.path,
-                            env=genv.env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            done, partial = _lfs_state(clone)
-            if done & set(new) and any(n > 0 for o, n in partial.items() if o in new):
-                break
-            assert proc.poll() is None, proc.stderr.read().decode()
-            time.sleep(0.01)
-        else:
-            pytest.fail("the pull never had a complete and a partial object at once")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # git, the filter, git-lfs: everything the pull started
-        proc.wait()
-        _gone(proc.pid)
-    done, partial = _lfs_state(clone)
-    had = {o for o in done if o in new}
-    assert had and partial and not set(partial) & had
-    assert (clone / "model.pt").read_bytes().startswith(b"theta-metadata ")  # a placeholder, not half a file
-
-    server.throttle(None)
-    cut = len(server.requests())
-    clone.theta("pull")
-    assert_same_checkpoint(clone / "model.pt", v4)
-    assert clone.status() == ""
-    again = [r for r in server.requests()[cut:] if r["kind"] == "download"]
-    asked = {r["oid"] for r in again}
-    assert asked == set(new) - had  # nothing complete is asked for again
-    for r in again:
-        if r["oid"] in partial:  # resumed where it stopped: only the rest crosses the wire
-            assert r["first"] == partial[r["oid"]] and r["sent"] == new[r["oid"]] - partial[r["oid"]]
-        else:
-            assert r["first"] == 0 and r["sent"] == new[r["oid"]]
-    first_try = [r for r in server.requests()[before:cut] if r["kind"] == "download"]
+    had, partial = _kill_midway(_started(genv, ["git", "pull", "-q", "--ff-only"], clone.path), clone, new)
+    first_try = [r for r in server.requests()[before:] if r["kind"] == "download"]
     assert all(r["inflight"] == 1 for r in first_try)  # lfs.concurrenttransfers 1: one download at a time
+    _resumed_with_what_is_missing(clone, server, new, had, partial, v4)
 
+
+@pytest.mark.slow  # ~20 s
+def test_a_clone_killed_while_downloading_resumes_with_what_is_missing(published):
+    genv, server, repo, bare, versions = published
+    genv.run(["git", "config", "--global", "lfs.concurrenttransfers", "1"], cwd=genv.home)
+    new = chain_blobs(repo, "HEAD")  # a fresh clone has none of them
+    server.throttle(2 << 20)
+    dest = genv.home.parent / "clone"
+    had, partial = _kill_midway(_started(genv, ["git", "clone", "-q", str(bare.path), str(dest)], genv.home),
+                                Repo(dest, genv), new)
+    _resumed_with_what_is_missing(Repo(dest, genv), server, new, had, partial, versions[-1])
