@@ -8,7 +8,9 @@ rate 200mbit burst 256kb latency 100ms``; ``unlimited``: no qdisc). The LFS serv
 storage (scripts/bench/lfs_server.py; giftless is installed by the test extras), one repository path per tool; git's own
 objects move through a file:// remote (the metadata text and pointer files: kilobytes), LFS objects over HTTP
 on the link. Bytes are counted on that loopback (``/proc/net/dev`` of the namespace: every byte of both
-directions, TCP/IP headers included).
+directions, TCP/IP headers included). ``--rtt MS`` puts a proxy between the clients and the server that adds MS
+to every round trip (scripts/bench/latency.py: this kernel has no ``netem``); the rate and the bytes stay those of
+the link asked for.
 
 The history is the git benchmark's (scripts/bench/git.py, make_history): v1 a BERT-like float32 checkpoint, v2
 every 5th group fine-tuned, v3 a full fine-tune of v2; then v4, a full fine-tune of v3 (the next checkpoint of
@@ -31,6 +33,7 @@ Without root, ``unshare`` or ``tc`` the benchmark says why and exits 0 (nothing 
     python3 scripts/bench/transfer.py                                # 200 Mbit/s, ~310 MiB model, one run
     python3 scripts/bench/transfer.py --rates 200mbit,unlimited --runs 3
     python3 scripts/bench/transfer.py --scale 0.1 --tools theta      # quick look
+    python3 scripts/bench/transfer.py --rates unlimited --rtt 50     # a server 50 ms away (a delaying proxy)
     python3 scripts/bench/transfer.py --baseline /path/to/other/checkout  # also that checkout's theta ("theta-base"),
                                                                      # in turns with the others
 
@@ -41,12 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # harness; this checkout's zipslice (same_tensors reads with it)
 
 from harness import MiB, git_env, run_measured, sh  # noqa: E402
+from latency import DelayedServer  # noqa: E402
 from lfs_server import GiftlessServer  # noqa: E402
 
 DEFAULT_SCALE = 0.75  # ~310 MiB of float32: the history the issue measured
@@ -81,12 +87,19 @@ def unavailable() -> str | None:
     return None
 
 
+# Through the --rtt proxy every byte crosses the loopback twice (client to proxy, proxy to server): the qdisc's
+# rate is doubled and the bytes counted halved, so the link is the one asked for
+LEGS = 1
+
+
 def set_rate(rate: str) -> None:
     """The loopback of this (private) namespace up, shaped to ``rate`` ("unlimited": no qdisc)."""
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)  # none yet: fine
     if rate != "unlimited":
-        subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, *TBF.split()], check=True)
+        number, unit = re.fullmatch(r"([0-9.]+)(\w*)", rate).groups()
+        subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", f"{float(number) * LEGS:g}{unit}",
+                        *TBF.split()], check=True)
 
 
 def link_bytes() -> int:
@@ -94,7 +107,7 @@ def link_bytes() -> int:
     for line in Path("/proc/net/dev").read_text().splitlines():
         name, _, rest = line.partition(":")
         if name.strip() == "lo":
-            return int(rest.split()[8])  # transmit bytes
+            return int(rest.split()[8]) // LEGS  # transmit bytes
     raise RuntimeError("no loopback in /proc/net/dev")
 
 
@@ -298,6 +311,8 @@ def report(rate: str, runs: dict[str, list[Run]], raw: int, alone: int) -> list[
 
 def inside(args) -> int:
     """The benchmark proper, run inside the private network namespace."""
+    global LEGS
+    LEGS = 2 if args.rtt else 1
     root = args.workdir
     root.mkdir(parents=True, exist_ok=True)
     env = git_env(root / "home", pythonpath=True)  # measure this checkout's code
@@ -326,7 +341,8 @@ def inside(args) -> int:
         runs: dict[str, list[Run]] = {t: [] for t in tools}
         storage = root / f"lfs-store-{rate}"
         shutil.rmtree(storage, ignore_errors=True)
-        with GiftlessServer(storage) as server:
+        with GiftlessServer(storage) as giftless, \
+                (DelayedServer(giftless, args.rtt / 1000) if args.rtt else nullcontext(giftless)) as server:
             for n in range(args.runs):
                 order = tools[n % len(tools):] + tools[:n % len(tools)]  # each tool first in turn
                 current = {t: ToolRun(t, root, envs[t], server, paths, n) for t in order}
@@ -346,6 +362,8 @@ def inside(args) -> int:
                         current[t].cleanup()
         if not args.keep:
             shutil.rmtree(storage, ignore_errors=True)
+        if args.rtt:
+            print(f"\n(every LFS request and answer {args.rtt:g} ms later: scripts/bench/latency.py)", flush=True)
         missed += report(rate, runs, raw, alone)
         out[rate] = {t: [{"stored": r.stored, **{s: vars(f) for s, f in r.figures.items()}} for r in rs]
                      for t, rs in runs.items()}
@@ -366,6 +384,8 @@ def main() -> int:
     ap.add_argument("--tools", default="lfs,theta")
     ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a worktree of main) whose theta runs "
                     "too, as tool 'theta-base', in turns with the others")
+    ap.add_argument("--rtt", type=float, default=0, help="milliseconds added to every round trip to the LFS "
+                    "server, by a proxy (scripts/bench/latency.py; default 0)")
     ap.add_argument("--threads", type=int, default=0, help="GIT_THETA_THREADS (default: theta's own choice)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/theta-bench-transfer"))
     ap.add_argument("--keep", action="store_true", help="keep the repositories and the server's storage")
