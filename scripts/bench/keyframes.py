@@ -54,8 +54,8 @@ def planed(words: np.ndarray) -> codec.LazyArray:
 
 def entropy(*symbols: np.ndarray) -> float:
     """Plug-in entropy in bits of the joint distribution of ``symbols`` (integer arrays of one length)."""
-    joint = np.stack([np.asarray(s, np.int64) for s in symbols], axis=1) if len(symbols) > 1 else symbols[0]
-    _, counts = np.unique(joint, axis=0 if len(symbols) > 1 else None, return_counts=True)
+    joint = np.stack([np.asarray(s, np.int64) for s in symbols], axis=1)
+    _, counts = np.unique(joint, axis=0, return_counts=True)
     p = counts / counts.sum()
     return float(-(p * np.log2(p)).sum())
 

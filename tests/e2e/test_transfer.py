@@ -201,7 +201,7 @@ def test_a_clone_killed_while_downloading_resumes_with_what_is_missing(published
     genv.run(["git", "config", "--global", "lfs.concurrenttransfers", "1"], cwd=genv.home)
     new = chain_blobs(repo, "HEAD")  # a fresh clone has none of them
     server.throttle(2 << 20)
-    dest = genv.home.parent / "clone"
-    had, partial = _kill_midway(_started(genv, ["git", "clone", "-q", str(bare.path), str(dest)], genv.home),
-                                Repo(dest, genv), new)
-    _resumed_with_what_is_missing(Repo(dest, genv), server, new, had, partial, versions[-1])
+    clone = Repo(genv.home.parent / "clone", genv)
+    had, partial = _kill_midway(_started(genv, ["git", "clone", "-q", str(bare.path), str(clone.path)], genv.home),
+                                clone, new)
+    _resumed_with_what_is_missing(clone, server, new, had, partial, versions[-1])
